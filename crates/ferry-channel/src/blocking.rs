@@ -1,0 +1,185 @@
+//! A thin blocking adapter over `std::io` streams (for example `std::net::TcpStream`).
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use crate::error::ChannelError;
+use crate::handshake::{Established, Handshake};
+use crate::packet::{frame_len, Opener, Ready, Sealer, CONTENTS_OFFSET, HEADER_CLOSE, HEADER_DECOY};
+
+/// Small packets are coalesced until this many bytes are waiting, then written at once.
+const COALESCE_LIMIT: usize = 256 << 10;
+/// Packets at least this large skip the coalescing buffer and are sealed in the frame buffer.
+const DIRECT_THRESHOLD: usize = 64 << 10;
+
+/// Runs a handshake to completion over a blocking stream. Bytes of application data that arrive with the end
+/// of the handshake are kept in the returned opener.
+pub fn handshake<S: Read + Write>(stream: &mut S, mut hs: Handshake) -> Result<Established, ChannelError> {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        if hs.has_output() {
+            stream.write_all(&hs.take_output())?;
+            stream.flush()?;
+        }
+        if hs.is_done() {
+            return hs.finish();
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(hs.eof_error());
+        }
+        if let Err(e) = hs.feed(&buf[..n]) {
+            // Let the peer see our last messages (a key confirmation, say) so it fails with the same cause.
+            let _ = stream.write_all(&hs.take_output());
+            return Err(e);
+        }
+    }
+}
+
+/// Splits an established channel over a TCP stream into a reader and a writer usable from two threads.
+pub fn split_tcp(
+    stream: TcpStream,
+    established: Established,
+) -> Result<(SecureReader<TcpStream>, SecureWriter<TcpStream>), ChannelError> {
+    let reader = stream.try_clone()?;
+    Ok((
+        SecureReader::new(reader, established.opener),
+        SecureWriter::new(stream, established.sealer),
+    ))
+}
+
+/// Sends packets over a blocking stream: small ones coalesced into one write, large ones sealed in place.
+pub struct SecureWriter<W: Write> {
+    inner: W,
+    sealer: Sealer,
+    pending: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+impl<W: Write> SecureWriter<W> {
+    /// A writer sealing with `sealer`.
+    pub fn new(inner: W, sealer: Sealer) -> Self {
+        let frame = vec![0u8; frame_len(sealer.max_payload())];
+        SecureWriter {
+            inner,
+            sealer,
+            pending: Vec::with_capacity(COALESCE_LIMIT + (64 << 10)),
+            frame,
+        }
+    }
+
+    /// The largest contents one packet may carry.
+    pub fn max_payload(&self) -> usize {
+        self.sealer.max_payload()
+    }
+
+    /// Sends one packet. Small packets wait in a buffer until [`SecureWriter::flush`] or until enough gathered.
+    pub fn send(&mut self, payload: &[u8]) -> Result<(), ChannelError> {
+        if payload.len() >= DIRECT_THRESHOLD {
+            let len = payload.len();
+            self.payload_buf(len)?.copy_from_slice(payload);
+            return self.send_payload_buf(len);
+        }
+        self.sealer.seal_into(&mut self.pending, 0, payload)?;
+        if self.pending.len() >= COALESCE_LIMIT {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
+    /// Sends a decoy packet of `len` random-looking bytes, which the peer drops.
+    pub fn send_decoy(&mut self, len: usize) -> Result<(), ChannelError> {
+        let zeros = vec![0u8; len];
+        self.sealer.seal_into(&mut self.pending, HEADER_DECOY, &zeros)
+    }
+
+    /// A writable area of `len` bytes inside the frame buffer, for zero-copy large packets.
+    pub fn payload_buf(&mut self, len: usize) -> Result<&mut [u8], ChannelError> {
+        let max = self.sealer.max_payload();
+        if len > max {
+            return Err(ChannelError::Oversized { len, max });
+        }
+        Ok(&mut self.frame[CONTENTS_OFFSET..CONTENTS_OFFSET + len])
+    }
+
+    /// Seals the first `len` bytes of [`SecureWriter::payload_buf`] in place and writes them as one packet,
+    /// after anything still waiting.
+    pub fn send_payload_buf(&mut self, len: usize) -> Result<(), ChannelError> {
+        self.write_pending()?;
+        let frame = &mut self.frame[..frame_len(len)];
+        self.sealer.seal_frame(frame, 0)?;
+        self.inner.write_all(frame)?;
+        Ok(())
+    }
+
+    fn write_pending(&mut self) -> Result<(), ChannelError> {
+        if !self.pending.is_empty() {
+            self.inner.write_all(&self.pending)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// Writes every waiting packet.
+    pub fn flush(&mut self) -> Result<(), ChannelError> {
+        self.write_pending()?;
+        self.inner.flush()?;
+        Ok(())
+    }
+
+    /// Sends the authenticated end of stream and flushes; returns the stream.
+    pub fn close(mut self) -> Result<W, ChannelError> {
+        self.sealer.seal_into(&mut self.pending, HEADER_CLOSE, &[])?;
+        self.flush()?;
+        Ok(self.inner)
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &W {
+        &self.inner
+    }
+}
+
+/// Receives packets from a blocking stream, opening them in place in a reusable buffer.
+pub struct SecureReader<R: Read> {
+    inner: R,
+    opener: Opener,
+}
+
+impl<R: Read> SecureReader<R> {
+    /// A reader opening with `opener` (which may already hold bytes that arrived with the handshake).
+    pub fn new(inner: R, opener: Opener) -> Self {
+        SecureReader { inner, opener }
+    }
+
+    /// The next packet's contents, or `None` after the peer's authenticated end of stream. A stream that ends
+    /// without it is [`ChannelError::Truncated`].
+    pub fn recv(&mut self) -> Result<Option<&mut [u8]>, ChannelError> {
+        if self.opener.is_closed() {
+            return Ok(None);
+        }
+        loop {
+            match self.opener.next_ready()? {
+                Some(Ready::Data(range)) => return Ok(Some(self.opener.contents(range))),
+                Some(Ready::Close) => return Ok(None),
+                None => {}
+            }
+            let n = loop {
+                match self.inner.read(self.opener.spare()) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    other => break other?,
+                }
+            };
+            if n == 0 {
+                self.opener.check_eof()?;
+                return Ok(None);
+            }
+            self.opener.commit(n);
+        }
+    }
+
+    /// The underlying stream.
+    pub fn get_ref(&self) -> &R {
+        &self.inner
+    }
+}
