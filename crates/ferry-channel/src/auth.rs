@@ -36,7 +36,8 @@ impl IdentityKey {
 
     /// The identity key with this 32-byte seed.
     pub fn from_seed(seed: [u8; 32]) -> Self {
-        let pair = Ed25519KeyPair::from_seed_unchecked(&seed).expect("any 32 bytes are an Ed25519 seed");
+        let pair =
+            Ed25519KeyPair::from_seed_unchecked(&seed).expect("any 32 bytes are an Ed25519 seed");
         IdentityKey { pair, seed }
     }
 
@@ -122,15 +123,26 @@ impl AuthState {
     }
 
     /// The first messages we send, once the transcript is fixed.
-    pub(crate) fn start(&mut self, role: Role, session_id: &[u8; 32], transcript: &[u8; 32]) -> Vec<Vec<u8>> {
+    pub(crate) fn start(
+        &mut self,
+        role: Role,
+        session_id: &[u8; 32],
+        transcript: &[u8; 32],
+    ) -> Vec<Vec<u8>> {
         match self {
             AuthState::Done => Vec::new(),
-            AuthState::Spake { pending, password, .. } => {
+            AuthState::Spake {
+                pending, password, ..
+            } => {
                 let mut id_a = b"ferry/initiator/".to_vec();
                 id_a.extend_from_slice(session_id);
                 let mut id_b = b"ferry/responder/".to_vec();
                 id_b.extend_from_slice(session_id);
-                let (pw, a, b) = (Password::new(&password[..]), Identity::new(&id_a), Identity::new(&id_b));
+                let (pw, a, b) = (
+                    Password::new(&password[..]),
+                    Identity::new(&id_a),
+                    Identity::new(&id_b),
+                );
                 let (state, msg) = match role {
                     Role::Initiator => Spake2::<Ed25519Group>::start_a(&pw, &a, &b),
                     Role::Responder => Spake2::<Ed25519Group>::start_b(&pw, &a, &b),
@@ -160,12 +172,23 @@ impl AuthState {
     ) -> Result<(Vec<Vec<u8>>, Option<AuthOutcome>), ChannelError> {
         let peer = role.peer();
         match (&mut *self, msg.split_first()) {
-            (AuthState::Spake { pending, confirm_key, .. }, Some((&MSG_SPAKE, body))) => {
-                let state = pending.take().ok_or(ChannelError::AuthProtocol("unexpected PAKE message"))?;
+            (
+                AuthState::Spake {
+                    pending,
+                    confirm_key,
+                    ..
+                },
+                Some((&MSG_SPAKE, body)),
+            ) => {
+                let state = pending
+                    .take()
+                    .ok_or(ChannelError::AuthProtocol("unexpected PAKE message"))?;
                 if body.len() != SPAKE_MSG_LEN {
                     return Err(ChannelError::AuthProtocol("PAKE message of wrong length"));
                 }
-                let secret = state.finish(body).map_err(|_| ChannelError::AuthProtocol("bad PAKE message"))?;
+                let secret = state
+                    .finish(body)
+                    .map_err(|_| ChannelError::AuthProtocol("bad PAKE message"))?;
                 let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
                 let mut out = vec![MSG_CONFIRM];
                 out.extend_from_slice(hmac::sign(&key, &confirm_data(role, transcript)).as_ref());
@@ -173,19 +196,27 @@ impl AuthState {
                 Ok((vec![out], None))
             }
             (AuthState::Spake { confirm_key, .. }, Some((&MSG_CONFIRM, body))) => {
-                let key = confirm_key
-                    .as_ref()
-                    .ok_or(ChannelError::AuthProtocol("confirmation before PAKE message"))?;
+                let key = confirm_key.as_ref().ok_or(ChannelError::AuthProtocol(
+                    "confirmation before PAKE message",
+                ))?;
                 if body.len() != CONFIRM_LEN {
                     return Err(ChannelError::AuthProtocol("confirmation of wrong length"));
                 }
-                hmac::verify(key, &confirm_data(peer, transcript), body).map_err(|_| ChannelError::WrongCode)?;
+                hmac::verify(key, &confirm_data(peer, transcript), body)
+                    .map_err(|_| ChannelError::WrongCode)?;
                 *self = AuthState::Done;
-                Ok((Vec::new(), Some(AuthOutcome { peer_identity: None })))
+                Ok((
+                    Vec::new(),
+                    Some(AuthOutcome {
+                        peer_identity: None,
+                    }),
+                ))
             }
             (AuthState::Identity { pinned, .. }, Some((&MSG_IDENTITY, body))) => {
                 if body.len() != PUBLIC_KEY_LEN + SIGNATURE_LEN {
-                    return Err(ChannelError::AuthProtocol("identity message of wrong length"));
+                    return Err(ChannelError::AuthProtocol(
+                        "identity message of wrong length",
+                    ));
                 }
                 let (public, sig) = body.split_at(PUBLIC_KEY_LEN);
                 UnparsedPublicKey::new(&signature::ED25519, public)
@@ -208,7 +239,9 @@ impl AuthState {
                 ))
             }
             (AuthState::Done, _) => Err(ChannelError::AuthProtocol("message after authentication")),
-            _ => Err(ChannelError::AuthProtocol("unexpected authentication message")),
+            _ => Err(ChannelError::AuthProtocol(
+                "unexpected authentication message",
+            )),
         }
     }
 }

@@ -5,7 +5,9 @@ use std::net::TcpStream;
 
 use crate::error::ChannelError;
 use crate::handshake::{Established, Handshake};
-use crate::packet::{frame_len, Opener, Ready, Sealer, CONTENTS_OFFSET, HEADER_CLOSE, HEADER_DECOY};
+use crate::packet::{
+    frame_len, Opener, Ready, Sealer, CONTENTS_OFFSET, HEADER_CLOSE, HEADER_DECOY,
+};
 
 /// Small packets are coalesced until this many bytes are waiting, then written at once.
 const COALESCE_LIMIT: usize = 256 << 10;
@@ -14,7 +16,10 @@ const DIRECT_THRESHOLD: usize = 64 << 10;
 
 /// Runs a handshake to completion over a blocking stream. Bytes of application data that arrive with the end
 /// of the handshake are kept in the returned opener.
-pub fn handshake<S: Read + Write>(stream: &mut S, mut hs: Handshake) -> Result<Established, ChannelError> {
+pub fn handshake<S: Read + Write>(
+    stream: &mut S,
+    mut hs: Handshake,
+) -> Result<Established, ChannelError> {
     let mut buf = vec![0u8; 16 << 10];
     loop {
         if hs.has_output() {
@@ -90,7 +95,8 @@ impl<W: Write> SecureWriter<W> {
     /// Sends a decoy packet of `len` random-looking bytes, which the peer drops.
     pub fn send_decoy(&mut self, len: usize) -> Result<(), ChannelError> {
         let zeros = vec![0u8; len];
-        self.sealer.seal_into(&mut self.pending, HEADER_DECOY, &zeros)
+        self.sealer
+            .seal_into(&mut self.pending, HEADER_DECOY, &zeros)
     }
 
     /// A writable area of `len` bytes inside the frame buffer, for zero-copy large packets.
@@ -129,7 +135,8 @@ impl<W: Write> SecureWriter<W> {
 
     /// Sends the authenticated end of stream and flushes; returns the stream.
     pub fn close(mut self) -> Result<W, ChannelError> {
-        self.sealer.seal_into(&mut self.pending, HEADER_CLOSE, &[])?;
+        self.sealer
+            .seal_into(&mut self.pending, HEADER_CLOSE, &[])?;
         self.flush()?;
         Ok(self.inner)
     }

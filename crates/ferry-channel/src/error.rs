@@ -63,6 +63,7 @@ impl ChannelError {
 
     /// Finds a `ChannelError` wrapped by [`ChannelError::into_io`].
     pub fn from_io_ref(e: &std::io::Error) -> Option<&ChannelError> {
-        e.get_ref().and_then(|inner| inner.downcast_ref::<ChannelError>())
+        e.get_ref()
+            .and_then(|inner| inner.downcast_ref::<ChannelError>())
     }
 }

@@ -7,7 +7,9 @@ use aws_lc_rs::digest;
 use crate::auth::{Auth, AuthState};
 use crate::error::ChannelError;
 use crate::keys::{fill_random, EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
-use crate::packet::{Opener, PacketReader, Sealer, CONTENTS_OFFSET, DEFAULT_MAX_PAYLOAD, HEADER_DECOY};
+use crate::packet::{
+    Opener, PacketReader, Sealer, CONTENTS_OFFSET, DEFAULT_MAX_PAYLOAD, HEADER_DECOY,
+};
 use crate::suite::{has_aes_hardware, Suite, TAG_LEN};
 use crate::Role;
 
@@ -185,7 +187,13 @@ impl Handshake {
     }
 
     /// Starts a handshake with a given key and garbage (deterministic, for tests and vectors).
-    pub fn with_key(role: Role, config: Config, auth: Auth, key: EphemeralKey, garbage: Vec<u8>) -> Self {
+    pub fn with_key(
+        role: Role,
+        config: Config,
+        auth: Auth,
+        key: EphemeralKey,
+        garbage: Vec<u8>,
+    ) -> Self {
         let mut out = Vec::with_capacity(ELLSWIFT_LEN + garbage.len() + 256);
         out.extend_from_slice(key.encoded());
         out.extend_from_slice(&garbage);
@@ -345,7 +353,10 @@ impl Handshake {
 
     /// Opens the next non-decoy handshake packet and returns its contents.
     fn next_packet(&mut self) -> Result<Option<Vec<u8>>, ChannelError> {
-        let reader = self.reader.as_mut().expect("reader exists after the terminator");
+        let reader = self
+            .reader
+            .as_mut()
+            .expect("reader exists after the terminator");
         loop {
             let Some((total, header)) = reader.open(&mut self.inbuf)? else {
                 return Ok(None);
@@ -388,8 +399,14 @@ impl Handshake {
             self.reader = Some(PacketReader::new(&recv, suite, Vec::new(), max));
         } else {
             let max = self.config.max_payload;
-            self.sealer.as_mut().expect("sealer exists").set_max_payload(max);
-            self.reader.as_mut().expect("reader exists").set_max_payload(max);
+            self.sealer
+                .as_mut()
+                .expect("sealer exists")
+                .set_max_payload(max);
+            self.reader
+                .as_mut()
+                .expect("reader exists")
+                .set_max_payload(max);
         }
         let session_id = keys.session_id;
         let messages = self.auth.start(self.role, &session_id, &self.transcript);
@@ -403,7 +420,9 @@ impl Handshake {
     }
 
     fn on_auth(&mut self, contents: &[u8]) -> Result<(), ChannelError> {
-        let (messages, outcome) = self.auth.on_message(self.role, &self.transcript, contents)?;
+        let (messages, outcome) = self
+            .auth
+            .on_message(self.role, &self.transcript, contents)?;
         self.send_handshake_messages(messages)?;
         if let Some(outcome) = outcome {
             self.peer_identity = outcome.peer_identity;
@@ -413,7 +432,10 @@ impl Handshake {
     }
 
     fn send_handshake_messages(&mut self, messages: Vec<Vec<u8>>) -> Result<(), ChannelError> {
-        let sealer = self.sealer.as_mut().expect("sealer exists after the key share");
+        let sealer = self
+            .sealer
+            .as_mut()
+            .expect("sealer exists after the key share");
         for m in messages {
             sealer.seal_into(&mut self.out, 0, &m)?;
         }

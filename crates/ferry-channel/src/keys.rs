@@ -31,7 +31,8 @@ impl EphemeralKey {
             fill_random(&mut bytes);
             fill_random(&mut aux);
             if let Ok(secret) = SecretKey::from_byte_array(bytes) {
-                let encoded = ElligatorSwift::from_seckey(&Secp256k1::new(), secret, Some(aux)).to_array();
+                let encoded =
+                    ElligatorSwift::from_seckey(&Secp256k1::new(), secret, Some(aux)).to_array();
                 return EphemeralKey { secret, encoded };
             }
         }
@@ -142,7 +143,12 @@ impl SessionKeys {
     /// Keys of `suite` for the rest of the session, bound to the transcript of the version exchange.
     ///
     /// Labels are distinct per suite and direction, so no key ever serves two purposes.
-    pub fn suite_keys(&self, suite: Suite, transcript: &[u8; 32], role: Role) -> (DirectionKeys, DirectionKeys) {
+    pub fn suite_keys(
+        &self,
+        suite: Suite,
+        transcript: &[u8; 32],
+        role: Role,
+    ) -> (DirectionKeys, DirectionKeys) {
         let name = suite.name().as_bytes();
         let dir = |who: &[u8]| DirectionKeys {
             length: expand32(&self.prk, &[b"ferry/", name, who, b"_L/", transcript]),

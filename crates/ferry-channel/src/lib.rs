@@ -42,10 +42,13 @@ pub mod tokio_io;
 pub use auth::{Auth, IdentityKey, PUBLIC_KEY_LEN};
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;
-pub use handshake::{Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE, PROTOCOL_VERSION};
+pub use handshake::{
+    Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE,
+    PROTOCOL_VERSION,
+};
 pub use packet::{
-    frame_len, Opener, Packet, Ready, Sealer, CONTENTS_OFFSET, LENGTH_LEN, DEFAULT_MAX_PAYLOAD, FRAME_OVERHEAD, HEADER_CLOSE,
-    HEADER_DECOY, MAX_ENCODABLE,
+    frame_len, Opener, Packet, Ready, Sealer, CONTENTS_OFFSET, DEFAULT_MAX_PAYLOAD, FRAME_OVERHEAD,
+    HEADER_CLOSE, HEADER_DECOY, LENGTH_LEN, MAX_ENCODABLE,
 };
 pub use suite::{has_aes_hardware, AeadKey, AwsLcKey, FsAead, Suite, TagMismatch, TAG_LEN};
 

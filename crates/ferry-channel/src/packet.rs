@@ -65,7 +65,10 @@ impl Sealer {
     /// Seals a frame in place. `frame` is laid out as `[4 free bytes][contents][16 free bytes]`.
     pub fn seal_frame(&mut self, frame: &mut [u8], header: u8) -> Result<(), ChannelError> {
         let Some(payload) = frame.len().checked_sub(FRAME_OVERHEAD) else {
-            return Err(ChannelError::Oversized { len: 0, max: self.max_payload });
+            return Err(ChannelError::Oversized {
+                len: 0,
+                max: self.max_payload,
+            });
         };
         if payload > self.max_payload {
             return Err(ChannelError::Oversized {
@@ -88,7 +91,12 @@ impl Sealer {
     }
 
     /// Appends one sealed packet with `payload` as contents to `out` (for coalescing small packets).
-    pub fn seal_into(&mut self, out: &mut Vec<u8>, header: u8, payload: &[u8]) -> Result<(), ChannelError> {
+    pub fn seal_into(
+        &mut self,
+        out: &mut Vec<u8>,
+        header: u8,
+        payload: &[u8],
+    ) -> Result<(), ChannelError> {
         self.seal_into_inner(out, header, payload)
     }
 
@@ -104,7 +112,12 @@ impl Sealer {
         self.seal_into_inner(out, header, payload)
     }
 
-    fn seal_into_inner(&mut self, out: &mut Vec<u8>, header: u8, payload: &[u8]) -> Result<(), ChannelError> {
+    fn seal_into_inner(
+        &mut self,
+        out: &mut Vec<u8>,
+        header: u8,
+        payload: &[u8],
+    ) -> Result<(), ChannelError> {
         let start = out.len();
         out.reserve(frame_len(payload.len()));
         out.extend_from_slice(&[0u8; CONTENTS_OFFSET]);
@@ -128,7 +141,12 @@ pub(crate) struct PacketReader {
 }
 
 impl PacketReader {
-    pub(crate) fn new(keys: &DirectionKeys, suite: Suite, first_aad: Vec<u8>, max_payload: usize) -> Self {
+    pub(crate) fn new(
+        keys: &DirectionKeys,
+        suite: Suite,
+        first_aad: Vec<u8>,
+        max_payload: usize,
+    ) -> Self {
         PacketReader {
             length: FsChaCha20::new(keys.length),
             aead: FsAead::new(suite, &keys.packet),
@@ -296,7 +314,8 @@ impl Opener {
                 // Nothing may follow the end of stream.
                 return Err(ChannelError::Tampered);
             }
-            let Some((total, header)) = self.reader.open(&mut self.buf[self.start..self.end])? else {
+            let Some((total, header)) = self.reader.open(&mut self.buf[self.start..self.end])?
+            else {
                 return Ok(None);
             };
             let s = self.start;

@@ -48,7 +48,8 @@ impl Suite {
 pub fn has_aes_hardware() -> bool {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     {
-        std::arch::is_x86_feature_detected!("aes") && std::arch::is_x86_feature_detected!("pclmulqdq")
+        std::arch::is_x86_feature_detected!("aes")
+            && std::arch::is_x86_feature_detected!("pclmulqdq")
     }
     #[cfg(target_arch = "aarch64")]
     {
@@ -70,7 +71,13 @@ pub trait AeadKey: Send {
     /// Encrypts `in_out` in place and returns the tag.
     fn seal(&self, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8]) -> [u8; TAG_LEN];
     /// Decrypts `in_out` in place if `tag` verifies; on failure the contents are unspecified.
-    fn open(&self, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), TagMismatch>;
+    fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        in_out: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), TagMismatch>;
 }
 
 /// aws-lc-rs's AEADs (AES-256-GCM, ChaCha20-Poly1305).
@@ -79,7 +86,8 @@ pub struct AwsLcKey(LessSafeKey);
 impl AwsLcKey {
     /// A key of `suite` made from 32 bytes.
     pub fn new(suite: Suite, key: &[u8; 32]) -> Self {
-        let unbound = UnboundKey::new(suite.algorithm(), key).expect("32-byte key fits both suites");
+        let unbound =
+            UnboundKey::new(suite.algorithm(), key).expect("32-byte key fits both suites");
         AwsLcKey(LessSafeKey::new(unbound))
     }
 }
@@ -95,9 +103,20 @@ impl AeadKey for AwsLcKey {
         out
     }
 
-    fn open(&self, nonce: [u8; 12], aad: &[u8], in_out: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), TagMismatch> {
+    fn open(
+        &self,
+        nonce: [u8; 12],
+        aad: &[u8],
+        in_out: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), TagMismatch> {
         self.0
-            .open_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), tag, in_out)
+            .open_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad),
+                tag,
+                in_out,
+            )
             .map(|_| ())
             .map_err(|_| TagMismatch)
     }
@@ -158,7 +177,12 @@ impl FsAead {
     }
 
     /// Opens the next packet in place.
-    pub fn open(&mut self, aad: &[u8], in_out: &mut [u8], tag: &[u8; TAG_LEN]) -> Result<(), TagMismatch> {
+    pub fn open(
+        &mut self,
+        aad: &[u8],
+        in_out: &mut [u8],
+        tag: &[u8; TAG_LEN],
+    ) -> Result<(), TagMismatch> {
         let nonce = self.nonce();
         self.key.open(nonce, aad, in_out, tag)?;
         self.advance(nonce);

@@ -69,7 +69,8 @@ impl<W: AsyncWrite + Unpin> AsyncSecureWriter<W> {
 
     /// Sends the authenticated end of stream, flushes and shuts the write side down.
     pub async fn close(mut self) -> Result<W, ChannelError> {
-        self.sealer.seal_into(&mut self.pending, HEADER_CLOSE, &[])?;
+        self.sealer
+            .seal_into(&mut self.pending, HEADER_CLOSE, &[])?;
         self.flush().await?;
         self.inner.shutdown().await?;
         Ok(self.inner)
@@ -113,7 +114,10 @@ impl<R: AsyncRead + Unpin> AsyncSecureReader<R> {
 pub fn split<S: AsyncRead + AsyncWrite>(
     stream: S,
     established: Established,
-) -> (AsyncSecureReader<tokio::io::ReadHalf<S>>, AsyncSecureWriter<tokio::io::WriteHalf<S>>) {
+) -> (
+    AsyncSecureReader<tokio::io::ReadHalf<S>>,
+    AsyncSecureWriter<tokio::io::WriteHalf<S>>,
+) {
     let (r, w) = tokio::io::split(stream);
     (
         AsyncSecureReader::new(r, established.opener),

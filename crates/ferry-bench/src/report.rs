@@ -1,0 +1,185 @@
+//! Benchmark rows and their two output forms: a table for people, JSON lines for scripts.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+/// One measured figure, optionally next to a baseline measured in the same run.
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// Which benchmark (`channel`, `transfer`, ...).
+    pub bench: String,
+    /// What was measured.
+    pub case: String,
+    /// The measured value (median).
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// The baseline's value in the same unit, when one exists.
+    pub baseline: Option<f64>,
+    /// `value / baseline` for rates, where higher is better.
+    pub ratio: Option<f64>,
+}
+
+impl Row {
+    /// A row without baseline.
+    pub fn new(bench: &str, case: impl Into<String>, value: f64, unit: &str) -> Self {
+        Row {
+            bench: bench.to_string(),
+            case: case.into(),
+            value,
+            unit: unit.to_string(),
+            baseline: None,
+            ratio: None,
+        }
+    }
+
+    /// A row with a baseline; the ratio is `value / baseline`.
+    pub fn with_baseline(mut self, baseline: f64) -> Self {
+        self.baseline = Some(baseline);
+        self.ratio = (baseline > 0.0).then(|| self.value / baseline);
+        self
+    }
+
+    /// One JSON object: {"bench","case","value","unit"} plus "baseline" and "ratio" where they exist.
+    pub fn to_json(&self) -> String {
+        let mut s = format!(
+            "{{\"bench\":{},\"case\":{},\"value\":{},\"unit\":{}",
+            json_str(&self.bench),
+            json_str(&self.case),
+            json_num(self.value),
+            json_str(&self.unit)
+        );
+        if let Some(b) = self.baseline {
+            let _ = write!(s, ",\"baseline\":{}", json_num(b));
+        }
+        if let Some(r) = self.ratio {
+            let _ = write!(s, ",\"ratio\":{}", json_num(r));
+        }
+        s.push('}');
+        s
+    }
+}
+
+fn json_num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.6}")
+    } else {
+        "null".to_string()
+    }
+}
+
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Where rows go as they are measured.
+pub struct Report {
+    json: bool,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    /// A report printing JSON lines (`json`) or a table.
+    pub fn new(json: bool) -> Self {
+        if !json {
+            println!(
+                "{:<10} {:<52} {:>12} {:<9} {:>12} {:>7}",
+                "bench", "case", "value", "unit", "baseline", "ratio"
+            );
+        }
+        Report {
+            json,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Prints a row at once (so long runs show progress) and keeps it.
+    pub fn push(&mut self, row: Row) {
+        if self.json {
+            println!("{}", row.to_json());
+        } else {
+            let base = row.baseline.map(|b| format!("{b:.3}")).unwrap_or_default();
+            let ratio = row.ratio.map(|r| format!("{r:.3}")).unwrap_or_default();
+            println!(
+                "{:<10} {:<52} {:>12.3} {:<9} {:>12} {:>7}",
+                row.bench, row.case, row.value, row.unit, base, ratio
+            );
+        }
+        self.rows.push(row);
+    }
+
+    /// Everything measured so far.
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+}
+
+/// The median of some samples (the mean of the middle two for an even count).
+pub fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => samples[n / 2],
+        _ => (samples[n / 2 - 1] + samples[n / 2]) / 2.0,
+    }
+}
+
+/// Runs `baseline` and `candidate` alternately `runs` times; each returns a rate. Returns both medians.
+pub fn interleave(
+    runs: usize,
+    mut baseline: impl FnMut() -> f64,
+    mut candidate: impl FnMut() -> f64,
+) -> (f64, f64) {
+    let (mut b, mut c) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for _ in 0..runs {
+        b.push(baseline());
+        c.push(candidate());
+    }
+    (median(&mut b), median(&mut c))
+}
+
+/// Bytes per second of `bytes` moved in `elapsed`, in GB/s (10^9).
+pub fn gbps(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / elapsed.as_secs_f64() / 1e9
+}
+
+/// Times one call.
+pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
+    let start = Instant::now();
+    let out = f();
+    (out, start.elapsed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_row_has_the_contract_fields() {
+        let row = Row::new("channel", "a \"b\"", 2.0, "GB/s").with_baseline(4.0);
+        assert_eq!(
+            row.to_json(),
+            "{\"bench\":\"channel\",\"case\":\"a \\\"b\\\"\",\"value\":2.000000,\"unit\":\"GB/s\",\"baseline\":4.000000,\"ratio\":0.500000}"
+        );
+    }
+
+    #[test]
+    fn median_of_even_and_odd_counts() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+    }
+}
