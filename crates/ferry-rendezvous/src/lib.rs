@@ -1,0 +1,18 @@
+//! How two ferry peers find each other.
+//!
+//! A short code like `7-apple-orbit-violin` has two parts: the *nameplate* (`7`), which only says where to
+//! meet and is all that rendezvous ever sees (as a hash), and the *words*, which never leave the machine: the
+//! whole code is the password of the SPAKE2 exchange inside the encrypted channel.
+//!
+//! ```
+//! use ferry_rendezvous::Code;
+//! let code: Code = "7-Apple-orbit-VIOLIN".parse().unwrap();
+//! assert_eq!(code.to_string(), "7-apple-orbit-violin");
+//! assert_eq!(code.nameplate(), 7);
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+
+mod code;
+pub mod local;
+
+pub use code::{Code, CodeError, NameplateHash, WORDS, WORD_COUNT};
