@@ -75,13 +75,12 @@ impl Code {
     /// A fresh random code whose nameplate satisfies `free` (for example: not in use on this host).
     pub fn generate(mut free: impl FnMut(u32) -> bool) -> Code {
         let words = std::array::from_fn(|_| WORDS[random_below(WORDS.len() as u32) as usize]);
-        let mut nameplate = 1 + random_below(GENERATED_NAMEPLATES);
-        for _ in 0..GENERATED_NAMEPLATES {
-            if free(nameplate) {
-                break;
-            }
-            nameplate = 1 + random_below(GENERATED_NAMEPLATES);
-        }
+        // From a random start, the first free nameplate (or the start itself when every one is taken).
+        let start = random_below(GENERATED_NAMEPLATES);
+        let nameplate = (0..GENERATED_NAMEPLATES)
+            .map(|i| 1 + (start + i) % GENERATED_NAMEPLATES)
+            .find(|&n| free(n))
+            .unwrap_or(1 + start);
         Code { nameplate, words }
     }
 
