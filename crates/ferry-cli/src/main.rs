@@ -1,10 +1,14 @@
-//! The `ferry` command: wires the channel, transfer and benchmark crates to the command line.
+//! The `ferry` command: wires the channel, transfer, rendezvous and benchmark crates to the command line.
 
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
+mod channel_io;
+mod failure;
+mod transfer_cmd;
+mod ui;
 
 /// Move files between machines, encrypted end to end.
 #[derive(Parser, Debug)]
@@ -16,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Send files and directories; prints a code for the receiver.
+    Send(transfer_cmd::SendArgs),
+    /// Receive what a sender offers under CODE.
+    Receive(transfer_cmd::ReceiveArgs),
     /// Run the layered benchmark suite.
     Bench(bench::BenchArgs),
     /// Print shell completions.
@@ -27,7 +35,17 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let (json, verb) = match &cli.command {
+        Command::Send(a) => (a.json(), "sent"),
+        Command::Receive(a) => (a.json(), "received"),
+        _ => (false, ""),
+    };
+    let mut ui = ui::Ui::new(json, verb);
+    install_interrupt_handler(json);
     let result = match cli.command {
+        Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
+            .and_then(|_| transfer_cmd::send(args, &mut ui)),
+        Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut std::io::stdout());
@@ -37,8 +55,26 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("ferry: {e:#}");
-            ExitCode::FAILURE
+            let f = failure::classify(&e);
+            ui.error(f.code, &format!("{e:#}"));
+            ExitCode::from(f.exit)
         }
     }
+}
+
+/// Ctrl-C ends the process with a clear message; the peer sees the channel end without its authenticated
+/// close and reports that, and partial data stays for a resume.
+fn install_interrupt_handler(json: bool) {
+    let _ = ctrlc::set_handler(move || {
+        let e = failure::Interrupted;
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({"event": "error", "code": "interrupted", "message": e.to_string()})
+            );
+        } else {
+            eprintln!("\nferry: {e}");
+        }
+        std::process::exit(i32::from(failure::EXIT_INTERRUPTED));
+    });
 }

@@ -46,6 +46,14 @@ pub struct Code {
 pub struct NameplateHash(pub [u8; 32]);
 
 impl NameplateHash {
+    /// The hash of a nameplate number.
+    pub fn of(nameplate: u32) -> Self {
+        NameplateHash(blake3::derive_key(
+            "ferry 2026 nameplate v1",
+            nameplate.to_string().as_bytes(),
+        ))
+    }
+
     /// Lowercase hex, for file names and logs.
     pub fn to_hex(&self) -> String {
         self.0.iter().map(|b| format!("{b:02x}")).collect()
@@ -91,10 +99,7 @@ impl Code {
 
     /// The hash under which the two sides meet.
     pub fn nameplate_hash(&self) -> NameplateHash {
-        NameplateHash(blake3::derive_key(
-            "ferry 2026 nameplate v1",
-            self.nameplate.to_string().as_bytes(),
-        ))
+        NameplateHash::of(self.nameplate)
     }
 
     /// The PAKE password: the whole normalised code.

@@ -1,0 +1,41 @@
+//! The secure channel as the transfer engine's packet transport.
+
+use std::io;
+use std::net::TcpStream;
+
+use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::ChannelError;
+use ferry_transfer::{PacketSink, PacketSource};
+
+/// The sending half of an established channel over TCP.
+pub struct ChannelSink(pub SecureWriter<TcpStream>);
+
+/// The receiving half of an established channel over TCP.
+pub struct ChannelSource(pub SecureReader<TcpStream>);
+
+impl PacketSink for ChannelSink {
+    fn send(&mut self, payload: &[u8]) -> io::Result<()> {
+        self.0.send(payload).map_err(ChannelError::into_io)
+    }
+
+    fn payload_buf(&mut self, len: usize) -> &mut [u8] {
+        // The engine never asks for more than the negotiated packet size (SendOptions::max_packet).
+        self.0
+            .payload_buf(len)
+            .expect("engine packets fit the channel's maximum")
+    }
+
+    fn send_payload_buf(&mut self, len: usize) -> io::Result<()> {
+        self.0.send_payload_buf(len).map_err(ChannelError::into_io)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush().map_err(ChannelError::into_io)
+    }
+}
+
+impl PacketSource for ChannelSource {
+    fn recv(&mut self) -> io::Result<Option<&mut [u8]>> {
+        self.0.recv().map_err(ChannelError::into_io)
+    }
+}

@@ -1,0 +1,162 @@
+//! Every error the user can meet, as a stable JSON code and a documented exit status.
+
+use ferry_channel::ChannelError;
+use ferry_transfer::TransferError;
+
+/// A classified failure: what `--json` reports as `code` and the process exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// Stable short code for scripts.
+    pub code: &'static str,
+    /// Process exit status (see README, "Exit status").
+    pub exit: u8,
+}
+
+/// Exit status of a failure that has no more specific class.
+pub const EXIT_ERROR: u8 = 1;
+/// Exit status when the user pressed Ctrl-C.
+pub const EXIT_INTERRUPTED: u8 = 130;
+
+/// No sender found for the code, or the peer could not be reached.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct PeerNotFound(pub String);
+
+/// The user interrupted the transfer.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted; partial data is kept, run the same command again to resume")]
+pub struct Interrupted;
+
+fn channel_failure(e: &ChannelError) -> Failure {
+    let (code, exit) = match e {
+        ChannelError::WrongCode => ("wrong-code", 3),
+        ChannelError::Truncated | ChannelError::Closed => ("peer-gone", 4),
+        ChannelError::NotFerry => ("not-ferry", 4),
+        ChannelError::VersionMismatch { .. } | ChannelError::SuiteMismatch => {
+            ("version-mismatch", 4)
+        }
+        ChannelError::Tampered | ChannelError::AuthProtocol(_) => ("tampered", 5),
+        ChannelError::IdentityMismatch => ("identity-mismatch", 5),
+        ChannelError::Oversized { .. } => ("protocol", 8),
+        ChannelError::Io(io) => return io_failure(io),
+    };
+    Failure { code, exit }
+}
+
+fn io_failure(e: &std::io::Error) -> Failure {
+    if let Some(ch) = ChannelError::from_io_ref(e) {
+        return channel_failure(ch);
+    }
+    use std::io::ErrorKind::*;
+    match e.kind() {
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | ConnectionRefused => {
+            Failure {
+                code: "peer-gone",
+                exit: 4,
+            }
+        }
+        PermissionDenied => Failure {
+            code: "permission",
+            exit: EXIT_ERROR,
+        },
+        StorageFull => Failure {
+            code: "disk-full",
+            exit: 6,
+        },
+        _ => Failure {
+            code: "io",
+            exit: EXIT_ERROR,
+        },
+    }
+}
+
+fn transfer_code_exit(code: &str) -> u8 {
+    match code {
+        "wrong-code" => 3,
+        "peer-gone" | "not-ferry" => 4,
+        "integrity" | "tampered" => 5,
+        "disk-full" => 6,
+        "conflict" | "declined" => 7,
+        "unsafe-path" | "too-many-entries" | "size-mismatch" | "protocol" => 8,
+        _ => EXIT_ERROR,
+    }
+}
+
+fn transfer_failure(e: &TransferError) -> Failure {
+    match e {
+        TransferError::Io(io) => io_failure(io),
+        TransferError::UnexpectedEnd => Failure {
+            code: "peer-gone",
+            exit: 4,
+        },
+        TransferError::Remote { code, .. } => {
+            // The peer's code is untrusted text: only known codes keep their class.
+            let exit = transfer_code_exit(code);
+            let code = KNOWN_CODES
+                .iter()
+                .find(|&&k| k == code)
+                .copied()
+                .unwrap_or("remote");
+            Failure { code, exit }
+        }
+        other => {
+            let code = other.code();
+            Failure {
+                code,
+                exit: transfer_code_exit(code),
+            }
+        }
+    }
+}
+
+const KNOWN_CODES: &[&str] = &[
+    "disk-full",
+    "permission",
+    "io",
+    "unsafe-path",
+    "too-many-entries",
+    "protocol",
+    "size-mismatch",
+    "integrity",
+    "conflict",
+    "declined",
+    "source-changed",
+];
+
+/// Classifies an error by the most specific cause in its chain.
+pub fn classify(err: &anyhow::Error) -> Failure {
+    for cause in err.chain() {
+        if cause.downcast_ref::<Interrupted>().is_some() {
+            return Failure {
+                code: "interrupted",
+                exit: EXIT_INTERRUPTED,
+            };
+        }
+        if cause.downcast_ref::<PeerNotFound>().is_some() {
+            return Failure {
+                code: "peer-not-found",
+                exit: 4,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<ChannelError>() {
+            return channel_failure(e);
+        }
+        if let Some(e) = cause.downcast_ref::<TransferError>() {
+            return transfer_failure(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ferry_rendezvous::CodeError>() {
+            let _ = e;
+            return Failure {
+                code: "bad-code",
+                exit: 2,
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<std::io::Error>() {
+            return io_failure(e);
+        }
+    }
+    Failure {
+        code: "error",
+        exit: EXIT_ERROR,
+    }
+}

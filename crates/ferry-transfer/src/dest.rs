@@ -1,0 +1,250 @@
+//! The receiver's destination tree: conflicts, directories, temporary files, final names.
+//!
+//! Everything goes through [`DirCursor`], so no symlink in the destination is ever traversed.
+//! Files are written as `.NAME.ferry-part` (or `.ferry-part-INDEX` when NAME is too long) in
+//! their final directory and renamed only after verification; without `overwrite`, the rename
+//! uses `RENAME_NOREPLACE`, so even a file created meanwhile is never replaced.
+
+use crate::error::lossy;
+use crate::fsys::{set_file_times, Dir, DirCursor, FileKind};
+use crate::hash::FileHasher;
+use crate::path::{split_parent, MAX_NAME};
+use crate::{Entry, EntryKind, TransferError};
+use std::fs::{File, Permissions};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+const TEMP_SUFFIX: &[u8] = b".ferry-part";
+
+/// The destination directory, opened once.
+pub(crate) struct Destination {
+    cursor: DirCursor,
+    overwrite: bool,
+    temp: Vec<u8>,
+}
+
+fn is_not_dir(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTDIR) | Some(libc::ELOOP))
+}
+
+impl Destination {
+    /// Opens (creating it if needed) the destination directory.
+    pub(crate) fn open(out: &Path, overwrite: bool) -> Result<Destination, TransferError> {
+        let err = |e| TransferError::file(out.display().to_string(), e);
+        std::fs::create_dir_all(out).map_err(err)?;
+        Ok(Destination { cursor: DirCursor::new(Dir::open(out).map_err(err)?), overwrite, temp: Vec::new() })
+    }
+
+    /// The temporary name of entry `index` named `name`.
+    fn temp_name(&mut self, name: &[u8], index: u32) -> &[u8] {
+        self.temp.clear();
+        if 1 + name.len() + TEMP_SUFFIX.len() <= MAX_NAME {
+            self.temp.push(b'.');
+            self.temp.extend_from_slice(name);
+            self.temp.extend_from_slice(TEMP_SUFFIX);
+        } else {
+            self.temp.extend_from_slice(b".ferry-part-");
+            self.temp.extend_from_slice(index.to_string().as_bytes());
+        }
+        &self.temp
+    }
+
+    /// The parent directory of a wire path, which must exist by now.
+    fn parent(&mut self, path: &[u8]) -> Result<&Dir, TransferError> {
+        let (parent, _) = split_parent(path);
+        match self.cursor.enter(parent) {
+            Ok(Some(d)) => Ok(d),
+            Ok(None) => Err(TransferError::file(lossy(parent), io::Error::from_raw_os_error(libc::ENOENT))),
+            Err(e) if is_not_dir(&e) => Err(TransferError::Conflict { path: lossy(parent) }),
+            Err(e) => Err(TransferError::file(lossy(parent), e)),
+        }
+    }
+
+    /// Fails with the first path (in sorted order) that exists and may not be replaced.
+    /// `ours(i)` tells whether entry `i` is a file this offer already finished in an earlier run.
+    pub(crate) fn check_conflicts(
+        &mut self,
+        entries: &[Entry],
+        order: &[u32],
+        ours: impl Fn(u32) -> bool,
+    ) -> Result<(), TransferError> {
+        for &i in order {
+            let e = &entries[i as usize];
+            let (parent, name) = split_parent(&e.path);
+            let dir = match self.cursor.enter(parent) {
+                Ok(Some(d)) => d,
+                Ok(None) => continue,
+                // Something that is not a directory where one must go: replaced later when
+                // overwriting, a conflict otherwise (reported at the entry itself).
+                Err(e) if is_not_dir(&e) && self.overwrite => continue,
+                Err(e) if is_not_dir(&e) => return Err(TransferError::Conflict { path: lossy(parent) }),
+                Err(err) => return Err(TransferError::file(e.path_lossy(), err)),
+            };
+            let existing = dir.kind(name).map_err(|err| TransferError::file(e.path_lossy(), err))?;
+            let conflict = match (e.kind, existing) {
+                (_, None) | (EntryKind::Dir, Some(FileKind::Dir)) => false,
+                (EntryKind::Dir, Some(_)) => !self.overwrite,
+                (_, Some(FileKind::Dir)) => true,
+                (_, Some(_)) => !(self.overwrite || ours(i)),
+            };
+            if conflict {
+                return Err(TransferError::Conflict { path: e.path_lossy() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates directory `e` (parents first, in sorted order); returns whether it was created
+    /// (`false`: it already existed and is merged into).
+    pub(crate) fn create_dir(&mut self, e: &Entry) -> Result<bool, TransferError> {
+        let overwrite = self.overwrite;
+        let (_, name) = split_parent(&e.path);
+        let dir = self.parent(&e.path)?;
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        match dir.mkdir(name, 0o700) {
+            Ok(()) => Ok(true),
+            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => match dir.kind(name).map_err(err)? {
+                Some(FileKind::Dir) => Ok(false),
+                Some(_) if overwrite => {
+                    dir.unlink(name).map_err(err)?;
+                    dir.mkdir(name, 0o700).map_err(err)?;
+                    Ok(true)
+                }
+                _ => Err(TransferError::Conflict { path: e.path_lossy() }),
+            },
+            Err(x) => Err(err(x)),
+        }
+    }
+
+    /// Opens the temporary file of entry `index`: a new one when `offset` is 0, else the kept
+    /// partial file cut back to `offset`.
+    pub(crate) fn open_temp(&mut self, e: &Entry, index: u32, offset: u64) -> Result<File, TransferError> {
+        let (_, name) = split_parent(&e.path);
+        let temp = self.temp_name(name, index).to_vec();
+        let dir = self.parent(&e.path)?;
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        if offset > 0 {
+            let file = dir.open_file(&temp, true).map_err(err)?;
+            file.set_len(offset).map_err(err)?;
+            let mut file = file;
+            io::Seek::seek(&mut file, io::SeekFrom::Start(offset)).map_err(err)?;
+            return Ok(file);
+        }
+        match dir.create_new(&temp, 0o600) {
+            Ok(f) => Ok(f),
+            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
+                // A stale temporary file of ours (an earlier, unrecorded run): start over.
+                dir.unlink(&temp).map_err(err)?;
+                dir.create_new(&temp, 0o600).map_err(err)
+            }
+            Err(x) => Err(err(x)),
+        }
+    }
+
+    /// Removes the temporary file of entry `index` (after a failed verification).
+    pub(crate) fn remove_temp(&mut self, e: &Entry, index: u32) {
+        let (_, name) = split_parent(&e.path);
+        let temp = self.temp_name(name, index).to_vec();
+        if let Ok(dir) = self.parent(&e.path) {
+            let _ = dir.unlink(&temp);
+        }
+    }
+
+    /// Gives a verified temporary file its mode, times and final name.
+    pub(crate) fn finish_file(&mut self, e: &Entry, index: u32, file: File, replace: bool) -> Result<(), TransferError> {
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        file.set_permissions(Permissions::from_mode(e.mode)).map_err(err)?;
+        set_file_times(&file, e.mtime, e.mtime_nsec).map_err(err)?;
+        drop(file);
+        let replace = replace || self.overwrite;
+        let (_, name) = split_parent(&e.path);
+        let temp = self.temp_name(name, index).to_vec();
+        let dir = self.parent(&e.path)?;
+        match dir.rename(&temp, name, replace) {
+            Ok(()) => Ok(()),
+            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
+                let _ = dir.unlink(&temp);
+                Err(TransferError::Conflict { path: e.path_lossy() })
+            }
+            Err(x) => Err(err(x)),
+        }
+    }
+
+    /// Creates symlink `e` (after every file and directory), replacing only when overwriting.
+    pub(crate) fn create_symlink(&mut self, e: &Entry, index: u32) -> Result<(), TransferError> {
+        let overwrite = self.overwrite;
+        let (_, name) = split_parent(&e.path);
+        let temp = self.temp_name(name, index).to_vec();
+        let dir = self.parent(&e.path)?;
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        let made = if overwrite {
+            let _ = dir.unlink(&temp);
+            dir.symlink(&e.target, &temp).and_then(|_| dir.rename(&temp, name, true))
+        } else {
+            dir.symlink(&e.target, name)
+        };
+        match made {
+            Ok(()) => {}
+            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
+                return Err(TransferError::Conflict { path: e.path_lossy() })
+            }
+            Err(x) => return Err(err(x)),
+        }
+        dir.set_times(name, e.mtime, e.mtime_nsec).map_err(err)
+    }
+
+    /// Applies a directory's mode and times (after everything inside it is done).
+    pub(crate) fn finish_dir(&mut self, e: &Entry) -> Result<(), TransferError> {
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        match self.cursor.enter(&e.path) {
+            Ok(Some(d)) => d.set_mode_and_times(e.mode, e.mtime, e.mtime_nsec).map_err(err),
+            Ok(None) => Err(err(io::Error::from_raw_os_error(libc::ENOENT))),
+            Err(x) => Err(err(x)),
+        }
+    }
+
+    /// Re-hashes what an earlier run left of a file: the finished file under its final name
+    /// (`complete`), or the first `chunks` chunks of its temporary file. Returns the hasher after
+    /// the verified part and how many chunks of it match `expected` (all of them for a complete
+    /// file whose hash matches); `None` if nothing can be kept.
+    pub(crate) fn rehash(
+        &mut self,
+        e: &Entry,
+        index: u32,
+        complete: bool,
+        expected: &[[u8; 32]],
+        scratch: &mut [u8],
+    ) -> Option<FileHasher> {
+        let (_, name) = split_parent(&e.path);
+        let target = if complete { name.to_vec() } else { self.temp_name(name, index).to_vec() };
+        let dir = self.parent(&e.path).ok()?;
+        let mut file = dir.open_file(&target, false).ok()?;
+        let len = file.metadata().ok()?.len();
+        let mut hasher = FileHasher::default();
+        hasher.start(e.size, &[]);
+        if complete {
+            if len != e.size {
+                return None;
+            }
+            hasher.update_from(&mut file, e.size, scratch).ok()?;
+            return Some(hasher);
+        }
+        let mut good = 0;
+        for (k, cv) in expected.iter().enumerate() {
+            let chunk = crate::CHUNK.min(e.size - k as u64 * crate::CHUNK);
+            if hasher.position() + chunk > len || hasher.update_from(&mut file, chunk, scratch).is_err() {
+                break;
+            }
+            if hasher.chunk_hashes()[k] != *cv {
+                break;
+            }
+            good = k + 1;
+        }
+        if good == 0 {
+            return None;
+        }
+        hasher.start(e.size, &expected[..good]);
+        Some(hasher)
+    }
+}

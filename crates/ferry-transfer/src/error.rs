@@ -1,0 +1,166 @@
+//! The one error type of the transfer layer.
+
+use crate::path::PathProblem;
+
+/// Everything that can stop a send or a receive.
+///
+/// [`TransferError::code`] gives a stable short code for `--json` error events and for the error
+/// message sent to the peer.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// An I/O error of the channel or of a local file that has no more specific variant.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// An I/O error on a named local file or directory.
+    #[error("{path}: {source}")]
+    File {
+        /// The local path, as given or as received.
+        path: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The destination file system is full (ENOSPC or EDQUOT); partial data is kept for a resume.
+    #[error("disk full while writing {path}")]
+    DiskFull {
+        /// The file being written.
+        path: String,
+    },
+    /// A received path breaks one of the name rules.
+    #[error("unsafe path {path:?}: {problem}")]
+    UnsafePath {
+        /// The offending path (lossy UTF-8).
+        path: String,
+        /// Which rule it breaks.
+        problem: PathProblem,
+    },
+    /// The same path appears twice in a manifest.
+    #[error("duplicate path {path:?}")]
+    DuplicatePath {
+        /// The repeated path.
+        path: String,
+    },
+    /// A path is both a file (or symlink) and a directory, or lies under something that is not a directory.
+    #[error("{path:?} is both a file and a directory")]
+    FileDirClash {
+        /// The path that is used both ways.
+        path: String,
+    },
+    /// An entry's parent directory is not part of the manifest.
+    #[error("parent directory of {path:?} is not in the offer")]
+    MissingParent {
+        /// The orphan entry.
+        path: String,
+    },
+    /// A received symlink points outside its tree (or is absolute).
+    #[error("symlink {path:?} points outside the transfer: {target:?}")]
+    SymlinkEscapes {
+        /// The link.
+        path: String,
+        /// Its target.
+        target: String,
+    },
+    /// The offer announces more entries than the receiver accepts.
+    #[error("offer has {announced} entries, more than the limit of {limit}")]
+    TooManyEntries {
+        /// Entries announced by the sender.
+        announced: u64,
+        /// The receiver's limit.
+        limit: u64,
+    },
+    /// A message does not follow the wire format.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A file's data is shorter or longer than the size its manifest entry declares.
+    #[error("size of {path:?} differs from the offer: declared {declared}, sent {sent}{}", if *.more { " or more" } else { "" })]
+    SizeMismatch {
+        /// The file.
+        path: String,
+        /// The size in the manifest.
+        declared: u64,
+        /// The bytes actually sent (at least, when `more` is set).
+        sent: u64,
+        /// The sender sent at least `sent` bytes (the receiver stopped counting there).
+        more: bool,
+    },
+    /// A file or chunk hash does not match its data.
+    #[error("integrity check failed for {path:?}")]
+    Integrity {
+        /// The file.
+        path: String,
+    },
+    /// A destination path already exists and overwriting is not allowed.
+    #[error("{path:?} already exists (not overwriting)")]
+    Conflict {
+        /// The first conflicting path, relative to the destination.
+        path: String,
+    },
+    /// A source file changed while it was being sent.
+    #[error("{path} changed while being sent")]
+    SourceChanged {
+        /// The local source path.
+        path: String,
+    },
+    /// The receiver declined the offer.
+    #[error("the offer was declined")]
+    Declined,
+    /// The peer reported an error and stopped.
+    #[error("peer failed ({code}): {message}")]
+    Remote {
+        /// The peer's stable error code.
+        code: String,
+        /// The peer's one-line message.
+        message: String,
+    },
+    /// The peer closed the stream before the transfer finished.
+    #[error("peer closed the connection before the transfer finished")]
+    UnexpectedEnd,
+}
+
+impl TransferError {
+    /// A short stable code naming the kind of failure (for JSON events and the wire).
+    pub fn code(&self) -> &'static str {
+        match self {
+            TransferError::Io(e) | TransferError::File { source: e, .. } => {
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    "permission"
+                } else {
+                    "io"
+                }
+            }
+            TransferError::DiskFull { .. } => "disk-full",
+            TransferError::UnsafePath { .. }
+            | TransferError::DuplicatePath { .. }
+            | TransferError::FileDirClash { .. }
+            | TransferError::MissingParent { .. }
+            | TransferError::SymlinkEscapes { .. } => "unsafe-path",
+            TransferError::TooManyEntries { .. } => "too-many-entries",
+            TransferError::Protocol(_) => "protocol",
+            TransferError::SizeMismatch { .. } => "size-mismatch",
+            TransferError::Integrity { .. } => "integrity",
+            TransferError::Conflict { .. } => "conflict",
+            TransferError::SourceChanged { .. } => "source-changed",
+            TransferError::Declined => "declined",
+            TransferError::Remote { .. } => "remote",
+            TransferError::UnexpectedEnd => "peer-gone",
+        }
+    }
+
+    /// Shorthand for a [`TransferError::Protocol`] error.
+    pub(crate) fn protocol(msg: impl Into<String>) -> Self {
+        TransferError::Protocol(msg.into())
+    }
+
+    /// Wraps an I/O error on a local path, turning ENOSPC/EDQUOT into [`TransferError::DiskFull`].
+    pub(crate) fn file(path: impl Into<String>, source: std::io::Error) -> Self {
+        let path = path.into();
+        match source.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => TransferError::DiskFull { path },
+            _ => TransferError::File { path, source },
+        }
+    }
+}
+
+/// Lossy display form of a wire path.
+pub(crate) fn lossy(path: &[u8]) -> String {
+    String::from_utf8_lossy(path).into_owned()
+}

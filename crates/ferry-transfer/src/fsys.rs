@@ -1,0 +1,256 @@
+//! Directory-relative file operations that never follow a symlink (`openat` and friends).
+//!
+//! The receiver opens the destination once and reaches everything below it one component at a
+//! time with `O_NOFOLLOW | O_DIRECTORY`, so a symlink planted anywhere in the destination tree is
+//! never traversed. This is the only module with `unsafe`: thin calls into libc.
+
+use std::ffi::CStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// What a name in a directory is, without following symlinks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// An open directory.
+pub(crate) struct Dir {
+    fd: OwnedFd,
+}
+
+/// Runs `f` with `name` as a NUL-terminated string on the stack (names are checked to hold no NUL).
+fn with_cstr<T>(name: &[u8], f: impl FnOnce(&CStr) -> io::Result<T>) -> io::Result<T> {
+    let mut buf = [0u8; 512];
+    if name.len() >= buf.len() || name.contains(&0) {
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    buf[..name.len()].copy_from_slice(name);
+    let c = CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    f(c)
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn timespec(sec: i64, nsec: u32) -> libc::timespec {
+    libc::timespec { tv_sec: sec as libc::time_t, tv_nsec: nsec as libc::c_long }
+}
+
+/// Sets a file's access and modification times through its descriptor.
+pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()> {
+    let times = [timespec(sec, nsec), timespec(sec, nsec)];
+    // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
+    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    Ok(())
+}
+
+impl Dir {
+    /// Opens the destination directory itself (following symlinks: the user chose it).
+    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+        let mut bytes = path.as_os_str().as_bytes().to_vec();
+        bytes.push(0);
+        let c = CStr::from_bytes_with_nul(&bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `c` is a valid NUL-terminated string; the returned fd is checked and owned.
+        let fd = check(unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+        // SAFETY: `fd` was just opened and is owned by nobody else.
+        Ok(Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    fn raw(&self) -> libc::c_int {
+        self.fd.as_raw_fd()
+    }
+
+    fn openat(&self, name: &[u8], flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+        with_cstr(name, |c| {
+            // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
+            let fd = check(unsafe { libc::openat(self.raw(), c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+            // SAFETY: `fd` was just opened and is owned by nobody else.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        })
+    }
+
+    /// Opens a subdirectory; fails (ELOOP/ENOTDIR) if `name` is a symlink or not a directory.
+    pub(crate) fn open_child(&self, name: &[u8]) -> io::Result<Dir> {
+        let fd = self.openat(name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        Ok(Dir { fd })
+    }
+
+    /// Creates a subdirectory.
+    pub(crate) fn mkdir(&self, name: &[u8], mode: u32) -> io::Result<()> {
+        with_cstr(name, |c| {
+            // SAFETY: valid dir fd and NUL-terminated name.
+            check(unsafe { libc::mkdirat(self.raw(), c.as_ptr(), mode as libc::mode_t) })?;
+            Ok(())
+        })
+    }
+
+    /// What `name` is, without following a symlink; `None` if it does not exist.
+    pub(crate) fn kind(&self, name: &[u8]) -> io::Result<Option<FileKind>> {
+        with_cstr(name, |c| {
+            // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid dir fd, NUL-terminated name, and `st` is writable.
+            let ret = unsafe { libc::fstatat(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+            if ret < 0 {
+                let e = io::Error::last_os_error();
+                return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
+            }
+            Ok(Some(match st.st_mode & libc::S_IFMT {
+                libc::S_IFREG => FileKind::File,
+                libc::S_IFDIR => FileKind::Dir,
+                libc::S_IFLNK => FileKind::Symlink,
+                _ => FileKind::Other,
+            }))
+        })
+    }
+
+    /// Creates a new file for writing; fails if `name` exists (even as a dangling symlink).
+    pub(crate) fn create_new(&self, name: &[u8], mode: u32) -> io::Result<File> {
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        Ok(File::from(self.openat(name, flags, mode as libc::mode_t)?))
+    }
+
+    /// Opens an existing regular file (never through a symlink) for reading, or reading and writing.
+    pub(crate) fn open_file(&self, name: &[u8], write: bool) -> io::Result<File> {
+        let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
+        let file = File::from(self.openat(name, access | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(file)
+    }
+
+    /// Renames `from` to `to` in this directory; without `replace`, fails with EEXIST rather
+    /// than replace an existing `to`.
+    pub(crate) fn rename(&self, from: &[u8], to: &[u8], replace: bool) -> io::Result<()> {
+        with_cstr(from, |f| {
+            with_cstr(to, |t| {
+                let (d, fp, tp) = (self.raw(), f.as_ptr(), t.as_ptr());
+                if replace {
+                    // SAFETY: valid dir fd and NUL-terminated names.
+                    check(unsafe { libc::renameat(d, fp, d, tp) })?;
+                    return Ok(());
+                }
+                // SAFETY: valid dir fd and NUL-terminated names.
+                let ret = unsafe { libc::renameat2(d, fp, d, tp, libc::RENAME_NOREPLACE) };
+                if ret == 0 {
+                    return Ok(());
+                }
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(e);
+                }
+                // The file system has no RENAME_NOREPLACE: check, then rename (racy, best effort).
+                if self.kind(to)?.is_some() {
+                    return Err(io::Error::from_raw_os_error(libc::EEXIST));
+                }
+                // SAFETY: valid dir fd and NUL-terminated names.
+                check(unsafe { libc::renameat(d, fp, d, tp) })?;
+                Ok(())
+            })
+        })
+    }
+
+    /// Removes a non-directory entry (a symlink itself, never its target).
+    pub(crate) fn unlink(&self, name: &[u8]) -> io::Result<()> {
+        with_cstr(name, |c| {
+            // SAFETY: valid dir fd and NUL-terminated name.
+            check(unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) })?;
+            Ok(())
+        })
+    }
+
+    /// Creates a symlink `name` pointing to `target`.
+    pub(crate) fn symlink(&self, target: &[u8], name: &[u8]) -> io::Result<()> {
+        let mut t = target.to_vec();
+        t.push(0);
+        let tc = CStr::from_bytes_with_nul(&t).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        with_cstr(name, |c| {
+            // SAFETY: NUL-terminated target and name, valid dir fd.
+            check(unsafe { libc::symlinkat(tc.as_ptr(), self.raw(), c.as_ptr()) })?;
+            Ok(())
+        })
+    }
+
+    /// Sets the times of `name` itself (a symlink is not followed).
+    pub(crate) fn set_times(&self, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
+        let times = [timespec(sec, nsec), timespec(sec, nsec)];
+        with_cstr(name, |c| {
+            // SAFETY: valid dir fd, NUL-terminated name, two valid timespecs.
+            check(unsafe { libc::utimensat(self.raw(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+            Ok(())
+        })
+    }
+
+    /// Sets this directory's own permission bits and times.
+    pub(crate) fn set_mode_and_times(&self, mode: u32, sec: i64, nsec: u32) -> io::Result<()> {
+        // SAFETY: valid fd.
+        check(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) })?;
+        let times = [timespec(sec, nsec), timespec(sec, nsec)];
+        // SAFETY: valid fd, two valid timespecs.
+        check(unsafe { libc::futimens(self.raw(), times.as_ptr()) })?;
+        Ok(())
+    }
+}
+
+/// The destination root plus the chain of open directories down to the last one entered, so that
+/// consecutive entries of one directory cost no extra `openat`.
+pub(crate) struct DirCursor {
+    root: Dir,
+    path: Vec<u8>,
+    stack: Vec<(usize, Dir)>,
+}
+
+impl DirCursor {
+    pub(crate) fn new(root: Dir) -> Self {
+        DirCursor { root, path: Vec::new(), stack: Vec::new() }
+    }
+
+    /// Opens `parent` (a checked wire path; empty for the root) one component at a time without
+    /// following symlinks. `Ok(None)` if some component does not exist.
+    pub(crate) fn enter(&mut self, parent: &[u8]) -> io::Result<Option<&Dir>> {
+        while !self.stack.is_empty() && !is_component_prefix(&self.path, parent) {
+            self.stack.pop();
+            let end = self.stack.last().map_or(0, |(end, _)| *end);
+            self.path.truncate(end);
+        }
+        if self.stack.is_empty() {
+            self.path.clear();
+        }
+        let rest = &parent[self.path.len()..];
+        let rest = rest.strip_prefix(b"/").unwrap_or(rest);
+        if !rest.is_empty() {
+            for comp in rest.split(|&b| b == b'/') {
+                let top = self.stack.last().map_or(&self.root, |(_, d)| d);
+                let dir = match top.open_child(comp) {
+                    Ok(d) => d,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+                    Err(e) => return Err(e),
+                };
+                if !self.path.is_empty() {
+                    self.path.push(b'/');
+                }
+                self.path.extend_from_slice(comp);
+                self.stack.push((self.path.len(), dir));
+            }
+        }
+        Ok(Some(self.stack.last().map_or(&self.root, |(_, d)| d)))
+    }
+}
+
+/// Whether `prefix` is `path` or a chain of whole leading components of it.
+fn is_component_prefix(prefix: &[u8], path: &[u8]) -> bool {
+    path.starts_with(prefix) && (path.len() == prefix.len() || path[prefix.len()] == b'/')
+}

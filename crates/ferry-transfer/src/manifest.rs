@@ -1,0 +1,285 @@
+//! The manifest: what an offer contains, its encoding, and the receiver's checks on it.
+//!
+//! One entry on the wire: kind u8 (0 file, 1 dir, 2 symlink), mode u32 (permission bits), size u64,
+//! mtime seconds i64, mtime nanoseconds u32, path length u16, path bytes, and for a symlink only:
+//! target length u16, target bytes. The offer id is the BLAKE3 of all entries' encodings, in order.
+
+use crate::error::lossy;
+use crate::path::{check_path, split_parent, symlink_target_inside, MAX_PATH, MAX_TARGET};
+use crate::wire::{Put, Reader, MAX_PAGE, MSG_MANIFEST};
+use crate::TransferError;
+use std::path::PathBuf;
+
+/// Permission bits kept from a file's mode (no setuid, setgid or sticky bits).
+pub const MODE_MASK: u32 = 0o777;
+
+/// What a manifest entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link whose target stays inside its tree.
+    Symlink,
+}
+
+/// One file, directory or symlink of an offer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Relative `/`-separated path; its first component is the basename of a `PATH` argument.
+    pub path: Vec<u8>,
+    /// File, directory or symlink.
+    pub kind: EntryKind,
+    /// Size in bytes (0 for directories and symlinks).
+    pub size: u64,
+    /// Permission bits ([`MODE_MASK`]).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Modification time, nanoseconds part.
+    pub mtime_nsec: u32,
+    /// Symlink target (empty for other kinds).
+    pub target: Vec<u8>,
+}
+
+impl Entry {
+    /// The path as lossy UTF-8, for messages and progress.
+    pub fn path_lossy(&self) -> String {
+        lossy(&self.path)
+    }
+
+    /// Bytes of this entry's encoding.
+    pub fn encoded_len(&self) -> usize {
+        let target = if self.kind == EntryKind::Symlink { 2 + self.target.len() } else { 0 };
+        1 + 4 + 8 + 8 + 4 + 2 + self.path.len() + target
+    }
+
+    /// Appends this entry's encoding.
+    pub fn encode(&self, out: &mut impl Put) {
+        out.put_u8(match self.kind {
+            EntryKind::File => 0,
+            EntryKind::Dir => 1,
+            EntryKind::Symlink => 2,
+        });
+        out.put_u32(self.mode);
+        out.put_u64(self.size);
+        out.put_i64(self.mtime);
+        out.put_u32(self.mtime_nsec);
+        out.put_u16(self.path.len() as u16);
+        out.put(&self.path);
+        if self.kind == EntryKind::Symlink {
+            out.put_u16(self.target.len() as u16);
+            out.put(&self.target);
+        }
+    }
+
+    /// Decodes one entry, checking its path, bounds and fields before allocating.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Entry, TransferError> {
+        let kind = match r.u8()? {
+            0 => EntryKind::File,
+            1 => EntryKind::Dir,
+            2 => EntryKind::Symlink,
+            k => return Err(TransferError::protocol(format!("unknown entry kind {k}"))),
+        };
+        let mode = r.u32()? & MODE_MASK;
+        let size = r.u64()?;
+        let mtime = r.i64()?;
+        let mtime_nsec = r.u32()?;
+        let path_len = r.u16()? as usize;
+        if path_len > MAX_PATH {
+            return Err(TransferError::protocol("path length over 4096"));
+        }
+        let path = r.bytes(path_len)?;
+        check_path(path)
+            .map_err(|problem| TransferError::UnsafePath { path: lossy(path), problem })?;
+        if mtime_nsec >= 1_000_000_000 {
+            return Err(TransferError::protocol("mtime nanoseconds out of range"));
+        }
+        if kind != EntryKind::File && size != 0 {
+            return Err(TransferError::protocol("non-file entry with a size"));
+        }
+        let target = if kind == EntryKind::Symlink {
+            let n = r.u16()? as usize;
+            if n > MAX_TARGET {
+                return Err(TransferError::protocol("symlink target over 4096 bytes"));
+            }
+            r.bytes(n)?.to_vec()
+        } else {
+            Vec::new()
+        };
+        Ok(Entry { path: path.to_vec(), kind, size, mode, mtime, mtime_nsec, target })
+    }
+}
+
+/// Counts and total size of an offer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Regular files.
+    pub files: u64,
+    /// Directories.
+    pub dirs: u64,
+    /// Symlinks.
+    pub symlinks: u64,
+    /// Sum of file sizes.
+    pub bytes: u64,
+}
+
+impl Totals {
+    /// Counts `entries`; `None` if the byte total overflows.
+    pub fn of(entries: &[Entry]) -> Option<Totals> {
+        let mut t = Totals::default();
+        for e in entries {
+            match e.kind {
+                EntryKind::File => {
+                    t.files += 1;
+                    t.bytes = t.bytes.checked_add(e.size)?;
+                }
+                EntryKind::Dir => t.dirs += 1,
+                EntryKind::Symlink => t.symlinks += 1,
+            }
+        }
+        Some(t)
+    }
+}
+
+/// An offer's entries (and, on the sending side, where each file's data comes from).
+#[derive(Debug, Clone, Default)]
+pub struct Manifest {
+    /// The entries, in sending order (a directory before its contents).
+    pub entries: Vec<Entry>,
+    /// For each entry, its local source path (sending side only; empty when received).
+    pub sources: Vec<PathBuf>,
+}
+
+impl Manifest {
+    /// Counts and total size.
+    pub fn totals(&self) -> Totals {
+        Totals::of(&self.entries).unwrap_or_default()
+    }
+
+    /// The offer id: BLAKE3 of all entry encodings in order.
+    pub fn offer_id(&self) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = Vec::with_capacity(64 * 1024);
+        for e in &self.entries {
+            e.encode(&mut buf);
+            if buf.len() >= 60 * 1024 {
+                hasher.update(&buf);
+                buf.clear();
+            }
+        }
+        hasher.update(&buf);
+        *hasher.finalize().as_bytes()
+    }
+
+    /// Encodes the entries from `*next` on into one manifest page of at most `max` bytes (at
+    /// most [`MAX_PAGE`]), advancing `*next`; `out` is cleared first.
+    pub fn encode_page(&self, next: &mut usize, max: usize, out: &mut Vec<u8>) {
+        let max = max.min(MAX_PAGE);
+        out.clear();
+        out.put_u8(MSG_MANIFEST);
+        out.put_u32(0);
+        let mut count = 0u32;
+        while let Some(e) = self.entries.get(*next) {
+            if out.len() + e.encoded_len() > max {
+                break;
+            }
+            e.encode(out);
+            count += 1;
+            *next += 1;
+        }
+        out[1..5].copy_from_slice(&count.to_le_bytes());
+    }
+}
+
+/// Checks a complete received manifest as a whole: no duplicate path, every parent a declared
+/// directory, no path both a file and a directory, every symlink staying inside its tree.
+///
+/// Returns the entry indices sorted by path, in which order every directory comes before its
+/// contents (a prefix sorts first).
+pub fn check_tree(entries: &[Entry]) -> Result<Vec<u32>, TransferError> {
+    let mut order: Vec<u32> = (0..entries.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| entries[a as usize].path.cmp(&entries[b as usize].path));
+    for pair in order.windows(2) {
+        let (a, b) = (&entries[pair[0] as usize], &entries[pair[1] as usize]);
+        if a.path == b.path {
+            let path = a.path_lossy();
+            return Err(if (a.kind == EntryKind::Dir) != (b.kind == EntryKind::Dir) {
+                TransferError::FileDirClash { path }
+            } else {
+                TransferError::DuplicatePath { path }
+            });
+        }
+    }
+    for e in entries {
+        let (parent, _) = split_parent(&e.path);
+        if !parent.is_empty() {
+            let found = order
+                .binary_search_by(|&i| entries[i as usize].path.as_slice().cmp(parent))
+                .map(|pos| entries[order[pos] as usize].kind);
+            match found {
+                Ok(EntryKind::Dir) => {}
+                Ok(_) => return Err(TransferError::FileDirClash { path: lossy(parent) }),
+                Err(_) => return Err(TransferError::MissingParent { path: e.path_lossy() }),
+            }
+        }
+        if e.kind == EntryKind::Symlink && !symlink_target_inside(&e.path, &e.target) {
+            return Err(TransferError::SymlinkEscapes {
+                path: e.path_lossy(),
+                target: lossy(&e.target),
+            });
+        }
+    }
+    Ok(order)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(path: &str, kind: EntryKind) -> Entry {
+        Entry {
+            path: path.as_bytes().to_vec(),
+            kind,
+            size: 0,
+            mode: 0o644,
+            mtime: 1,
+            mtime_nsec: 2,
+            target: if kind == EntryKind::Symlink { b"x".to_vec() } else { Vec::new() },
+        }
+    }
+
+    #[test]
+    fn encode_decode_and_pages() {
+        let m = Manifest {
+            entries: vec![
+                entry("d", EntryKind::Dir),
+                entry("d/f", EntryKind::File),
+                entry("d/l", EntryKind::Symlink),
+            ],
+            sources: Vec::new(),
+        };
+        let mut next = 0;
+        let mut page = Vec::new();
+        m.encode_page(&mut next, MAX_PAGE, &mut page);
+        assert_eq!(next, 3);
+        let mut r = Reader::new(&page[5..]);
+        let decoded: Vec<Entry> = (0..3).map(|_| Entry::decode(&mut r).unwrap()).collect();
+        assert!(r.is_empty());
+        assert_eq!(decoded, m.entries);
+        assert_eq!(check_tree(&decoded).unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn tree_rules() {
+        let dup = [entry("a", EntryKind::File), entry("a", EntryKind::File)];
+        assert!(matches!(check_tree(&dup), Err(TransferError::DuplicatePath { .. })));
+        let clash = [entry("a", EntryKind::File), entry("a", EntryKind::Dir)];
+        assert!(matches!(check_tree(&clash), Err(TransferError::FileDirClash { .. })));
+        let under_file = [entry("a", EntryKind::File), entry("a/b", EntryKind::File)];
+        assert!(matches!(check_tree(&under_file), Err(TransferError::FileDirClash { .. })));
+        let orphan = [entry("a/b", EntryKind::File)];
+        assert!(matches!(check_tree(&orphan), Err(TransferError::MissingParent { .. })));
+    }
+}

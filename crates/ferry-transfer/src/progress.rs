@@ -1,0 +1,33 @@
+//! Progress reporting from the engine to the CLI (progress bar or `--json` events).
+
+use crate::{Entry, Totals};
+
+/// Where a transfer stands; passed to every [`Progress`] call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgressState {
+    /// What the offer contains.
+    pub totals: Totals,
+    /// File bytes done, including bytes a resume did not need to send again.
+    pub bytes_done: u64,
+    /// Of `bytes_done`, bytes kept from an earlier transfer instead of being sent.
+    pub bytes_resumed: u64,
+    /// Files finished (verified and renamed, on the receiving side).
+    pub files_done: u64,
+}
+
+/// Receives progress events. Every method has an empty default, and `()` ignores everything.
+///
+/// `progress` is called at most once per packet, so it may do a little work (an `indicatif` bar
+/// update, a rate-limited JSON line); `file_done` is called once per file.
+pub trait Progress {
+    /// The offer is known (sender: before it is sent; receiver: after it was checked).
+    fn offer(&mut self, _state: &ProgressState) {}
+    /// Bytes moved; `current` is the file being transferred.
+    fn progress(&mut self, _state: &ProgressState, _current: &Entry) {}
+    /// One file is complete (receiver: verified and under its final name).
+    fn file_done(&mut self, _state: &ProgressState, _entry: &Entry) {}
+    /// The whole transfer is complete and acknowledged.
+    fn done(&mut self, _state: &ProgressState) {}
+}
+
+impl Progress for () {}

@@ -1,0 +1,511 @@
+//! The receiving side: read and check the offer, answer, write and verify every file, acknowledge.
+
+use crate::dest::Destination;
+use crate::hash::{has_chunks, FileHasher};
+use crate::manifest::{check_tree, Entry, EntryKind, Totals};
+use crate::progress::{Progress, ProgressState};
+use crate::resume::{self, PartialState};
+use crate::wire::{self, OfferHeader, Put, Reader};
+use crate::{PacketSink, PacketSource, TransferError, CHUNK};
+use blake3::hazmat::ChainingValue;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Default limit on the number of entries an offer may announce.
+pub const DEFAULT_MAX_ENTRIES: u64 = 10_000_000;
+
+/// Options of [`receive`].
+#[derive(Debug, Clone)]
+pub struct ReceiveOptions {
+    /// Destination directory (created if missing).
+    pub out_dir: PathBuf,
+    /// Replace existing files, symlinks, and non-directories where a directory goes (never a
+    /// directory by a file).
+    pub overwrite: bool,
+    /// Refuse offers announcing more entries than this.
+    pub max_entries: u64,
+    /// Where partial-transfer logs live; `None` for [`resume::default_root`]. If no location can
+    /// be found, resume information is not recorded.
+    pub partial_dir: Option<PathBuf>,
+}
+
+impl ReceiveOptions {
+    /// Defaults for receiving into `out_dir`.
+    pub fn new(out_dir: impl Into<PathBuf>) -> Self {
+        ReceiveOptions {
+            out_dir: out_dir.into(),
+            overwrite: false,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            partial_dir: None,
+        }
+    }
+}
+
+/// What the receiver is asked to accept (passed to the `accept` callback of [`receive`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Offer<'a> {
+    /// Counts and total size.
+    pub totals: Totals,
+    /// BLAKE3 of the manifest.
+    pub offer_id: [u8; 32],
+    /// Every entry, checked.
+    pub entries: &'a [Entry],
+    /// File bytes already held from an earlier run of this offer (verified).
+    pub resumable_bytes: u64,
+}
+
+/// What a successful [`receive`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiveReport {
+    /// Counts and total size of what is now in place.
+    pub totals: Totals,
+    /// File bytes that came over the channel.
+    pub bytes_received: u64,
+    /// File bytes kept from an earlier run instead.
+    pub bytes_resumed: u64,
+}
+
+/// What the receiver holds of one file from an earlier run, verified against the log.
+struct Held {
+    /// Chunk hashes of the kept prefix of the temporary file.
+    chunks: Vec<ChainingValue>,
+    /// Hash of the finished file under its final name.
+    complete: Option<[u8; 32]>,
+}
+
+/// Receives one offer into `opts.out_dir`.
+///
+/// Reads and checks the whole manifest (every name, duplicates, file/directory clashes, symlink
+/// targets, entry limit), checks for conflicts with what exists, asks `accept`, then writes every
+/// file under a temporary name, verifies it and renames it, creates symlinks, applies directory
+/// modes and times, and sends the final acknowledgement. Any error is also reported to the peer.
+pub fn receive<S: PacketSource, K: PacketSink>(
+    source: &mut S,
+    sink: &mut K,
+    opts: &ReceiveOptions,
+    accept: &mut dyn FnMut(&Offer<'_>) -> bool,
+    progress: &mut dyn Progress,
+) -> Result<ReceiveReport, TransferError> {
+    let result = receive_inner(source, sink, opts, accept, progress);
+    if let Err(e) = &result {
+        if !matches!(e, TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)) {
+            let mut msg = Vec::new();
+            wire::encode_error(e, &mut msg);
+            let _ = sink.send(&msg).and_then(|_| sink.flush());
+        }
+    }
+    result
+}
+
+fn recv_packet<S: PacketSource>(source: &mut S) -> Result<&mut [u8], TransferError> {
+    source.recv()?.ok_or(TransferError::UnexpectedEnd)
+}
+
+/// Reads the offer and its manifest pages, checking bounds before any allocation.
+fn read_offer<S: PacketSource>(source: &mut S, opts: &ReceiveOptions) -> Result<(OfferHeader, Vec<Entry>), TransferError> {
+    let header = OfferHeader::decode(recv_packet(source)?)?;
+    if header.entries > opts.max_entries {
+        return Err(TransferError::TooManyEntries { announced: header.entries, limit: opts.max_entries });
+    }
+    // Grows with what actually arrives, never with what was announced.
+    let mut entries = Vec::new();
+    let mut id = blake3::Hasher::new();
+    while (entries.len() as u64) < header.entries {
+        let packet = recv_packet(source)?;
+        let mut r = Reader::new(packet);
+        wire::expect_type(&mut r, wire::MSG_MANIFEST, "manifest page")?;
+        let count = r.u32()? as u64;
+        if count == 0 || entries.len() as u64 + count > header.entries {
+            return Err(TransferError::protocol("manifest page count out of range"));
+        }
+        id.update(&packet[5..]);
+        let mut r = Reader::new(&packet[5..]);
+        for _ in 0..count {
+            entries.push(Entry::decode(&mut r)?);
+        }
+        r.finish()?;
+    }
+    if Totals::of(&entries) != Some(header.totals) {
+        return Err(TransferError::protocol("offer totals do not match its manifest"));
+    }
+    if *id.finalize().as_bytes() != header.offer_id {
+        return Err(TransferError::protocol("offer id does not match its manifest"));
+    }
+    Ok((header, entries))
+}
+
+fn receive_inner<S: PacketSource, K: PacketSink>(
+    source: &mut S,
+    sink: &mut K,
+    opts: &ReceiveOptions,
+    accept: &mut dyn FnMut(&Offer<'_>) -> bool,
+    progress: &mut dyn Progress,
+) -> Result<ReceiveReport, TransferError> {
+    let (header, entries) = read_offer(source, opts)?;
+    let order = check_tree(&entries)?;
+
+    let mut dest = Destination::open(&opts.out_dir, opts.overwrite)?;
+    let out = std::fs::canonicalize(&opts.out_dir)
+        .map_err(|e| TransferError::file(opts.out_dir.display().to_string(), e))?;
+    let root = opts.partial_dir.clone().or_else(resume::default_root);
+    let mut state = root.map(|root| PartialState::open(&root, &header.offer_id, &out, &entries));
+
+    // Keep only what still verifies against the log.
+    let mut held: HashMap<u32, Held> = HashMap::new();
+    if let Some(state) = &state {
+        let mut scratch = vec![0u8; CHUNK as usize];
+        let mut logged: Vec<_> = state.files.iter().collect();
+        logged.sort_by_key(|(i, _)| **i);
+        for (&i, rec) in logged {
+            let e = &entries[i as usize];
+            if let Some(hash) = rec.done {
+                if let Some(h) = dest.rehash(e, i, true, &[], &mut scratch) {
+                    if h.finish() == Some(hash) {
+                        held.insert(i, Held { chunks: h.chunk_hashes().to_vec(), complete: Some(hash) });
+                    }
+                }
+            } else if !rec.chunks.is_empty() && has_chunks(e.size) {
+                if let Some(h) = dest.rehash(e, i, false, &rec.chunks, &mut scratch) {
+                    held.insert(i, Held { chunks: h.chunk_hashes().to_vec(), complete: None });
+                }
+            }
+        }
+    }
+    dest.check_conflicts(&entries, &order, |i| held.get(&i).is_some_and(|h| h.complete.is_some()))?;
+
+    let resumable_bytes = held
+        .iter()
+        .map(|(i, h)| match h.complete {
+            Some(_) => entries[*i as usize].size,
+            None => (h.chunks.len() as u64 * CHUNK).min(entries[*i as usize].size),
+        })
+        .sum();
+    let offer = Offer { totals: header.totals, offer_id: header.offer_id, entries: &entries, resumable_bytes };
+    let mut pstate = ProgressState { totals: header.totals, ..Default::default() };
+    progress.offer(&pstate);
+    if !accept(&offer) {
+        sink.send(&[wire::MSG_DECLINE])?;
+        sink.flush()?;
+        return Err(TransferError::Declined);
+    }
+    send_accept(sink, &held)?;
+
+    let mut created = vec![false; entries.len()];
+    for &i in &order {
+        let e = &entries[i as usize];
+        if e.kind == EntryKind::Dir {
+            created[i as usize] = dest.create_dir(e)?;
+        }
+    }
+
+    let mut rx = Incoming {
+        entries: &entries,
+        held,
+        dest: &mut dest,
+        state: state.as_mut(),
+        next_file: 0,
+        cur: None,
+        hasher: FileHasher::default(),
+        verified: 0,
+        report: ReceiveReport { totals: header.totals, ..Default::default() },
+    };
+    let result = rx.data(source, progress, &mut pstate);
+    if let Err(e) = &result {
+        rx.abandon(e);
+    }
+    result?;
+    let report = rx.report;
+
+    for &i in &order {
+        let e = &entries[i as usize];
+        if e.kind == EntryKind::Symlink {
+            dest.create_symlink(e, i)?;
+        }
+    }
+    let resuming = state.as_ref().is_some_and(|s| !s.files.is_empty());
+    for &i in order.iter().rev() {
+        let e = &entries[i as usize];
+        if e.kind == EntryKind::Dir && (created[i as usize] || resuming) {
+            dest.finish_dir(e)?;
+        }
+    }
+    if let Some(state) = &mut state {
+        let _ = state.remove();
+    }
+    sink.send(&[wire::MSG_DONE])?;
+    sink.flush()?;
+    progress.done(&pstate);
+    Ok(report)
+}
+
+/// Sends Accept and the resume pages describing `held`.
+fn send_accept<K: PacketSink>(sink: &mut K, held: &HashMap<u32, Held>) -> Result<(), TransferError> {
+    let mut ids: Vec<u32> = held.keys().copied().collect();
+    ids.sort_unstable();
+    let max = wire::MAX_PAGE.min(crate::MAX_PACKET);
+    let mut pages: Vec<Vec<u8>> = Vec::new();
+    let mut page = Vec::new();
+    let mut count = 0u32;
+    let close = |page: &mut Vec<u8>, count: &mut u32, pages: &mut Vec<Vec<u8>>| {
+        if *count > 0 {
+            page[1..5].copy_from_slice(&count.to_le_bytes());
+            pages.push(std::mem::take(page));
+            *count = 0;
+        }
+    };
+    for i in ids {
+        let h = &held[&i];
+        let mut first = 0usize;
+        loop {
+            if page.is_empty() {
+                page.put_u8(wire::MSG_RESUME);
+                page.put_u32(0);
+            }
+            let room = max - page.len();
+            if let Some(hash) = h.complete {
+                if room < 4 + 1 + 32 {
+                    close(&mut page, &mut count, &mut pages);
+                    continue;
+                }
+                page.put_u32(i);
+                page.put_u8(wire::HELD_COMPLETE);
+                page.put(&hash);
+                count += 1;
+                break;
+            }
+            if room < 4 + 1 + 8 + 32 {
+                close(&mut page, &mut count, &mut pages);
+                continue;
+            }
+            let n = ((room - 13) / 32).min(h.chunks.len() - first);
+            page.put_u32(i);
+            page.put_u8(wire::HELD_CHUNKS);
+            page.put_u32(first as u32);
+            page.put_u32(n as u32);
+            for cv in &h.chunks[first..first + n] {
+                page.put(cv);
+            }
+            count += 1;
+            first += n;
+            if first == h.chunks.len() {
+                break;
+            }
+        }
+    }
+    close(&mut page, &mut count, &mut pages);
+    let mut accept = vec![wire::MSG_ACCEPT];
+    accept.put_u32(pages.len() as u32);
+    sink.send(&accept)?;
+    for p in &pages {
+        sink.send(p)?;
+    }
+    sink.flush()?;
+    Ok(())
+}
+
+/// The file being received.
+struct Current {
+    index: u32,
+    /// `None` when the sender confirmed a file finished in an earlier run.
+    file: Option<File>,
+    pos: u64,
+    size: u64,
+    /// An earlier run's final file is being replaced.
+    replace: bool,
+}
+
+/// The data phase.
+struct Incoming<'a> {
+    entries: &'a [Entry],
+    held: HashMap<u32, Held>,
+    dest: &'a mut Destination,
+    state: Option<&'a mut PartialState>,
+    /// Position in `entries` from which the next file is searched.
+    next_file: usize,
+    cur: Option<Current>,
+    hasher: FileHasher,
+    /// Chunk hashes of the current file confirmed by the sender (or kept).
+    verified: usize,
+    report: ReceiveReport,
+}
+
+impl Incoming<'_> {
+    fn data<S: PacketSource>(
+        &mut self,
+        source: &mut S,
+        progress: &mut dyn Progress,
+        pstate: &mut ProgressState,
+    ) -> Result<(), TransferError> {
+        loop {
+            let packet = recv_packet(source)?;
+            let mut r = Reader::new(packet);
+            wire::expect_type(&mut r, wire::MSG_DATA, "file data")?;
+            let mut finished = false;
+            while !r.is_empty() {
+                if finished {
+                    return Err(TransferError::protocol("records after the end of the data"));
+                }
+                match r.u8()? {
+                    wire::REC_START => self.start(r.u32()?, r.u64()?)?,
+                    wire::REC_DATA => {
+                        let n = r.u32()? as usize;
+                        let data = r.bytes(n)?;
+                        self.write(data)?;
+                    }
+                    wire::REC_CHUNK => self.chunk(r.u32()?, &r.array()?)?,
+                    wire::REC_END => {
+                        self.end(&r.array()?)?;
+                        pstate.files_done += 1;
+                        pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
+                        progress.file_done(pstate, &self.entries[self.next_file - 1]);
+                    }
+                    wire::REC_FINISH => {
+                        if self.cur.is_some() || self.next_file_index().is_some() {
+                            return Err(TransferError::protocol("data ended before every file was sent"));
+                        }
+                        finished = true;
+                    }
+                    t => return Err(TransferError::protocol(format!("unknown data record {t}"))),
+                }
+            }
+            if let Some(state) = self.state.as_deref_mut() {
+                state.flush().map_err(|e| TransferError::file(state.dir().display().to_string(), e))?;
+            }
+            pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
+            pstate.bytes_resumed = self.report.bytes_resumed;
+            if let Some(cur) = &self.cur {
+                progress.progress(pstate, &self.entries[cur.index as usize]);
+            }
+            if finished {
+                return Ok(());
+            }
+        }
+    }
+
+    fn next_file_index(&self) -> Option<usize> {
+        self.entries[self.next_file..].iter().position(|e| e.kind == EntryKind::File).map(|p| p + self.next_file)
+    }
+
+    fn start(&mut self, index: u32, offset: u64) -> Result<(), TransferError> {
+        if self.cur.is_some() {
+            return Err(TransferError::protocol("file started inside another file"));
+        }
+        if self.next_file_index() != Some(index as usize) {
+            return Err(TransferError::protocol(format!("unexpected file index {index}")));
+        }
+        self.next_file = index as usize + 1;
+        let e = &self.entries[index as usize];
+        let held = self.held.remove(&index);
+        let (kept, complete) = match &held {
+            Some(h) => (h.chunks.as_slice(), h.complete),
+            None => (&[][..], None),
+        };
+        let mut replace = false;
+        let file = if complete.is_some() && offset == e.size {
+            self.hasher.start(e.size, kept);
+            None
+        } else {
+            // From the start, or from a chunk boundary within what this side kept.
+            let k = if offset == 0 {
+                0
+            } else if complete.is_none() && offset % CHUNK == 0 || offset == e.size {
+                (offset.div_ceil(CHUNK)) as usize
+            } else {
+                usize::MAX
+            };
+            if k > kept.len() || (complete.is_some() && offset != 0) {
+                return Err(TransferError::protocol(format!("bad resume offset {offset}")));
+            }
+            replace = complete.is_some();
+            let logged = self.state.as_ref().is_some_and(|s| s.files.contains_key(&index));
+            if let Some(state) = self.state.as_deref_mut() {
+                if has_chunks(e.size) || logged {
+                    state.log_start(index, k as u32);
+                }
+            }
+            self.hasher.start(e.size, &kept[..k]);
+            Some(self.dest.open_temp(e, index, offset)?)
+        };
+        self.report.bytes_resumed += offset;
+        self.verified = self.hasher.chunk_hashes().len();
+        self.cur = Some(Current { index, file, pos: offset, size: e.size, replace });
+        Ok(())
+    }
+
+    fn write(&mut self, data: &[u8]) -> Result<(), TransferError> {
+        let cur = self.cur.as_mut().ok_or_else(|| TransferError::protocol("data outside a file"))?;
+        let e = &self.entries[cur.index as usize];
+        let end = cur.pos + data.len() as u64;
+        if end > cur.size {
+            return Err(TransferError::SizeMismatch { path: e.path_lossy(), declared: cur.size, sent: end, more: true });
+        }
+        let file = cur.file.as_mut().ok_or_else(|| TransferError::protocol("data for a finished file"))?;
+        file.write_all(data).map_err(|err| TransferError::file(e.path_lossy(), err))?;
+        self.hasher.update(data);
+        cur.pos = end;
+        self.report.bytes_received += data.len() as u64;
+        Ok(())
+    }
+
+    fn chunk(&mut self, chunk: u32, cv: &ChainingValue) -> Result<(), TransferError> {
+        let cur = self.cur.as_ref().ok_or_else(|| TransferError::protocol("chunk hash outside a file"))?;
+        let e = &self.entries[cur.index as usize];
+        if chunk as usize != self.verified || self.verified >= self.hasher.chunk_hashes().len() {
+            return Err(TransferError::protocol("chunk hash out of order"));
+        }
+        if self.hasher.chunk_hashes()[self.verified] != *cv {
+            return Err(TransferError::Integrity { path: e.path_lossy() });
+        }
+        self.verified += 1;
+        if let Some(state) = self.state.as_deref_mut() {
+            state.log_chunk(cur.index, chunk, cv);
+        }
+        Ok(())
+    }
+
+    fn end(&mut self, hash: &[u8; 32]) -> Result<(), TransferError> {
+        let cur = self.cur.as_ref().ok_or_else(|| TransferError::protocol("file end outside a file"))?;
+        let e = &self.entries[cur.index as usize];
+        if cur.pos != cur.size {
+            return Err(TransferError::SizeMismatch { path: e.path_lossy(), declared: cur.size, sent: cur.pos, more: false });
+        }
+        if self.verified != self.hasher.chunk_hashes().len() {
+            return Err(TransferError::protocol("file ended without all its chunk hashes"));
+        }
+        if self.hasher.finish().as_ref() != Some(hash) {
+            return Err(TransferError::Integrity { path: e.path_lossy() });
+        }
+        let cur = self.cur.take().expect("checked above");
+        if let Some(file) = cur.file {
+            self.dest.finish_file(e, cur.index, file, cur.replace)?;
+        }
+        if let Some(state) = self.state.as_deref_mut() {
+            state.log_done(cur.index, hash);
+        }
+        Ok(())
+    }
+
+    /// After an error: keep partial data (and its log) when the transfer may be resumed; remove
+    /// it when its data was wrong.
+    fn abandon(&mut self, err: &TransferError) {
+        if let Some(cur) = self.cur.take() {
+            let e = &self.entries[cur.index as usize];
+            let bad_data = matches!(
+                err,
+                TransferError::SizeMismatch { .. } | TransferError::Integrity { .. } | TransferError::Protocol(_)
+            );
+            if bad_data && cur.file.is_some() {
+                drop(cur.file);
+                self.dest.remove_temp(e, cur.index);
+                if let Some(state) = self.state.as_deref_mut() {
+                    state.log_start(cur.index, 0);
+                }
+            }
+        }
+        if let Some(state) = self.state.as_deref_mut() {
+            let _ = state.flush();
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The sending side: offer, read the receiver's answer, stream every file, wait for `Done`.
+
+use crate::hash::{chunk_count, has_chunks, FileHasher};
+use crate::manifest::{EntryKind, Manifest};
+use crate::progress::{Progress, ProgressState};
+use crate::wire::{self, Cursor, OfferHeader, Put, Reader};
+use crate::{PacketSink, PacketSource, TransferError, CHUNK, MAX_PACKET};
+use blake3::hazmat::ChainingValue;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+
+/// Options of [`send`].
+#[derive(Debug, Clone)]
+pub struct SendOptions {
+    /// Largest packet to build (at least 64 KiB; [`MAX_PACKET`] by default). Must not exceed what
+    /// the sink and the peer's source accept.
+    pub max_packet: usize,
+}
+
+impl Default for SendOptions {
+    fn default() -> Self {
+        SendOptions { max_packet: MAX_PACKET }
+    }
+}
+
+/// What a successful [`send`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SendReport {
+    /// Files the receiver verified.
+    pub files: u64,
+    /// File bytes sent over the channel.
+    pub bytes_sent: u64,
+    /// File bytes the receiver already held from an earlier run (verified, not sent again).
+    pub bytes_resumed: u64,
+}
+
+/// What the receiver says it already holds of one file.
+enum Claim {
+    /// Chaining values of the first chunks.
+    Chunks(Vec<ChainingValue>),
+    /// The whole file, with its hash.
+    Complete([u8; 32]),
+}
+
+/// Sends `manifest` (from [`crate::walk`]): the offer, then, if accepted, every file's data, and
+/// returns once the receiver confirmed that everything arrived and verified.
+///
+/// Errors found locally are also reported to the peer; an error the peer reports comes back as
+/// [`TransferError::Remote`], a declined offer as [`TransferError::Declined`].
+pub fn send<K: PacketSink, S: PacketSource>(
+    sink: &mut K,
+    source: &mut S,
+    manifest: &Manifest,
+    opts: &SendOptions,
+    progress: &mut dyn Progress,
+) -> Result<SendReport, TransferError> {
+    let result = send_inner(sink, source, manifest, opts, progress);
+    if let Err(e) = &result {
+        if !matches!(e, TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)) {
+            let mut msg = Vec::new();
+            wire::encode_error(e, &mut msg);
+            let _ = sink.send(&msg).and_then(|_| sink.flush());
+        }
+    }
+    result
+}
+
+fn send_inner<K: PacketSink, S: PacketSource>(
+    sink: &mut K,
+    source: &mut S,
+    manifest: &Manifest,
+    opts: &SendOptions,
+    progress: &mut dyn Progress,
+) -> Result<SendReport, TransferError> {
+    if opts.max_packet < 64 * 1024 {
+        return Err(TransferError::protocol("max_packet below 64 KiB"));
+    }
+    if manifest.sources.len() != manifest.entries.len() {
+        return Err(TransferError::protocol("manifest has no local sources"));
+    }
+    let totals = totals_of(manifest)?;
+    let mut state = ProgressState { totals, ..Default::default() };
+    progress.offer(&state);
+
+    let mut msg = Vec::with_capacity(wire::MAX_PAGE.min(opts.max_packet));
+    OfferHeader { entries: manifest.entries.len() as u64, totals, offer_id: manifest.offer_id() }
+        .encode(&mut msg);
+    sink.send(&msg)?;
+    let mut next = 0;
+    while next < manifest.entries.len() {
+        manifest.encode_page(&mut next, opts.max_packet.min(wire::MAX_PAGE), &mut msg);
+        sink.send(&msg)?;
+    }
+    sink.flush()?;
+    drop(msg);
+
+    let claims = read_answer(source, manifest)?;
+    let mut stream = Stream {
+        manifest,
+        claims,
+        next_entry: 0,
+        cur: None,
+        hasher: FileHasher::default(),
+        emitted: 0,
+        scratch: Vec::new(),
+        finished: false,
+        report: SendReport::default(),
+        completed: Vec::new(),
+    };
+    while !stream.finished {
+        let buf = sink.payload_buf(opts.max_packet);
+        let used = stream.fill(buf)?;
+        if let Err(e) = sink.send_payload_buf(used) {
+            return Err(peer_error_or(source, e));
+        }
+        state.bytes_done = stream.report.bytes_sent + stream.report.bytes_resumed;
+        state.bytes_resumed = stream.report.bytes_resumed;
+        if let Some(i) = stream.cur.as_ref().map(|c| c.index).or(stream.last_index()) {
+            progress.progress(&state, &manifest.entries[i]);
+        }
+        for &i in &stream.completed {
+            state.files_done += 1;
+            progress.file_done(&state, &manifest.entries[i]);
+        }
+        stream.completed.clear();
+    }
+    if let Err(e) = sink.flush() {
+        return Err(peer_error_or(source, e));
+    }
+    match source.recv()? {
+        None => Err(TransferError::UnexpectedEnd),
+        Some(packet) => {
+            let mut r = Reader::new(packet);
+            wire::expect_type(&mut r, wire::MSG_DONE, "done")?;
+            stream.report.files = totals.files;
+            progress.done(&state);
+            Ok(stream.report)
+        }
+    }
+}
+
+fn totals_of(manifest: &Manifest) -> Result<crate::Totals, TransferError> {
+    crate::Totals::of(&manifest.entries).ok_or_else(|| TransferError::protocol("total size overflows"))
+}
+
+/// After a failed write, the peer may have said why it stopped: prefer its error message.
+fn peer_error_or<S: PacketSource>(source: &mut S, e: io::Error) -> TransferError {
+    if let Ok(Some(packet)) = source.recv() {
+        let mut r = Reader::new(packet);
+        if let Err(remote @ TransferError::Remote { .. }) = wire::expect_type(&mut r, wire::MSG_DONE, "done") {
+            return remote;
+        }
+    }
+    TransferError::Io(e)
+}
+
+/// Reads Accept (and its resume pages) or Decline, checking every claim against the manifest.
+fn read_answer<S: PacketSource>(source: &mut S, manifest: &Manifest) -> Result<HashMap<u32, Claim>, TransferError> {
+    let packet = source.recv()?.ok_or(TransferError::UnexpectedEnd)?;
+    let mut r = Reader::new(packet);
+    let t = r.u8()?;
+    match t {
+        wire::MSG_DECLINE => return Err(TransferError::Declined),
+        wire::MSG_ERROR => return Err(wire::decode_error_body(&mut r)),
+        wire::MSG_ACCEPT => {}
+        _ => return Err(TransferError::protocol(format!("expected accept, got message type {t}"))),
+    }
+    let pages = r.u32()? as u64;
+    r.finish()?;
+    let files = manifest.entries.iter().filter(|e| e.kind == EntryKind::File);
+    let max_pages: u64 = files.map(|e| chunk_count(e.size)).sum();
+    if pages > max_pages {
+        return Err(TransferError::protocol("too many resume pages"));
+    }
+    let mut claims = HashMap::new();
+    let mut last: Option<u32> = None;
+    for _ in 0..pages {
+        let packet = source.recv()?.ok_or(TransferError::UnexpectedEnd)?;
+        let mut r = Reader::new(packet);
+        wire::expect_type(&mut r, wire::MSG_RESUME, "resume page")?;
+        let count = r.u32()?;
+        if count == 0 {
+            return Err(TransferError::protocol("empty resume page"));
+        }
+        for _ in 0..count {
+            let index = r.u32()?;
+            let entry = manifest
+                .entries
+                .get(index as usize)
+                .filter(|e| e.kind == EntryKind::File)
+                .ok_or_else(|| TransferError::protocol("resume record for no file"))?;
+            let kind = r.u8()?;
+            let continuing = last == Some(index);
+            if last.is_some_and(|l| index < l) || (continuing && kind != wire::HELD_CHUNKS) {
+                return Err(TransferError::protocol("resume records out of order"));
+            }
+            last = Some(index);
+            match kind {
+                wire::HELD_CHUNKS => {
+                    let first = r.u32()? as u64;
+                    let n = r.u32()? as u64;
+                    let have = match claims.get(&index) {
+                        Some(Claim::Chunks(c)) => c.len() as u64,
+                        Some(Claim::Complete(_)) => u64::MAX,
+                        None => 0,
+                    };
+                    if !has_chunks(entry.size) || first != have || first + n > chunk_count(entry.size) {
+                        return Err(TransferError::protocol("bad resume chunk record"));
+                    }
+                    let bytes = r.bytes(n as usize * 32)?;
+                    let Claim::Chunks(cvs) = claims.entry(index).or_insert(Claim::Chunks(Vec::new())) else {
+                        unreachable!("checked above");
+                    };
+                    cvs.extend(bytes.chunks_exact(32).map(|c| <[u8; 32]>::try_from(c).expect("32")));
+                }
+                wire::HELD_COMPLETE => {
+                    if continuing {
+                        return Err(TransferError::protocol("resume records out of order"));
+                    }
+                    claims.insert(index, Claim::Complete(r.array()?));
+                }
+                k => return Err(TransferError::protocol(format!("unknown resume kind {k}"))),
+            }
+        }
+        r.finish()?;
+    }
+    Ok(claims)
+}
+
+/// The file being streamed.
+struct Current {
+    index: usize,
+    file: Option<File>,
+    size: u64,
+    /// Offset of the next byte to send.
+    pos: u64,
+    started: bool,
+}
+
+/// The data phase as a state machine that fills one packet at a time, in place.
+struct Stream<'m> {
+    manifest: &'m Manifest,
+    claims: HashMap<u32, Claim>,
+    next_entry: usize,
+    cur: Option<Current>,
+    hasher: FileHasher,
+    /// Chunk hashes of the current file already sent (or kept by the receiver).
+    emitted: usize,
+    scratch: Vec<u8>,
+    finished: bool,
+    report: SendReport,
+    completed: Vec<usize>,
+}
+
+impl Stream<'_> {
+    fn last_index(&self) -> Option<usize> {
+        self.completed.last().copied()
+    }
+
+    fn path(&self, index: usize) -> String {
+        self.manifest.sources[index].display().to_string()
+    }
+
+    /// Opens the next file and settles where its data starts, checking any resume claim.
+    fn open(&mut self, index: usize) -> Result<(), TransferError> {
+        let entry = &self.manifest.entries[index];
+        let size = entry.size;
+        let manifest = self.manifest;
+        let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
+        let mut file = File::open(&self.manifest.sources[index]).map_err(err)?;
+        let meta = file.metadata().map_err(err)?;
+        if !meta.is_file() || meta.len() != size {
+            return Err(TransferError::SourceChanged { path: self.path(index) });
+        }
+        self.hasher.start(size, &[]);
+        let mut pos = 0;
+        match self.claims.remove(&(index as u32)) {
+            None => {}
+            Some(Claim::Complete(hash)) => {
+                self.hash_prefix(&mut file, size, index)?;
+                if self.hasher.finish() == Some(hash) {
+                    pos = size;
+                } else {
+                    file.seek(SeekFrom::Start(0)).map_err(err)?;
+                    self.hasher.start(size, &[]);
+                }
+            }
+            Some(Claim::Chunks(theirs)) => {
+                // Hash the claimed prefix locally (the whole-file hash needs it anyway) and keep
+                // it only up to the first chunk that differs.
+                let mut agreed = 0;
+                for (k, cv) in theirs.iter().enumerate() {
+                    let len = CHUNK.min(size - k as u64 * CHUNK);
+                    self.hash_prefix(&mut file, len, index)?;
+                    if self.hasher.chunk_hashes().get(k) != Some(cv) {
+                        break;
+                    }
+                    agreed = k + 1;
+                }
+                pos = (agreed as u64 * CHUNK).min(size);
+                self.hasher.start(size, &theirs[..agreed]);
+                file.seek(SeekFrom::Start(pos)).map_err(err)?;
+            }
+        }
+        self.report.bytes_resumed += pos;
+        self.emitted = self.hasher.chunk_hashes().len();
+        self.cur = Some(Current { index, file: Some(file), size, pos, started: false });
+        Ok(())
+    }
+
+    fn hash_prefix(&mut self, file: &mut File, len: u64, index: usize) -> Result<(), TransferError> {
+        if self.scratch.is_empty() {
+            self.scratch = vec![0; CHUNK as usize];
+        }
+        self.hasher.update_from(file, len, &mut self.scratch).map_err(|e| TransferError::file(self.path(index), e))
+    }
+
+    /// Fills `buf` with one data packet; returns its length. Sets `finished` after the last file.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<usize, TransferError> {
+        let min_piece = (buf.len() / 4).min(16 * 1024);
+        let mut c = Cursor { buf, pos: 0 };
+        c.put_u8(wire::MSG_DATA);
+        loop {
+            if self.cur.is_none() {
+                let next = self.manifest.entries[self.next_entry..].iter().position(|e| e.kind == EntryKind::File);
+                match next {
+                    None => {
+                        if c.room() >= 1 {
+                            c.put_u8(wire::REC_FINISH);
+                            self.finished = true;
+                        }
+                        return Ok(c.pos);
+                    }
+                    Some(off) => {
+                        let index = self.next_entry + off;
+                        self.next_entry = index + 1;
+                        self.open(index)?;
+                    }
+                }
+            }
+            let cur = self.cur.as_mut().expect("opened above");
+            if !cur.started {
+                if c.room() < wire::START_LEN {
+                    return Ok(c.pos);
+                }
+                c.put_u8(wire::REC_START);
+                c.put_u32(cur.index as u32);
+                c.put_u64(cur.pos);
+                cur.started = true;
+            }
+            let cvs = self.hasher.chunk_hashes();
+            while self.emitted < cvs.len() {
+                if c.room() < wire::CHUNK_LEN {
+                    return Ok(c.pos);
+                }
+                c.put_u8(wire::REC_CHUNK);
+                c.put_u32(self.emitted as u32);
+                c.put(&cvs[self.emitted]);
+                self.emitted += 1;
+            }
+            let remaining = cur.size - cur.pos;
+            if remaining > 0 {
+                let room = c.room().saturating_sub(wire::DATA_HEADER_LEN);
+                if room < min_piece.min(remaining as usize).max(1) {
+                    return Ok(c.pos);
+                }
+                // End a record at each chunk boundary so that the chunk's hash can follow in the
+                // same packet: a cut connection then loses at most the chunks of one packet.
+                let mut n = room.min(remaining as usize);
+                if has_chunks(cur.size) {
+                    n = n.min((CHUNK - cur.pos % CHUNK) as usize);
+                }
+                c.put_u8(wire::REC_DATA);
+                c.put_u32(n as u32);
+                let data = &mut c.buf[c.pos..c.pos + n];
+                let file = cur.file.as_mut().expect("open while data remains");
+                if let Err(e) = file.read_exact(data) {
+                    let index = cur.index;
+                    return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
+                        TransferError::SourceChanged { path: self.path(index) }
+                    } else {
+                        TransferError::file(self.path(index), e)
+                    });
+                }
+                self.hasher.update(data);
+                c.pos += n;
+                cur.pos += n as u64;
+                self.report.bytes_sent += n as u64;
+                continue;
+            }
+            if c.room() < wire::END_LEN {
+                return Ok(c.pos);
+            }
+            let hash = self.hasher.finish().expect("all bytes hashed");
+            c.put_u8(wire::REC_END);
+            c.put(&hash);
+            self.completed.push(cur.index);
+            self.cur = None;
+        }
+    }
+}

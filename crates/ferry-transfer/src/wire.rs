@@ -1,0 +1,323 @@
+//! The wire format: message types, records, and a bounded little-endian reader.
+//!
+//! Every packet starts with one message-type byte. All integers are little-endian.
+//!
+//! | type | sender | body |
+//! | --- | --- | --- |
+//! | [`MSG_OFFER`] | sender | version u8, entries u64, files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
+//! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
+//! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
+//! | [`MSG_DECLINE`] | receiver | — |
+//! | [`MSG_RESUME`] | receiver | count u32, then records: index u32, kind u8 ([`HELD_CHUNKS`]: first u32, n u32, n × cv[32]; [`HELD_COMPLETE`]: hash[32]) |
+//! | [`MSG_DATA`] | sender | records until the end of the packet (see below) |
+//! | [`MSG_DONE`] | receiver | files u64, bytes u64 — everything verified and in place |
+//! | [`MSG_ERROR`] | either | code length u8, code, message length u16, message (UTF-8, ≤ [`MAX_ERROR_MESSAGE`]) |
+//!
+//! Data records: [`REC_START`] index u32, offset u64 (the file's data follows from `offset`);
+//! [`REC_DATA`] len u32, bytes; [`REC_CHUNK`] chunk u32, cv[32] (the BLAKE3 chaining value of
+//! the 1 MiB subtree `chunk`, sent for files larger than one chunk); [`REC_END`] hash[32] (the
+//! file's BLAKE3); [`REC_FINISH`] (no more files).
+
+use crate::TransferError;
+
+/// Version byte of the offer.
+pub const VERSION: u8 = 1;
+
+/// Offer header: totals and offer id.
+pub const MSG_OFFER: u8 = 1;
+/// One page of manifest entries.
+pub const MSG_MANIFEST: u8 = 2;
+/// The receiver accepts; resume pages follow.
+pub const MSG_ACCEPT: u8 = 3;
+/// The receiver declines.
+pub const MSG_DECLINE: u8 = 4;
+/// One page of resume records.
+pub const MSG_RESUME: u8 = 5;
+/// File data records.
+pub const MSG_DATA: u8 = 6;
+/// Final acknowledgement: all files verified and renamed.
+pub const MSG_DONE: u8 = 7;
+/// An error with a stable code; the sender of it stops.
+pub const MSG_ERROR: u8 = 8;
+
+/// Data record: start of a file.
+pub const REC_START: u8 = 1;
+/// Data record: bytes of the current file.
+pub const REC_DATA: u8 = 2;
+/// Data record: hash of one finished chunk of the current file.
+pub const REC_CHUNK: u8 = 3;
+/// Data record: end of the current file, with its hash.
+pub const REC_END: u8 = 4;
+/// Data record: no more files.
+pub const REC_FINISH: u8 = 5;
+
+/// Resume record kind: the receiver holds the first chunks, with these chaining values.
+pub const HELD_CHUNKS: u8 = 1;
+/// Resume record kind: the receiver holds the whole file (finished earlier), with this hash.
+pub const HELD_COMPLETE: u8 = 2;
+
+/// Largest manifest or resume page, in bytes.
+pub const MAX_PAGE: usize = 1 << 20;
+/// Longest error message on the wire.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// Size of the offer message.
+pub const OFFER_LEN: usize = 2 + 5 * 8 + 32;
+/// Size of a [`REC_START`] record.
+pub const START_LEN: usize = 1 + 4 + 8;
+/// Size of a [`REC_DATA`] header.
+pub const DATA_HEADER_LEN: usize = 1 + 4;
+/// Size of a [`REC_CHUNK`] record.
+pub const CHUNK_LEN: usize = 1 + 4 + 32;
+/// Size of a [`REC_END`] record.
+pub const END_LEN: usize = 1 + 32;
+
+/// A bounded reader over one packet: every read checks the remaining length first.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    /// Reads from `buf`.
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+
+    /// Bytes left.
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether all bytes were consumed.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// Takes `n` bytes, or fails if fewer are left.
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], TransferError> {
+        if n > self.buf.len() {
+            return Err(TransferError::protocol("truncated message"));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    /// Takes a fixed-size array.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N], TransferError> {
+        Ok(self.bytes(N)?.try_into().expect("length checked"))
+    }
+
+    /// Takes a `u8`.
+    pub fn u8(&mut self) -> Result<u8, TransferError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    /// Takes a little-endian `u16`.
+    pub fn u16(&mut self) -> Result<u16, TransferError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+
+    /// Takes a little-endian `u32`.
+    pub fn u32(&mut self) -> Result<u32, TransferError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    /// Takes a little-endian `u64`.
+    pub fn u64(&mut self) -> Result<u64, TransferError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    /// Takes a little-endian `i64`.
+    pub fn i64(&mut self) -> Result<i64, TransferError> {
+        Ok(i64::from_le_bytes(self.array()?))
+    }
+
+    /// Fails unless every byte was consumed.
+    pub fn finish(&self) -> Result<(), TransferError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(TransferError::protocol("trailing bytes in message"))
+        }
+    }
+}
+
+/// Appends little-endian integers and bytes to a buffer.
+pub trait Put {
+    /// Appends bytes.
+    fn put(&mut self, bytes: &[u8]);
+    /// Appends a `u8`.
+    fn put_u8(&mut self, v: u8) {
+        self.put(&[v]);
+    }
+    /// Appends a little-endian `u16`.
+    fn put_u16(&mut self, v: u16) {
+        self.put(&v.to_le_bytes());
+    }
+    /// Appends a little-endian `u32`.
+    fn put_u32(&mut self, v: u32) {
+        self.put(&v.to_le_bytes());
+    }
+    /// Appends a little-endian `u64`.
+    fn put_u64(&mut self, v: u64) {
+        self.put(&v.to_le_bytes());
+    }
+    /// Appends a little-endian `i64`.
+    fn put_i64(&mut self, v: i64) {
+        self.put(&v.to_le_bytes());
+    }
+}
+
+impl Put for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+/// A cursor writing into a fixed buffer (a packet being built in place); callers check room first.
+pub struct Cursor<'a> {
+    /// The buffer.
+    pub buf: &'a mut [u8],
+    /// Bytes written so far.
+    pub pos: usize,
+}
+
+impl Cursor<'_> {
+    /// Bytes still free.
+    pub fn room(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+}
+
+impl Put for Cursor<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+        self.pos += bytes.len();
+    }
+}
+
+/// The totals announced in an offer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OfferHeader {
+    /// Number of manifest entries.
+    pub entries: u64,
+    /// Totals by kind and bytes.
+    pub totals: crate::Totals,
+    /// BLAKE3 of the manifest encoding.
+    pub offer_id: [u8; 32],
+}
+
+impl OfferHeader {
+    /// Encodes the offer message.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.put_u8(MSG_OFFER);
+        out.put_u8(VERSION);
+        out.put_u64(self.entries);
+        out.put_u64(self.totals.files);
+        out.put_u64(self.totals.dirs);
+        out.put_u64(self.totals.symlinks);
+        out.put_u64(self.totals.bytes);
+        out.put(&self.offer_id);
+    }
+
+    /// Decodes an offer message (including its type byte).
+    pub fn decode(packet: &[u8]) -> Result<Self, TransferError> {
+        let mut r = Reader::new(packet);
+        expect_type(&mut r, MSG_OFFER, "offer")?;
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(TransferError::protocol(format!("unsupported offer version {version}")));
+        }
+        let h = OfferHeader {
+            entries: r.u64()?,
+            totals: crate::Totals {
+                files: r.u64()?,
+                dirs: r.u64()?,
+                symlinks: r.u64()?,
+                bytes: r.u64()?,
+            },
+            offer_id: r.array()?,
+        };
+        r.finish()?;
+        Ok(h)
+    }
+}
+
+/// Reads the type byte and fails with a clear message if it is not `want` (an error message from
+/// the peer becomes [`TransferError::Remote`]).
+pub fn expect_type(r: &mut Reader<'_>, want: u8, what: &str) -> Result<(), TransferError> {
+    let got = r.u8()?;
+    if got == want {
+        return Ok(());
+    }
+    if got == MSG_ERROR {
+        return Err(decode_error_body(r));
+    }
+    Err(TransferError::protocol(format!("expected {what}, got message type {got}")))
+}
+
+/// Encodes an error message with the error's stable code.
+pub fn encode_error(err: &TransferError, out: &mut Vec<u8>) {
+    let code = err.code().as_bytes();
+    let msg = err.to_string();
+    let mut end = msg.len().min(MAX_ERROR_MESSAGE);
+    while !msg.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.put_u8(MSG_ERROR);
+    out.put_u8(code.len() as u8);
+    out.put(code);
+    out.put_u16(end as u16);
+    out.put(&msg.as_bytes()[..end]);
+}
+
+/// Decodes the body of an error message (after its type byte) into [`TransferError::Remote`].
+pub fn decode_error_body(r: &mut Reader<'_>) -> TransferError {
+    let mut parse = || -> Result<TransferError, TransferError> {
+        let n = r.u8()? as usize;
+        let code = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+        let n = r.u16()? as usize;
+        if n > MAX_ERROR_MESSAGE {
+            return Err(TransferError::protocol("error message too long"));
+        }
+        let message = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+        Ok(TransferError::Remote { code, message })
+    };
+    parse().unwrap_or_else(|e| e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offer_round_trip_and_bounds() {
+        let h = OfferHeader {
+            entries: 3,
+            totals: crate::Totals { files: 1, dirs: 1, symlinks: 1, bytes: 9 },
+            offer_id: [7; 32],
+        };
+        let mut buf = Vec::new();
+        h.encode(&mut buf);
+        assert_eq!(buf.len(), OFFER_LEN);
+        assert_eq!(OfferHeader::decode(&buf).unwrap(), h);
+        assert!(OfferHeader::decode(&buf[..buf.len() - 1]).is_err());
+        buf.push(0);
+        assert!(OfferHeader::decode(&buf).is_err());
+    }
+
+    #[test]
+    fn error_round_trip() {
+        let mut buf = Vec::new();
+        encode_error(&TransferError::Conflict { path: "a".into() }, &mut buf);
+        let mut r = Reader::new(&buf);
+        match expect_type(&mut r, MSG_DONE, "done") {
+            Err(TransferError::Remote { code, message }) => {
+                assert_eq!(code, "conflict");
+                assert!(message.contains("already exists"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! A hostile sender drives the wire format directly; the receiver must refuse with the right error,
+//! write nothing outside its destination, and leave no file under a final name.
+
+mod common;
+
+use common::*;
+use ferry_transfer::manifest::{Entry, EntryKind, Manifest};
+use ferry_transfer::path::PathProblem;
+use ferry_transfer::plain::{PlainSink, PlainSource};
+use ferry_transfer::wire::{self, OfferHeader, Put};
+use ferry_transfer::{receive, PacketSink, PacketSource, Totals, TransferError};
+
+fn entry(path: &[u8], kind: EntryKind, size: u64) -> Entry {
+    Entry {
+        path: path.to_vec(),
+        kind,
+        size,
+        mode: 0o644,
+        mtime: 1_000_000,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }
+}
+
+fn file(path: &[u8], size: u64) -> Entry {
+    entry(path, EntryKind::File, size)
+}
+
+fn dir(path: &[u8]) -> Entry {
+    entry(path, EntryKind::Dir, 0)
+}
+
+/// Runs a receiver against a fake sender that offers `entries` (announcing `announced` entries if
+/// given) and then sends `data` packets after the receiver accepts.
+fn attack(entries: Vec<Entry>, announced: Option<u64>, data: Vec<Vec<u8>>) -> (TempDir, TransferError) {
+    let t = TempDir::new("evil");
+    let out = t.join("out");
+    let (a, b) = tcp_pair();
+    let sender = std::thread::spawn(move || {
+        let mut sink = PlainSink::new(a.try_clone().unwrap());
+        let mut source = PlainSource::new(a);
+        let m = Manifest { entries, sources: Vec::new() };
+        let mut msg = Vec::new();
+        let header = OfferHeader {
+            entries: announced.unwrap_or(m.entries.len() as u64),
+            totals: Totals::of(&m.entries).unwrap(),
+            offer_id: m.offer_id(),
+        };
+        header.encode(&mut msg);
+        sink.send(&msg).unwrap();
+        let mut next = 0;
+        while next < m.entries.len() {
+            m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
+            sink.send(&msg).unwrap();
+        }
+        sink.flush().unwrap();
+        // Wait for the answer (an error message ends the attack).
+        let Ok(Some(answer)) = source.recv() else { return };
+        if answer[0] != wire::MSG_ACCEPT {
+            return;
+        }
+        for p in &data {
+            if sink.send(p).and_then(|_| sink.flush()).is_err() {
+                return;
+            }
+        }
+        let _ = source.recv();
+    });
+    let mut sink = PlainSink::new(b.try_clone().unwrap());
+    let mut source = PlainSource::new(b.try_clone().unwrap());
+    let r = receive(&mut source, &mut sink, &opts(&out, &t.join("cache")), &mut |_| true, &mut ());
+    let _ = b.shutdown(std::net::Shutdown::Both);
+    sender.join().unwrap();
+    let err = r.expect_err("the receiver must refuse");
+    // Nothing outside the destination: the temp root holds only `out` (and maybe `cache`).
+    let top: Vec<_> = listing(t.path()).into_iter().filter(|p| !p.contains('/')).collect();
+    assert!(top.iter().all(|p| p == "out" || p == "cache"), "{top:?}");
+    (t, err)
+}
+
+fn expect_unsafe(entries: Vec<Entry>, want: PathProblem) {
+    let (t, err) = attack(entries, None, Vec::new());
+    match err {
+        TransferError::UnsafePath { problem, .. } => assert_eq!(problem, want),
+        other => panic!("expected {want:?}, got {other:?}"),
+    }
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+#[test]
+fn dot_dot_is_refused() {
+    expect_unsafe(vec![file(b"../evil", 0)], PathProblem::DotDot);
+    expect_unsafe(vec![dir(b"a"), file(b"a/../../evil", 0)], PathProblem::DotDot);
+}
+
+#[test]
+fn absolute_path_is_refused() {
+    expect_unsafe(vec![file(b"/tmp/ferry-evil", 0)], PathProblem::Absolute);
+}
+
+#[test]
+fn nul_in_name_is_refused() {
+    expect_unsafe(vec![file(b"a\0b", 0)], PathProblem::Nul);
+}
+
+#[test]
+fn empty_and_dot_components_are_refused() {
+    expect_unsafe(vec![dir(b"a"), file(b"a//b", 0)], PathProblem::EmptyComponent);
+    expect_unsafe(vec![file(b".", 0)], PathProblem::Dot);
+    expect_unsafe(vec![file(&[b'x'; 256], 0)], PathProblem::NameTooLong);
+}
+
+#[test]
+fn slash_in_name_without_parent_is_refused() {
+    let (t, err) = attack(vec![file(b"a/b", 0)], None, Vec::new());
+    assert!(matches!(err, TransferError::MissingParent { .. }), "{err:?}");
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+#[test]
+fn duplicate_names_are_refused() {
+    let (t, err) = attack(vec![file(b"a", 1), file(b"a", 1)], None, Vec::new());
+    assert!(matches!(err, TransferError::DuplicatePath { .. }), "{err:?}");
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+#[test]
+fn file_and_dir_with_same_name_are_refused() {
+    let (_, err) = attack(vec![file(b"a", 0), dir(b"a")], None, Vec::new());
+    assert!(matches!(err, TransferError::FileDirClash { .. }), "{err:?}");
+    let (t, err) = attack(vec![file(b"a", 0), file(b"a/b", 0)], None, Vec::new());
+    assert!(matches!(err, TransferError::FileDirClash { .. }), "{err:?}");
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+#[test]
+fn escaping_symlink_is_refused() {
+    let mut link = entry(b"d/l", EntryKind::Symlink, 0);
+    link.target = b"../../outside".to_vec();
+    let (t, err) = attack(vec![dir(b"d"), link], None, Vec::new());
+    assert!(matches!(err, TransferError::SymlinkEscapes { .. }), "{err:?}");
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+#[test]
+fn billion_announced_entries_are_refused_at_once() {
+    let (t, err) = attack(vec![file(b"a", 0)], Some(1_000_000_000), Vec::new());
+    match err {
+        TransferError::TooManyEntries { announced, limit } => {
+            assert_eq!(announced, 1_000_000_000);
+            assert_eq!(limit, ferry_transfer::DEFAULT_MAX_ENTRIES);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(listing(&t.join("out")).is_empty());
+}
+
+fn data_packet(records: &[&[u8]]) -> Vec<u8> {
+    let mut p = vec![wire::MSG_DATA];
+    for r in records {
+        p.put(r);
+    }
+    p
+}
+
+fn start(index: u32) -> Vec<u8> {
+    let mut r = vec![wire::REC_START];
+    r.put_u32(index);
+    r.put_u64(0);
+    r
+}
+
+fn bytes(data: &[u8]) -> Vec<u8> {
+    let mut r = vec![wire::REC_DATA];
+    r.put_u32(data.len() as u32);
+    r.put(data);
+    r
+}
+
+fn end(hash: &[u8; 32]) -> Vec<u8> {
+    let mut r = vec![wire::REC_END];
+    r.put(hash);
+    r
+}
+
+fn assert_no_final_and_no_temp(t: &TempDir) {
+    let left = listing(&t.join("out"));
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn more_data_than_declared_is_refused() {
+    let content = [7u8; 20];
+    let h = *blake3::hash(&content).as_bytes();
+    let packet = data_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
+    let (t, err) = attack(vec![file(b"f", 10)], None, vec![packet]);
+    match err {
+        TransferError::SizeMismatch { declared, sent, .. } => assert_eq!((declared, sent), (10, 20)),
+        other => panic!("{other:?}"),
+    }
+    assert_no_final_and_no_temp(&t);
+}
+
+#[test]
+fn less_data_than_declared_is_refused() {
+    let content = [7u8; 50];
+    let h = *blake3::hash(&content).as_bytes();
+    let packet = data_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
+    let (t, err) = attack(vec![file(b"f", 100)], None, vec![packet]);
+    match err {
+        TransferError::SizeMismatch { declared, sent, .. } => assert_eq!((declared, sent), (100, 50)),
+        other => panic!("{other:?}"),
+    }
+    assert_no_final_and_no_temp(&t);
+}
+
+#[test]
+fn wrong_hash_is_refused() {
+    let content = [7u8; 50];
+    let packet = data_packet(&[&start(0), &bytes(&content), &end(&[0; 32]), &[wire::REC_FINISH]]);
+    let (t, err) = attack(vec![file(b"f", 50)], None, vec![packet]);
+    assert!(matches!(err, TransferError::Integrity { .. }), "{err:?}");
+    assert_no_final_and_no_temp(&t);
+}
+
+#[test]
+fn skipping_a_file_is_refused() {
+    let content = [7u8; 5];
+    let h = *blake3::hash(&content).as_bytes();
+    let packet = data_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
+    let (t, err) = attack(vec![file(b"f", 5), file(b"g", 5)], None, vec![packet]);
+    assert!(matches!(err, TransferError::Protocol(_)), "{err:?}");
+    // The first file was complete and verified; the offer as a whole was not.
+    assert_eq!(listing(&t.join("out")), vec!["f"]);
+}
+
+#[test]
+fn cut_stream_is_an_error() {
+    let packet = data_packet(&[&start(0), &bytes(&[1; 10])]);
+    let (t, err) = attack(vec![file(b"f", 100)], None, vec![packet]);
+    assert!(matches!(err, TransferError::UnexpectedEnd), "{err:?}");
+    assert!(!t.join("out/f").exists());
+}

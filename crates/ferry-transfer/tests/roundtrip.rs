@@ -1,0 +1,238 @@
+//! Sender ↔ receiver over loopback TCP with the plain framing.
+
+mod common;
+
+use common::*;
+use ferry_transfer::{TransferError, WalkWarning};
+use std::fs::{self, File};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+fn set_mtime(p: &Path, secs: u64, nanos: u32) {
+    let t = SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+    File::open(p).unwrap().set_modified(t).unwrap();
+}
+
+fn assert_same_meta(a: &Path, b: &Path) {
+    let (ma, mb) = (fs::symlink_metadata(a).unwrap(), fs::symlink_metadata(b).unwrap());
+    assert_eq!(ma.mode() & 0o777, mb.mode() & 0o777, "mode of {}", b.display());
+    assert_eq!((ma.mtime(), ma.mtime_nsec()), (mb.mtime(), mb.mtime_nsec()), "mtime of {}", b.display());
+}
+
+#[test]
+fn one_file_multi_chunk_with_mode_and_mtime() {
+    let t = TempDir::new("one");
+    let src = t.join("big.bin");
+    let content = data(3 * (1 << 20) + 12345, 1);
+    fs::write(&src, &content).unwrap();
+    fs::set_permissions(&src, fs::Permissions::from_mode(0o640)).unwrap();
+    set_mtime(&src, 1_600_000_000, 123_456_789);
+    let out = t.join("out");
+    let (s, r) = run(&[src.clone()], &opts(&out, &t.join("cache")));
+    let (s, r) = (s.unwrap(), r.unwrap());
+    assert_eq!(s.bytes_sent, content.len() as u64);
+    assert_eq!(r.bytes_received, content.len() as u64);
+    assert_eq!(fs::read(out.join("big.bin")).unwrap(), content);
+    assert_same_meta(&src, &out.join("big.bin"));
+    assert_eq!(listing(&out), vec!["big.bin"]);
+    assert!(listing(&t.join("cache")).is_empty(), "partial state cleaned up");
+}
+
+#[test]
+fn empty_file() {
+    let t = TempDir::new("empty");
+    let src = t.join("empty");
+    fs::write(&src, b"").unwrap();
+    let out = t.join("out");
+    let (s, r) = run(&[src], &opts(&out, &t.join("cache")));
+    s.unwrap();
+    assert_eq!(r.unwrap().totals.files, 1);
+    assert_eq!(fs::read(out.join("empty")).unwrap(), b"");
+    assert_eq!(listing(&out), vec!["empty"]);
+}
+
+#[test]
+fn tree_with_odd_names_empty_dirs_modes_and_mtimes() {
+    let t = TempDir::new("tree");
+    let root = t.join("tree");
+    let names = ["with space", "ünïcødé ✓", "new\nline", "a"];
+    fs::create_dir_all(root.join("nested/deeper/deepest")).unwrap();
+    fs::create_dir_all(root.join("empty dir")).unwrap();
+    fs::create_dir_all(root.join("nested/empty")).unwrap();
+    let mut files = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let p = root.join("nested").join(n);
+        fs::write(&p, data(100 + i * 1000, i as u64)).unwrap();
+        files.push(p);
+    }
+    for i in 0..300 {
+        let p = root.join("nested/deeper").join(format!("small-{i}"));
+        fs::write(&p, data(4096 + i * 13, 100 + i as u64)).unwrap();
+        files.push(p);
+    }
+    let exe = root.join("nested/deeper/deepest/run.sh");
+    fs::write(&exe, b"#!/bin/sh\n").unwrap();
+    fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(root.join("nested/deeper/deepest"), fs::Permissions::from_mode(0o750)).unwrap();
+    for (i, f) in files.iter().enumerate() {
+        set_mtime(f, 1_500_000_000 + i as u64, i as u32 * 7);
+    }
+    for (i, d) in ["nested/deeper/deepest", "nested/deeper", "nested/empty", "empty dir", "nested", ""]
+        .iter()
+        .enumerate()
+    {
+        set_mtime(&root.join(d), 1_400_000_000 + i as u64, 999_999_999 - i as u32);
+    }
+
+    let out = t.join("out");
+    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    let s = s.unwrap();
+    let r = r.unwrap();
+    assert_eq!(r.totals.files, 305);
+    assert_eq!(r.totals.dirs, 6);
+    assert_eq!(s.bytes_sent, r.totals.bytes);
+    assert_eq!(listing(&root), listing(&out.join("tree")));
+    for rel in listing(&root) {
+        let (a, b) = (root.join(&rel), out.join("tree").join(&rel));
+        if a.is_file() {
+            assert_eq!(fs::read(&a).unwrap(), fs::read(&b).unwrap(), "{rel}");
+        }
+        assert_same_meta(&a, &b);
+    }
+    assert_same_meta(&root, &out.join("tree"));
+}
+
+#[test]
+fn symlinks_inside_kept_outside_skipped() {
+    let t = TempDir::new("links");
+    let root = t.join("top");
+    fs::create_dir_all(root.join("d")).unwrap();
+    fs::write(root.join("d/file"), b"x").unwrap();
+    fs::write(t.join("secret"), b"s").unwrap();
+    std::os::unix::fs::symlink("file", root.join("d/same-dir")).unwrap();
+    std::os::unix::fs::symlink("../d/file", root.join("d/up-and-down")).unwrap();
+    std::os::unix::fs::symlink("..", root.join("d/to-top")).unwrap();
+    std::os::unix::fs::symlink("../../secret", root.join("d/escapes")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("absolute")).unwrap();
+
+    let walked = ferry_transfer::walk(&[&root]).unwrap();
+    let skipped: Vec<_> = walked
+        .warnings
+        .iter()
+        .map(|w| match w {
+            WalkWarning::SymlinkOutside { path, .. } => path.file_name().unwrap().to_string_lossy().into_owned(),
+            other => panic!("unexpected warning {other}"),
+        })
+        .collect();
+    assert_eq!(skipped, vec!["absolute", "escapes"]);
+
+    let out = t.join("out");
+    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    s.unwrap();
+    assert_eq!(r.unwrap().totals.symlinks, 3);
+    assert_eq!(
+        listing(&out),
+        vec!["top", "top/d", "top/d/file", "top/d/same-dir", "top/d/to-top", "top/d/up-and-down"]
+    );
+    assert_eq!(fs::read_link(out.join("top/d/up-and-down")).unwrap(), Path::new("../d/file"));
+    assert_eq!(fs::read(out.join("top/d/same-dir")).unwrap(), b"x");
+    assert!(fs::symlink_metadata(out.join("top/d/to-top")).unwrap().file_type().is_symlink());
+}
+
+#[test]
+fn special_files_are_skipped_with_a_warning() {
+    let t = TempDir::new("fifo");
+    let root = t.join("top");
+    fs::create_dir_all(&root).unwrap();
+    let fifo = root.join("pipe");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid NUL-terminated path.
+    assert_eq!(unsafe { libc_mkfifo(c.as_ptr(), 0o600) }, 0);
+    let walked = ferry_transfer::walk(&[&root]).unwrap();
+    assert!(matches!(&walked.warnings[..], [WalkWarning::Special { .. }]));
+    assert_eq!(walked.manifest.entries.len(), 1);
+}
+
+extern "C" {
+    #[link_name = "mkfifo"]
+    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
+}
+
+#[test]
+fn existing_file_not_overwritten_without_flag() {
+    let t = TempDir::new("conflict");
+    let root = t.join("top");
+    fs::create_dir_all(root.join("sub")).unwrap();
+    fs::write(root.join("sub/a"), b"new a").unwrap();
+    fs::write(root.join("sub/b"), b"new b").unwrap();
+    let out = t.join("out");
+    fs::create_dir_all(out.join("top/sub")).unwrap();
+    fs::write(out.join("top/sub/b"), b"old b").unwrap();
+
+    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    match r {
+        Err(TransferError::Conflict { path }) => assert_eq!(path, "top/sub/b"),
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(matches!(s, Err(TransferError::Remote { ref code, .. }) if code == "conflict"), "{s:?}");
+    assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"old b");
+    assert_eq!(listing(&out), vec!["top", "top/sub", "top/sub/b"], "nothing written");
+
+    let mut o = opts(&out, &t.join("cache"));
+    o.overwrite = true;
+    let (s, r) = run(&[root], &o);
+    s.unwrap();
+    r.unwrap();
+    assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"new b");
+    assert_eq!(fs::read(out.join("top/sub/a")).unwrap(), b"new a");
+}
+
+#[test]
+fn symlink_in_destination_is_never_followed() {
+    let t = TempDir::new("dest-link");
+    let root = t.join("top");
+    fs::create_dir_all(root.join("sub")).unwrap();
+    fs::write(root.join("sub/f"), b"data").unwrap();
+    let out = t.join("out");
+    let elsewhere = t.join("elsewhere");
+    fs::create_dir_all(out.join("top")).unwrap();
+    fs::create_dir_all(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, out.join("top/sub")).unwrap();
+    for overwrite in [false, true] {
+        let mut o = opts(&out, &t.join("cache"));
+        o.overwrite = overwrite;
+        let (_, r) = run(&[root.clone()], &o);
+        if !overwrite {
+            assert!(matches!(r, Err(TransferError::Conflict { .. })), "{r:?}");
+        } else {
+            r.unwrap();
+            assert!(fs::symlink_metadata(out.join("top/sub")).unwrap().is_dir());
+        }
+        assert!(listing(&elsewhere).is_empty(), "nothing written through the symlink");
+    }
+}
+
+#[test]
+fn declined_offer_writes_nothing() {
+    let t = TempDir::new("decline");
+    let src = t.join("f");
+    fs::write(&src, b"x").unwrap();
+    let out = t.join("out");
+    let (a, b) = tcp_pair();
+    let walked = ferry_transfer::walk(&[&src]).unwrap();
+    let sender = std::thread::spawn(move || {
+        let mut sink = ferry_transfer::plain::PlainSink::new(a.try_clone().unwrap());
+        let mut source = ferry_transfer::plain::PlainSource::new(a);
+        ferry_transfer::send(&mut sink, &mut source, &walked.manifest, &Default::default(), &mut ())
+    });
+    let mut sink = ferry_transfer::plain::PlainSink::new(b.try_clone().unwrap());
+    let mut source = ferry_transfer::plain::PlainSource::new(b);
+    let r = ferry_transfer::receive(&mut source, &mut sink, &opts(&out, &t.join("cache")), &mut |o| {
+        assert_eq!(o.totals.files, 1);
+        false
+    }, &mut ());
+    assert!(matches!(r, Err(TransferError::Declined)));
+    assert!(matches!(sender.join().unwrap(), Err(TransferError::Declined)));
+    assert!(listing(&out).is_empty());
+}
