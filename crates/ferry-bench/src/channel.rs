@@ -342,13 +342,16 @@ fn mixed_traffic(opts: &Options, report: &mut Report) {
     ));
 }
 
+/// Makes the authentication of one side of a handshake.
+type AuthFactory = Box<dyn Fn() -> Auth>;
+
 /// Both sides of an in-memory handshake, ECDH and HKDF included.
 fn handshake_time(opts: &Options, report: &mut Report) {
     let iterations = 200 * opts.runs;
     let identity = IdentityKey::generate();
     let seed = *identity.seed();
     let public = identity.public();
-    let cases: [(&str, Box<dyn Fn() -> Auth>); 3] = [
+    let cases: [(&str, AuthFactory); 3] = [
         (
             "handshake, key agreement only (both sides)",
             Box::new(|| Auth::Unauthenticated),

@@ -73,12 +73,12 @@ pub enum Auth {
 pub(crate) enum AuthState {
     Done,
     Spake {
-        pending: Option<Spake2<Ed25519Group>>,
+        pending: Option<Box<Spake2<Ed25519Group>>>,
         password: Vec<u8>,
-        confirm_key: Option<hmac::Key>,
+        confirm_key: Option<Box<hmac::Key>>,
     },
     Identity {
-        key: IdentityKey,
+        key: Box<IdentityKey>,
         pinned: Option<[u8; PUBLIC_KEY_LEN]>,
     },
 }
@@ -118,7 +118,10 @@ impl AuthState {
                 password,
                 confirm_key: None,
             },
-            Auth::Identity { key, pinned } => AuthState::Identity { key, pinned },
+            Auth::Identity { key, pinned } => AuthState::Identity {
+                key: Box::new(key),
+                pinned,
+            },
         }
     }
 
@@ -147,7 +150,7 @@ impl AuthState {
                     Role::Initiator => Spake2::<Ed25519Group>::start_a(&pw, &a, &b),
                     Role::Responder => Spake2::<Ed25519Group>::start_b(&pw, &a, &b),
                 };
-                *pending = Some(state);
+                *pending = Some(Box::new(state));
                 let mut out = vec![MSG_SPAKE];
                 out.extend_from_slice(&msg);
                 vec![out]
@@ -192,7 +195,7 @@ impl AuthState {
                 let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
                 let mut out = vec![MSG_CONFIRM];
                 out.extend_from_slice(hmac::sign(&key, &confirm_data(role, transcript)).as_ref());
-                *confirm_key = Some(key);
+                *confirm_key = Some(Box::new(key));
                 Ok((vec![out], None))
             }
             (AuthState::Spake { confirm_key, .. }, Some((&MSG_CONFIRM, body))) => {

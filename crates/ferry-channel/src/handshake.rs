@@ -92,6 +92,8 @@ fn parse_offer(contents: &[u8]) -> Result<Offer, ChannelError> {
             suites: *suites,
             aes_hardware: *hw == 1,
         }),
+        // Our version, but cut short: not something a ferry of this version sends.
+        [PROTOCOL_VERSION, ..] => Err(ChannelError::AuthProtocol("truncated version packet")),
         [v, ..] => Err(ChannelError::VersionMismatch {
             ours: PROTOCOL_VERSION,
             theirs: *v,
@@ -393,20 +395,15 @@ impl Handshake {
             let mine = parse_offer(&ours)?;
             let suite = choose_suite(mine, theirs)?;
             // Switch to keys bound to the transcript: an edited offer gives the two sides different keys.
+            // Authentication packets stay bounded by MAX_HANDSHAKE_PACKET; `finish` lifts the bound.
             let (send, recv) = keys.suite_keys(suite, &self.transcript, self.role);
-            let max = self.config.max_payload;
-            self.sealer = Some(Sealer::new(&send, suite, Vec::new(), max));
-            self.reader = Some(PacketReader::new(&recv, suite, Vec::new(), max));
-        } else {
-            let max = self.config.max_payload;
-            self.sealer
-                .as_mut()
-                .expect("sealer exists")
-                .set_max_payload(max);
-            self.reader
-                .as_mut()
-                .expect("reader exists")
-                .set_max_payload(max);
+            self.sealer = Some(Sealer::new(&send, suite, Vec::new(), MAX_HANDSHAKE_PACKET));
+            self.reader = Some(PacketReader::new(
+                &recv,
+                suite,
+                Vec::new(),
+                MAX_HANDSHAKE_PACKET,
+            ));
         }
         let session_id = keys.session_id;
         let messages = self.auth.start(self.role, &session_id, &self.transcript);
@@ -448,8 +445,10 @@ impl Handshake {
             return Err(ChannelError::AuthProtocol("handshake not finished"));
         }
         let keys = self.keys.expect("keys exist when done");
-        let sealer = self.sealer.expect("sealer exists when done");
-        let reader = self.reader.expect("reader exists when done");
+        let mut sealer = self.sealer.expect("sealer exists when done");
+        let mut reader = self.reader.expect("reader exists when done");
+        sealer.set_max_payload(self.config.max_payload);
+        reader.set_max_payload(self.config.max_payload);
         Ok(Established {
             suite: sealer.suite(),
             opener: Opener::new(reader, &self.inbuf),

@@ -6,7 +6,7 @@
 
 use aws_lc_rs::hkdf;
 use secp256k1::ellswift::{ElligatorSwift, Party};
-use secp256k1::{Secp256k1, SecretKey};
+use secp256k1::SecretKey;
 
 use crate::suite::Suite;
 use crate::Role;
@@ -32,7 +32,7 @@ impl EphemeralKey {
             fill_random(&mut aux);
             if let Ok(secret) = SecretKey::from_byte_array(bytes) {
                 let encoded =
-                    ElligatorSwift::from_seckey(&Secp256k1::new(), secret, Some(aux)).to_array();
+                    ElligatorSwift::from_seckey(secp256k1::SECP256K1, secret, Some(aux)).to_array();
                 return EphemeralKey { secret, encoded };
             }
         }

@@ -295,6 +295,7 @@ impl Opener {
     }
 
     /// Opens the next complete packet, skipping decoys. `Ok(None)` means more bytes are needed.
+    #[allow(clippy::should_implement_trait)] // Fallible and borrowing: not an Iterator.
     pub fn next(&mut self) -> Result<Option<Packet<'_>>, ChannelError> {
         Ok(match self.next_ready()? {
             None => None,

@@ -157,7 +157,7 @@ impl FsAead {
     }
 
     fn advance(&mut self, nonce: [u8; 12]) {
-        if (self.counter + 1) % u64::from(REKEY_INTERVAL) == 0 {
+        if (self.counter + 1).is_multiple_of(u64::from(REKEY_INTERVAL)) {
             let mut rekey_nonce = nonce;
             rekey_nonce[..4].copy_from_slice(&[0xff; 4]);
             let mut next = [0u8; 32];

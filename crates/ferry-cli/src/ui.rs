@@ -7,14 +7,23 @@ use ferry_transfer::{Entry, Progress, ProgressState, Totals};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-/// Progress events are rate-limited to this interval in JSON mode.
+/// Progress events are rate-limited to this interval in JSON mode (`FERRY_PROGRESS_MS` overrides it).
 const JSON_PROGRESS_EVERY: Duration = Duration::from_millis(200);
+
+fn json_progress_interval() -> Duration {
+    std::env::var("FERRY_PROGRESS_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(JSON_PROGRESS_EVERY)
+}
 
 /// The output mode of one command.
 pub struct Ui {
     json: bool,
     bar: Option<ProgressBar>,
     last_json: Option<Instant>,
+    json_every: Duration,
     /// "sent" or "received", for the summary line.
     verb: &'static str,
     started: Instant,
@@ -32,6 +41,7 @@ impl Ui {
             json,
             bar: None,
             last_json: None,
+            json_every: json_progress_interval(),
             verb,
             started: Instant::now(),
         }
@@ -129,7 +139,7 @@ impl Progress for Ui {
             let now = Instant::now();
             if self
                 .last_json
-                .is_some_and(|t| now.duration_since(t) < JSON_PROGRESS_EVERY)
+                .is_some_and(|t| now.duration_since(t) < self.json_every)
             {
                 return;
             }

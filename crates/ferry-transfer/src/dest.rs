@@ -33,7 +33,11 @@ impl Destination {
     pub(crate) fn open(out: &Path, overwrite: bool) -> Result<Destination, TransferError> {
         let err = |e| TransferError::file(out.display().to_string(), e);
         std::fs::create_dir_all(out).map_err(err)?;
-        Ok(Destination { cursor: DirCursor::new(Dir::open(out).map_err(err)?), overwrite, temp: Vec::new() })
+        Ok(Destination {
+            cursor: DirCursor::new(Dir::open(out).map_err(err)?),
+            overwrite,
+            temp: Vec::new(),
+        })
     }
 
     /// The temporary name of entry `index` named `name`.
@@ -55,8 +59,13 @@ impl Destination {
         let (parent, _) = split_parent(path);
         match self.cursor.enter(parent) {
             Ok(Some(d)) => Ok(d),
-            Ok(None) => Err(TransferError::file(lossy(parent), io::Error::from_raw_os_error(libc::ENOENT))),
-            Err(e) if is_not_dir(&e) => Err(TransferError::Conflict { path: lossy(parent) }),
+            Ok(None) => Err(TransferError::file(
+                lossy(parent),
+                io::Error::from_raw_os_error(libc::ENOENT),
+            )),
+            Err(e) if is_not_dir(&e) => Err(TransferError::Conflict {
+                path: lossy(parent),
+            }),
             Err(e) => Err(TransferError::file(lossy(parent), e)),
         }
     }
@@ -78,10 +87,16 @@ impl Destination {
                 // Something that is not a directory where one must go: replaced later when
                 // overwriting, a conflict otherwise (reported at the entry itself).
                 Err(e) if is_not_dir(&e) && self.overwrite => continue,
-                Err(e) if is_not_dir(&e) => return Err(TransferError::Conflict { path: lossy(parent) }),
+                Err(e) if is_not_dir(&e) => {
+                    return Err(TransferError::Conflict {
+                        path: lossy(parent),
+                    })
+                }
                 Err(err) => return Err(TransferError::file(e.path_lossy(), err)),
             };
-            let existing = dir.kind(name).map_err(|err| TransferError::file(e.path_lossy(), err))?;
+            let existing = dir
+                .kind(name)
+                .map_err(|err| TransferError::file(e.path_lossy(), err))?;
             let conflict = match (e.kind, existing) {
                 (_, None) | (EntryKind::Dir, Some(FileKind::Dir)) => false,
                 (EntryKind::Dir, Some(_)) => !self.overwrite,
@@ -89,7 +104,9 @@ impl Destination {
                 (_, Some(_)) => !(self.overwrite || ours(i)),
             };
             if conflict {
-                return Err(TransferError::Conflict { path: e.path_lossy() });
+                return Err(TransferError::Conflict {
+                    path: e.path_lossy(),
+                });
             }
         }
         Ok(())
@@ -104,22 +121,31 @@ impl Destination {
         let err = |err| TransferError::file(e.path_lossy(), err);
         match dir.mkdir(name, 0o700) {
             Ok(()) => Ok(true),
-            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => match dir.kind(name).map_err(err)? {
-                Some(FileKind::Dir) => Ok(false),
-                Some(_) if overwrite => {
-                    dir.unlink(name).map_err(err)?;
-                    dir.mkdir(name, 0o700).map_err(err)?;
-                    Ok(true)
+            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
+                match dir.kind(name).map_err(err)? {
+                    Some(FileKind::Dir) => Ok(false),
+                    Some(_) if overwrite => {
+                        dir.unlink(name).map_err(err)?;
+                        dir.mkdir(name, 0o700).map_err(err)?;
+                        Ok(true)
+                    }
+                    _ => Err(TransferError::Conflict {
+                        path: e.path_lossy(),
+                    }),
                 }
-                _ => Err(TransferError::Conflict { path: e.path_lossy() }),
-            },
+            }
             Err(x) => Err(err(x)),
         }
     }
 
     /// Opens the temporary file of entry `index`: a new one when `offset` is 0, else the kept
     /// partial file cut back to `offset`.
-    pub(crate) fn open_temp(&mut self, e: &Entry, index: u32, offset: u64) -> Result<File, TransferError> {
+    pub(crate) fn open_temp(
+        &mut self,
+        e: &Entry,
+        index: u32,
+        offset: u64,
+    ) -> Result<File, TransferError> {
         let (_, name) = split_parent(&e.path);
         let temp = self.temp_name(name, index).to_vec();
         let dir = self.parent(&e.path)?;
@@ -152,9 +178,16 @@ impl Destination {
     }
 
     /// Gives a verified temporary file its mode, times and final name.
-    pub(crate) fn finish_file(&mut self, e: &Entry, index: u32, file: File, replace: bool) -> Result<(), TransferError> {
+    pub(crate) fn finish_file(
+        &mut self,
+        e: &Entry,
+        index: u32,
+        file: File,
+        replace: bool,
+    ) -> Result<(), TransferError> {
         let err = |err| TransferError::file(e.path_lossy(), err);
-        file.set_permissions(Permissions::from_mode(e.mode)).map_err(err)?;
+        file.set_permissions(Permissions::from_mode(e.mode))
+            .map_err(err)?;
         set_file_times(&file, e.mtime, e.mtime_nsec).map_err(err)?;
         drop(file);
         let replace = replace || self.overwrite;
@@ -165,7 +198,9 @@ impl Destination {
             Ok(()) => Ok(()),
             Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
                 let _ = dir.unlink(&temp);
-                Err(TransferError::Conflict { path: e.path_lossy() })
+                Err(TransferError::Conflict {
+                    path: e.path_lossy(),
+                })
             }
             Err(x) => Err(err(x)),
         }
@@ -180,14 +215,17 @@ impl Destination {
         let err = |err| TransferError::file(e.path_lossy(), err);
         let made = if overwrite {
             let _ = dir.unlink(&temp);
-            dir.symlink(&e.target, &temp).and_then(|_| dir.rename(&temp, name, true))
+            dir.symlink(&e.target, &temp)
+                .and_then(|_| dir.rename(&temp, name, true))
         } else {
             dir.symlink(&e.target, name)
         };
         match made {
             Ok(()) => {}
             Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
-                return Err(TransferError::Conflict { path: e.path_lossy() })
+                return Err(TransferError::Conflict {
+                    path: e.path_lossy(),
+                })
             }
             Err(x) => return Err(err(x)),
         }
@@ -198,7 +236,9 @@ impl Destination {
     pub(crate) fn finish_dir(&mut self, e: &Entry) -> Result<(), TransferError> {
         let err = |err| TransferError::file(e.path_lossy(), err);
         match self.cursor.enter(&e.path) {
-            Ok(Some(d)) => d.set_mode_and_times(e.mode, e.mtime, e.mtime_nsec).map_err(err),
+            Ok(Some(d)) => d
+                .set_mode_and_times(e.mode, e.mtime, e.mtime_nsec)
+                .map_err(err),
             Ok(None) => Err(err(io::Error::from_raw_os_error(libc::ENOENT))),
             Err(x) => Err(err(x)),
         }
@@ -217,7 +257,11 @@ impl Destination {
         scratch: &mut [u8],
     ) -> Option<FileHasher> {
         let (_, name) = split_parent(&e.path);
-        let target = if complete { name.to_vec() } else { self.temp_name(name, index).to_vec() };
+        let target = if complete {
+            name.to_vec()
+        } else {
+            self.temp_name(name, index).to_vec()
+        };
         let dir = self.parent(&e.path).ok()?;
         let mut file = dir.open_file(&target, false).ok()?;
         let len = file.metadata().ok()?.len();
@@ -233,7 +277,9 @@ impl Destination {
         let mut good = 0;
         for (k, cv) in expected.iter().enumerate() {
             let chunk = crate::CHUNK.min(e.size - k as u64 * crate::CHUNK);
-            if hasher.position() + chunk > len || hasher.update_from(&mut file, chunk, scratch).is_err() {
+            if hasher.position() + chunk > len
+                || hasher.update_from(&mut file, chunk, scratch).is_err()
+            {
                 break;
             }
             if hasher.chunk_hashes()[k] != *cv {

@@ -32,7 +32,8 @@ fn with_cstr<T>(name: &[u8], f: impl FnOnce(&CStr) -> io::Result<T>) -> io::Resu
         return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
     buf[..name.len()].copy_from_slice(name);
-    let c = CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c =
+        CStr::from_bytes_until_nul(&buf).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     f(c)
 }
 
@@ -45,7 +46,10 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 fn timespec(sec: i64, nsec: u32) -> libc::timespec {
-    libc::timespec { tv_sec: sec as libc::time_t, tv_nsec: nsec as libc::c_long }
+    libc::timespec {
+        tv_sec: sec as libc::time_t,
+        tv_nsec: nsec as libc::c_long,
+    }
 }
 
 /// Sets a file's access and modification times through its descriptor.
@@ -61,11 +65,19 @@ impl Dir {
     pub(crate) fn open(path: &Path) -> io::Result<Dir> {
         let mut bytes = path.as_os_str().as_bytes().to_vec();
         bytes.push(0);
-        let c = CStr::from_bytes_with_nul(&bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let c = CStr::from_bytes_with_nul(&bytes)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: `c` is a valid NUL-terminated string; the returned fd is checked and owned.
-        let fd = check(unsafe { libc::open(c.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC) })?;
+        let fd = check(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
         // SAFETY: `fd` was just opened and is owned by nobody else.
-        Ok(Dir { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        Ok(Dir {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
     }
 
     fn raw(&self) -> libc::c_int {
@@ -75,7 +87,14 @@ impl Dir {
     fn openat(&self, name: &[u8], flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
         with_cstr(name, |c| {
             // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
-            let fd = check(unsafe { libc::openat(self.raw(), c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+            let fd = check(unsafe {
+                libc::openat(
+                    self.raw(),
+                    c.as_ptr(),
+                    flags | libc::O_CLOEXEC,
+                    mode as libc::c_uint,
+                )
+            })?;
             // SAFETY: `fd` was just opened and is owned by nobody else.
             Ok(unsafe { OwnedFd::from_raw_fd(fd) })
         })
@@ -83,7 +102,11 @@ impl Dir {
 
     /// Opens a subdirectory; fails (ELOOP/ENOTDIR) if `name` is a symlink or not a directory.
     pub(crate) fn open_child(&self, name: &[u8]) -> io::Result<Dir> {
-        let fd = self.openat(name, libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW, 0)?;
+        let fd = self.openat(
+            name,
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )?;
         Ok(Dir { fd })
     }
 
@@ -102,10 +125,16 @@ impl Dir {
             // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: valid dir fd, NUL-terminated name, and `st` is writable.
-            let ret = unsafe { libc::fstatat(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+            let ret = unsafe {
+                libc::fstatat(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW)
+            };
             if ret < 0 {
                 let e = io::Error::last_os_error();
-                return if e.raw_os_error() == Some(libc::ENOENT) { Ok(None) } else { Err(e) };
+                return if e.raw_os_error() == Some(libc::ENOENT) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                };
             }
             Ok(Some(match st.st_mode & libc::S_IFMT {
                 libc::S_IFREG => FileKind::File,
@@ -119,13 +148,18 @@ impl Dir {
     /// Creates a new file for writing; fails if `name` exists (even as a dangling symlink).
     pub(crate) fn create_new(&self, name: &[u8], mode: u32) -> io::Result<File> {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-        Ok(File::from(self.openat(name, flags, mode as libc::mode_t)?))
+        Ok(File::from(self.openat(
+            name,
+            flags,
+            mode as libc::mode_t,
+        )?))
     }
 
     /// Opens an existing regular file (never through a symlink) for reading, or reading and writing.
     pub(crate) fn open_file(&self, name: &[u8], write: bool) -> io::Result<File> {
         let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
-        let file = File::from(self.openat(name, access | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?);
+        let file =
+            File::from(self.openat(name, access | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?);
         if !file.metadata()?.is_file() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
@@ -176,7 +210,8 @@ impl Dir {
     pub(crate) fn symlink(&self, target: &[u8], name: &[u8]) -> io::Result<()> {
         let mut t = target.to_vec();
         t.push(0);
-        let tc = CStr::from_bytes_with_nul(&t).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let tc = CStr::from_bytes_with_nul(&t)
+            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         with_cstr(name, |c| {
             // SAFETY: NUL-terminated target and name, valid dir fd.
             check(unsafe { libc::symlinkat(tc.as_ptr(), self.raw(), c.as_ptr()) })?;
@@ -189,7 +224,14 @@ impl Dir {
         let times = [timespec(sec, nsec), timespec(sec, nsec)];
         with_cstr(name, |c| {
             // SAFETY: valid dir fd, NUL-terminated name, two valid timespecs.
-            check(unsafe { libc::utimensat(self.raw(), c.as_ptr(), times.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+            check(unsafe {
+                libc::utimensat(
+                    self.raw(),
+                    c.as_ptr(),
+                    times.as_ptr(),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            })?;
             Ok(())
         })
     }
@@ -215,7 +257,11 @@ pub(crate) struct DirCursor {
 
 impl DirCursor {
     pub(crate) fn new(root: Dir) -> Self {
-        DirCursor { root, path: Vec::new(), stack: Vec::new() }
+        DirCursor {
+            root,
+            path: Vec::new(),
+            stack: Vec::new(),
+        }
     }
 
     /// Opens `parent` (a checked wire path; empty for the root) one component at a time without

@@ -7,7 +7,9 @@
 //! chunk boundary given the chaining values of the chunks before it.
 
 use crate::CHUNK;
-use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode};
+use blake3::hazmat::{
+    merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
+};
 use std::io::Read;
 
 /// Incremental hash of one file's data, in order, from any chunk boundary.
@@ -20,7 +22,12 @@ pub struct FileHasher {
 
 impl Default for FileHasher {
     fn default() -> Self {
-        FileHasher { size: 0, pos: 0, hasher: blake3::Hasher::new(), cvs: Vec::new() }
+        FileHasher {
+            size: 0,
+            pos: 0,
+            hasher: blake3::Hasher::new(),
+            cvs: Vec::new(),
+        }
     }
 }
 
@@ -141,15 +148,37 @@ mod tests {
     #[test]
     fn matches_blake3_for_many_sizes() {
         let c = CHUNK as usize;
-        for len in [0, 1, 1024, c - 1, c, c + 1, 2 * c, 3 * c + 5, 5 * c, 7 * c - 3] {
+        for len in [
+            0,
+            1,
+            1024,
+            c - 1,
+            c,
+            c + 1,
+            2 * c,
+            3 * c + 5,
+            5 * c,
+            7 * c - 3,
+        ] {
             let d = data(len);
             let mut h = FileHasher::default();
             h.start(len as u64, &[]);
             for piece in d.chunks(300_001) {
                 h.update(piece);
             }
-            assert_eq!(h.finish().unwrap(), *blake3::hash(&d).as_bytes(), "len {len}");
-            assert_eq!(h.chunk_hashes().len(), if has_chunks(len as u64) { len.div_ceil(c) } else { 0 });
+            assert_eq!(
+                h.finish().unwrap(),
+                *blake3::hash(&d).as_bytes(),
+                "len {len}"
+            );
+            assert_eq!(
+                h.chunk_hashes().len(),
+                if has_chunks(len as u64) {
+                    len.div_ceil(c)
+                } else {
+                    0
+                }
+            );
         }
     }
 

@@ -51,7 +51,11 @@ impl Entry {
 
     /// Bytes of this entry's encoding.
     pub fn encoded_len(&self) -> usize {
-        let target = if self.kind == EntryKind::Symlink { 2 + self.target.len() } else { 0 };
+        let target = if self.kind == EntryKind::Symlink {
+            2 + self.target.len()
+        } else {
+            0
+        };
         1 + 4 + 8 + 8 + 4 + 2 + self.path.len() + target
     }
 
@@ -91,8 +95,10 @@ impl Entry {
             return Err(TransferError::protocol("path length over 4096"));
         }
         let path = r.bytes(path_len)?;
-        check_path(path)
-            .map_err(|problem| TransferError::UnsafePath { path: lossy(path), problem })?;
+        check_path(path).map_err(|problem| TransferError::UnsafePath {
+            path: lossy(path),
+            problem,
+        })?;
         if mtime_nsec >= 1_000_000_000 {
             return Err(TransferError::protocol("mtime nanoseconds out of range"));
         }
@@ -108,7 +114,15 @@ impl Entry {
         } else {
             Vec::new()
         };
-        Ok(Entry { path: path.to_vec(), kind, size, mode, mtime, mtime_nsec, target })
+        Ok(Entry {
+            path: path.to_vec(),
+            kind,
+            size,
+            mode,
+            mtime,
+            mtime_nsec,
+            target,
+        })
     }
 }
 
@@ -205,11 +219,13 @@ pub fn check_tree(entries: &[Entry]) -> Result<Vec<u32>, TransferError> {
         let (a, b) = (&entries[pair[0] as usize], &entries[pair[1] as usize]);
         if a.path == b.path {
             let path = a.path_lossy();
-            return Err(if (a.kind == EntryKind::Dir) != (b.kind == EntryKind::Dir) {
-                TransferError::FileDirClash { path }
-            } else {
-                TransferError::DuplicatePath { path }
-            });
+            return Err(
+                if (a.kind == EntryKind::Dir) != (b.kind == EntryKind::Dir) {
+                    TransferError::FileDirClash { path }
+                } else {
+                    TransferError::DuplicatePath { path }
+                },
+            );
         }
     }
     for e in entries {
@@ -220,8 +236,16 @@ pub fn check_tree(entries: &[Entry]) -> Result<Vec<u32>, TransferError> {
                 .map(|pos| entries[order[pos] as usize].kind);
             match found {
                 Ok(EntryKind::Dir) => {}
-                Ok(_) => return Err(TransferError::FileDirClash { path: lossy(parent) }),
-                Err(_) => return Err(TransferError::MissingParent { path: e.path_lossy() }),
+                Ok(_) => {
+                    return Err(TransferError::FileDirClash {
+                        path: lossy(parent),
+                    })
+                }
+                Err(_) => {
+                    return Err(TransferError::MissingParent {
+                        path: e.path_lossy(),
+                    })
+                }
             }
         }
         if e.kind == EntryKind::Symlink && !symlink_target_inside(&e.path, &e.target) {
@@ -246,7 +270,11 @@ mod tests {
             mode: 0o644,
             mtime: 1,
             mtime_nsec: 2,
-            target: if kind == EntryKind::Symlink { b"x".to_vec() } else { Vec::new() },
+            target: if kind == EntryKind::Symlink {
+                b"x".to_vec()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -274,12 +302,24 @@ mod tests {
     #[test]
     fn tree_rules() {
         let dup = [entry("a", EntryKind::File), entry("a", EntryKind::File)];
-        assert!(matches!(check_tree(&dup), Err(TransferError::DuplicatePath { .. })));
+        assert!(matches!(
+            check_tree(&dup),
+            Err(TransferError::DuplicatePath { .. })
+        ));
         let clash = [entry("a", EntryKind::File), entry("a", EntryKind::Dir)];
-        assert!(matches!(check_tree(&clash), Err(TransferError::FileDirClash { .. })));
+        assert!(matches!(
+            check_tree(&clash),
+            Err(TransferError::FileDirClash { .. })
+        ));
         let under_file = [entry("a", EntryKind::File), entry("a/b", EntryKind::File)];
-        assert!(matches!(check_tree(&under_file), Err(TransferError::FileDirClash { .. })));
+        assert!(matches!(
+            check_tree(&under_file),
+            Err(TransferError::FileDirClash { .. })
+        ));
         let orphan = [entry("a/b", EntryKind::File)];
-        assert!(matches!(check_tree(&orphan), Err(TransferError::MissingParent { .. })));
+        assert!(matches!(
+            check_tree(&orphan),
+            Err(TransferError::MissingParent { .. })
+        ));
     }
 }

@@ -129,7 +129,10 @@ mod tests {
         assert_eq!(check_path(b"a\0b"), Err(PathProblem::Nul));
         assert_eq!(check_path(&[b'x'; 256]), Err(PathProblem::NameTooLong));
         let long: Vec<u8> = [&[b'x'; 200][..], b"/"].concat().repeat(21);
-        assert_eq!(check_path(&long[..long.len() - 1]), Err(PathProblem::PathTooLong));
+        assert_eq!(
+            check_path(&long[..long.len() - 1]),
+            Err(PathProblem::PathTooLong)
+        );
     }
 
     #[test]

@@ -50,7 +50,10 @@ impl<W: Write> PlainSink<W> {
 }
 
 fn too_big(len: usize, max: usize) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, format!("packet of {len} bytes over the limit of {max}"))
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        format!("packet of {len} bytes over the limit of {max}"),
+    )
 }
 
 impl<W: Write> PacketSink for PlainSink<W> {
@@ -62,7 +65,8 @@ impl<W: Write> PacketSink for PlainSink<W> {
             self.write_queued()?;
         }
         if 4 + payload.len() > QUEUE_LIMIT {
-            self.inner.write_all(&(payload.len() as u32).to_le_bytes())?;
+            self.inner
+                .write_all(&(payload.len() as u32).to_le_bytes())?;
             return self.inner.write_all(payload);
         }
         let q = self.queued;
@@ -137,7 +141,10 @@ impl<R: Read> PlainSource<R> {
                 if self.end == self.start {
                     return Ok(false);
                 }
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "stream cut inside a packet"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "stream cut inside a packet",
+                ));
             }
             self.end += got;
         }
@@ -150,10 +157,15 @@ impl<R: Read> PacketSource for PlainSource<R> {
         if !self.fill(4)? {
             return Ok(None);
         }
-        let len_bytes: [u8; 4] = self.buf[self.start..self.start + 4].try_into().expect("4 bytes");
+        let len_bytes: [u8; 4] = self.buf[self.start..self.start + 4]
+            .try_into()
+            .expect("4 bytes");
         let len = u32::from_le_bytes(len_bytes) as usize;
         if len > self.max_packet {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, too_big(len, self.max_packet)));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                too_big(len, self.max_packet),
+            ));
         }
         if !self.fill(4 + len)? {
             unreachable!("header already buffered");

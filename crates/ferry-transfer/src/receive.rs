@@ -90,7 +90,10 @@ pub fn receive<S: PacketSource, K: PacketSink>(
 ) -> Result<ReceiveReport, TransferError> {
     let result = receive_inner(source, sink, opts, accept, progress);
     if let Err(e) = &result {
-        if !matches!(e, TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)) {
+        if !matches!(
+            e,
+            TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)
+        ) {
             let mut msg = Vec::new();
             wire::encode_error(e, &mut msg);
             let _ = sink.send(&msg).and_then(|_| sink.flush());
@@ -104,10 +107,16 @@ fn recv_packet<S: PacketSource>(source: &mut S) -> Result<&mut [u8], TransferErr
 }
 
 /// Reads the offer and its manifest pages, checking bounds before any allocation.
-fn read_offer<S: PacketSource>(source: &mut S, opts: &ReceiveOptions) -> Result<(OfferHeader, Vec<Entry>), TransferError> {
+fn read_offer<S: PacketSource>(
+    source: &mut S,
+    opts: &ReceiveOptions,
+) -> Result<(OfferHeader, Vec<Entry>), TransferError> {
     let header = OfferHeader::decode(recv_packet(source)?)?;
     if header.entries > opts.max_entries {
-        return Err(TransferError::TooManyEntries { announced: header.entries, limit: opts.max_entries });
+        return Err(TransferError::TooManyEntries {
+            announced: header.entries,
+            limit: opts.max_entries,
+        });
     }
     // Grows with what actually arrives, never with what was announced.
     let mut entries = Vec::new();
@@ -128,10 +137,14 @@ fn read_offer<S: PacketSource>(source: &mut S, opts: &ReceiveOptions) -> Result<
         r.finish()?;
     }
     if Totals::of(&entries) != Some(header.totals) {
-        return Err(TransferError::protocol("offer totals do not match its manifest"));
+        return Err(TransferError::protocol(
+            "offer totals do not match its manifest",
+        ));
     }
     if *id.finalize().as_bytes() != header.offer_id {
-        return Err(TransferError::protocol("offer id does not match its manifest"));
+        return Err(TransferError::protocol(
+            "offer id does not match its manifest",
+        ));
     }
     Ok((header, entries))
 }
@@ -163,17 +176,31 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             if let Some(hash) = rec.done {
                 if let Some(h) = dest.rehash(e, i, true, &[], &mut scratch) {
                     if h.finish() == Some(hash) {
-                        held.insert(i, Held { chunks: h.chunk_hashes().to_vec(), complete: Some(hash) });
+                        held.insert(
+                            i,
+                            Held {
+                                chunks: h.chunk_hashes().to_vec(),
+                                complete: Some(hash),
+                            },
+                        );
                     }
                 }
             } else if !rec.chunks.is_empty() && has_chunks(e.size) {
                 if let Some(h) = dest.rehash(e, i, false, &rec.chunks, &mut scratch) {
-                    held.insert(i, Held { chunks: h.chunk_hashes().to_vec(), complete: None });
+                    held.insert(
+                        i,
+                        Held {
+                            chunks: h.chunk_hashes().to_vec(),
+                            complete: None,
+                        },
+                    );
                 }
             }
         }
     }
-    dest.check_conflicts(&entries, &order, |i| held.get(&i).is_some_and(|h| h.complete.is_some()))?;
+    dest.check_conflicts(&entries, &order, |i| {
+        held.get(&i).is_some_and(|h| h.complete.is_some())
+    })?;
 
     let resumable_bytes = held
         .iter()
@@ -182,8 +209,16 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             None => (h.chunks.len() as u64 * CHUNK).min(entries[*i as usize].size),
         })
         .sum();
-    let offer = Offer { totals: header.totals, offer_id: header.offer_id, entries: &entries, resumable_bytes };
-    let mut pstate = ProgressState { totals: header.totals, ..Default::default() };
+    let offer = Offer {
+        totals: header.totals,
+        offer_id: header.offer_id,
+        entries: &entries,
+        resumable_bytes,
+    };
+    let mut pstate = ProgressState {
+        totals: header.totals,
+        ..Default::default()
+    };
     progress.offer(&pstate);
     if !accept(&offer) {
         sink.send(&[wire::MSG_DECLINE])?;
@@ -209,7 +244,10 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         cur: None,
         hasher: FileHasher::default(),
         verified: 0,
-        report: ReceiveReport { totals: header.totals, ..Default::default() },
+        report: ReceiveReport {
+            totals: header.totals,
+            ..Default::default()
+        },
     };
     let result = rx.data(source, progress, &mut pstate);
     if let Err(e) = &result {
@@ -241,10 +279,14 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
 }
 
 /// Sends Accept and the resume pages describing `held`.
-fn send_accept<K: PacketSink>(sink: &mut K, held: &HashMap<u32, Held>) -> Result<(), TransferError> {
+fn send_accept<K: PacketSink>(
+    sink: &mut K,
+    held: &HashMap<u32, Held>,
+) -> Result<(), TransferError> {
     let mut ids: Vec<u32> = held.keys().copied().collect();
     ids.sort_unstable();
-    let max = wire::MAX_PAGE.min(crate::MAX_PACKET);
+    // Small pages fit any channel's packet limit; a long chunk list continues on the next page.
+    let max = 64 * 1024;
     let mut pages: Vec<Vec<u8>> = Vec::new();
     let mut page = Vec::new();
     let mut count = 0u32;
@@ -314,6 +356,8 @@ struct Current {
     size: u64,
     /// An earlier run's final file is being replaced.
     replace: bool,
+    /// The hash of an earlier run's file that the sender confirms without sending it.
+    confirm: Option<[u8; 32]>,
 }
 
 /// The data phase.
@@ -363,7 +407,9 @@ impl Incoming<'_> {
                     }
                     wire::REC_FINISH => {
                         if self.cur.is_some() || self.next_file_index().is_some() {
-                            return Err(TransferError::protocol("data ended before every file was sent"));
+                            return Err(TransferError::protocol(
+                                "data ended before every file was sent",
+                            ));
                         }
                         finished = true;
                     }
@@ -371,7 +417,9 @@ impl Incoming<'_> {
                 }
             }
             if let Some(state) = self.state.as_deref_mut() {
-                state.flush().map_err(|e| TransferError::file(state.dir().display().to_string(), e))?;
+                state
+                    .flush()
+                    .map_err(|e| TransferError::file(state.dir().display().to_string(), e))?;
             }
             pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
             pstate.bytes_resumed = self.report.bytes_resumed;
@@ -385,7 +433,10 @@ impl Incoming<'_> {
     }
 
     fn next_file_index(&self) -> Option<usize> {
-        self.entries[self.next_file..].iter().position(|e| e.kind == EntryKind::File).map(|p| p + self.next_file)
+        self.entries[self.next_file..]
+            .iter()
+            .position(|e| e.kind == EntryKind::File)
+            .map(|p| p + self.next_file)
     }
 
     fn start(&mut self, index: u32, offset: u64) -> Result<(), TransferError> {
@@ -393,7 +444,9 @@ impl Incoming<'_> {
             return Err(TransferError::protocol("file started inside another file"));
         }
         if self.next_file_index() != Some(index as usize) {
-            return Err(TransferError::protocol(format!("unexpected file index {index}")));
+            return Err(TransferError::protocol(format!(
+                "unexpected file index {index}"
+            )));
         }
         self.next_file = index as usize + 1;
         let e = &self.entries[index as usize];
@@ -404,22 +457,29 @@ impl Incoming<'_> {
         };
         let mut replace = false;
         let file = if complete.is_some() && offset == e.size {
-            self.hasher.start(e.size, kept);
+            // The sender agrees that the earlier run's file is whole: nothing to hash or write;
+            // its END must carry the hash this side verified.
+            self.hasher.start(e.size, &[]);
             None
         } else {
             // From the start, or from a chunk boundary within what this side kept.
             let k = if offset == 0 {
                 0
-            } else if complete.is_none() && offset % CHUNK == 0 || offset == e.size {
+            } else if complete.is_none() && offset.is_multiple_of(CHUNK) || offset == e.size {
                 (offset.div_ceil(CHUNK)) as usize
             } else {
                 usize::MAX
             };
             if k > kept.len() || (complete.is_some() && offset != 0) {
-                return Err(TransferError::protocol(format!("bad resume offset {offset}")));
+                return Err(TransferError::protocol(format!(
+                    "bad resume offset {offset}"
+                )));
             }
             replace = complete.is_some();
-            let logged = self.state.as_ref().is_some_and(|s| s.files.contains_key(&index));
+            let logged = self
+                .state
+                .as_ref()
+                .is_some_and(|s| s.files.contains_key(&index));
             if let Some(state) = self.state.as_deref_mut() {
                 if has_chunks(e.size) || logged {
                     state.log_start(index, k as u32);
@@ -430,19 +490,39 @@ impl Incoming<'_> {
         };
         self.report.bytes_resumed += offset;
         self.verified = self.hasher.chunk_hashes().len();
-        self.cur = Some(Current { index, file, pos: offset, size: e.size, replace });
+        let confirm = if file.is_none() { complete } else { None };
+        self.cur = Some(Current {
+            index,
+            file,
+            pos: offset,
+            size: e.size,
+            replace,
+            confirm,
+        });
         Ok(())
     }
 
     fn write(&mut self, data: &[u8]) -> Result<(), TransferError> {
-        let cur = self.cur.as_mut().ok_or_else(|| TransferError::protocol("data outside a file"))?;
+        let cur = self
+            .cur
+            .as_mut()
+            .ok_or_else(|| TransferError::protocol("data outside a file"))?;
         let e = &self.entries[cur.index as usize];
         let end = cur.pos + data.len() as u64;
         if end > cur.size {
-            return Err(TransferError::SizeMismatch { path: e.path_lossy(), declared: cur.size, sent: end, more: true });
+            return Err(TransferError::SizeMismatch {
+                path: e.path_lossy(),
+                declared: cur.size,
+                sent: end,
+                more: true,
+            });
         }
-        let file = cur.file.as_mut().ok_or_else(|| TransferError::protocol("data for a finished file"))?;
-        file.write_all(data).map_err(|err| TransferError::file(e.path_lossy(), err))?;
+        let file = cur
+            .file
+            .as_mut()
+            .ok_or_else(|| TransferError::protocol("data for a finished file"))?;
+        file.write_all(data)
+            .map_err(|err| TransferError::file(e.path_lossy(), err))?;
         self.hasher.update(data);
         cur.pos = end;
         self.report.bytes_received += data.len() as u64;
@@ -450,13 +530,18 @@ impl Incoming<'_> {
     }
 
     fn chunk(&mut self, chunk: u32, cv: &ChainingValue) -> Result<(), TransferError> {
-        let cur = self.cur.as_ref().ok_or_else(|| TransferError::protocol("chunk hash outside a file"))?;
+        let cur = self
+            .cur
+            .as_ref()
+            .ok_or_else(|| TransferError::protocol("chunk hash outside a file"))?;
         let e = &self.entries[cur.index as usize];
         if chunk as usize != self.verified || self.verified >= self.hasher.chunk_hashes().len() {
             return Err(TransferError::protocol("chunk hash out of order"));
         }
         if self.hasher.chunk_hashes()[self.verified] != *cv {
-            return Err(TransferError::Integrity { path: e.path_lossy() });
+            return Err(TransferError::Integrity {
+                path: e.path_lossy(),
+            });
         }
         self.verified += 1;
         if let Some(state) = self.state.as_deref_mut() {
@@ -466,16 +551,33 @@ impl Incoming<'_> {
     }
 
     fn end(&mut self, hash: &[u8; 32]) -> Result<(), TransferError> {
-        let cur = self.cur.as_ref().ok_or_else(|| TransferError::protocol("file end outside a file"))?;
+        let cur = self
+            .cur
+            .as_ref()
+            .ok_or_else(|| TransferError::protocol("file end outside a file"))?;
         let e = &self.entries[cur.index as usize];
         if cur.pos != cur.size {
-            return Err(TransferError::SizeMismatch { path: e.path_lossy(), declared: cur.size, sent: cur.pos, more: false });
+            return Err(TransferError::SizeMismatch {
+                path: e.path_lossy(),
+                declared: cur.size,
+                sent: cur.pos,
+                more: false,
+            });
         }
-        if self.verified != self.hasher.chunk_hashes().len() {
-            return Err(TransferError::protocol("file ended without all its chunk hashes"));
-        }
-        if self.hasher.finish().as_ref() != Some(hash) {
-            return Err(TransferError::Integrity { path: e.path_lossy() });
+        if let Some(confirmed) = cur.confirm {
+            if confirmed != *hash {
+                return Err(TransferError::Integrity {
+                    path: e.path_lossy(),
+                });
+            }
+        } else if self.verified != self.hasher.chunk_hashes().len() {
+            return Err(TransferError::protocol(
+                "file ended without all its chunk hashes",
+            ));
+        } else if self.hasher.finish().as_ref() != Some(hash) {
+            return Err(TransferError::Integrity {
+                path: e.path_lossy(),
+            });
         }
         let cur = self.cur.take().expect("checked above");
         if let Some(file) = cur.file {
@@ -494,7 +596,9 @@ impl Incoming<'_> {
             let e = &self.entries[cur.index as usize];
             let bad_data = matches!(
                 err,
-                TransferError::SizeMismatch { .. } | TransferError::Integrity { .. } | TransferError::Protocol(_)
+                TransferError::SizeMismatch { .. }
+                    | TransferError::Integrity { .. }
+                    | TransferError::Protocol(_)
             );
             if bad_data && cur.file.is_some() {
                 drop(cur.file);

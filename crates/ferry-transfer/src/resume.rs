@@ -74,11 +74,20 @@ impl PartialState {
         let out_bytes = out.as_os_str().as_bytes();
         header.extend_from_slice(&(out_bytes.len() as u32).to_le_bytes());
         header.extend_from_slice(out_bytes);
-        let mut state = PartialState { dir, header, file: None, pending: Vec::new(), files: HashMap::new() };
+        let mut state = PartialState {
+            dir,
+            header,
+            file: None,
+            pending: Vec::new(),
+            files: HashMap::new(),
+        };
         if let Ok(bytes) = fs::read(state.dir.join("state")) {
             if let Some(body) = bytes.strip_prefix(state.header.as_slice()) {
                 state.load(body, entries);
-                if let Ok(f) = OpenOptions::new().append(true).open(state.dir.join("state")) {
+                if let Ok(f) = OpenOptions::new()
+                    .append(true)
+                    .open(state.dir.join("state"))
+                {
                     state.file = Some(f);
                 }
             }
@@ -88,7 +97,11 @@ impl PartialState {
 
     fn load(&mut self, body: &[u8], entries: &[Entry]) {
         let mut r = Reader::new(body);
-        let file_entry = |i: u32| entries.get(i as usize).filter(|e| e.kind == EntryKind::File);
+        let file_entry = |i: u32| {
+            entries
+                .get(i as usize)
+                .filter(|e| e.kind == EntryKind::File)
+        };
         // A torn last record (the process was killed mid-write) just ends the log.
         while !r.is_empty() {
             let Ok(tag) = r.u8() else { break };

@@ -20,7 +20,9 @@ pub struct SendOptions {
 
 impl Default for SendOptions {
     fn default() -> Self {
-        SendOptions { max_packet: MAX_PACKET }
+        SendOptions {
+            max_packet: MAX_PACKET,
+        }
     }
 }
 
@@ -57,7 +59,10 @@ pub fn send<K: PacketSink, S: PacketSource>(
 ) -> Result<SendReport, TransferError> {
     let result = send_inner(sink, source, manifest, opts, progress);
     if let Err(e) = &result {
-        if !matches!(e, TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)) {
+        if !matches!(
+            e,
+            TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)
+        ) {
             let mut msg = Vec::new();
             wire::encode_error(e, &mut msg);
             let _ = sink.send(&msg).and_then(|_| sink.flush());
@@ -80,12 +85,19 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         return Err(TransferError::protocol("manifest has no local sources"));
     }
     let totals = totals_of(manifest)?;
-    let mut state = ProgressState { totals, ..Default::default() };
+    let mut state = ProgressState {
+        totals,
+        ..Default::default()
+    };
     progress.offer(&state);
 
     let mut msg = Vec::with_capacity(wire::MAX_PAGE.min(opts.max_packet));
-    OfferHeader { entries: manifest.entries.len() as u64, totals, offer_id: manifest.offer_id() }
-        .encode(&mut msg);
+    OfferHeader {
+        entries: manifest.entries.len() as u64,
+        totals,
+        offer_id: manifest.offer_id(),
+    }
+    .encode(&mut msg);
     sink.send(&msg)?;
     let mut next = 0;
     while next < manifest.entries.len() {
@@ -141,14 +153,17 @@ fn send_inner<K: PacketSink, S: PacketSource>(
 }
 
 fn totals_of(manifest: &Manifest) -> Result<crate::Totals, TransferError> {
-    crate::Totals::of(&manifest.entries).ok_or_else(|| TransferError::protocol("total size overflows"))
+    crate::Totals::of(&manifest.entries)
+        .ok_or_else(|| TransferError::protocol("total size overflows"))
 }
 
 /// After a failed write, the peer may have said why it stopped: prefer its error message.
 fn peer_error_or<S: PacketSource>(source: &mut S, e: io::Error) -> TransferError {
     if let Ok(Some(packet)) = source.recv() {
         let mut r = Reader::new(packet);
-        if let Err(remote @ TransferError::Remote { .. }) = wire::expect_type(&mut r, wire::MSG_DONE, "done") {
+        if let Err(remote @ TransferError::Remote { .. }) =
+            wire::expect_type(&mut r, wire::MSG_DONE, "done")
+        {
             return remote;
         }
     }
@@ -156,7 +171,10 @@ fn peer_error_or<S: PacketSource>(source: &mut S, e: io::Error) -> TransferError
 }
 
 /// Reads Accept (and its resume pages) or Decline, checking every claim against the manifest.
-fn read_answer<S: PacketSource>(source: &mut S, manifest: &Manifest) -> Result<HashMap<u32, Claim>, TransferError> {
+fn read_answer<S: PacketSource>(
+    source: &mut S,
+    manifest: &Manifest,
+) -> Result<HashMap<u32, Claim>, TransferError> {
     let packet = source.recv()?.ok_or(TransferError::UnexpectedEnd)?;
     let mut r = Reader::new(packet);
     let t = r.u8()?;
@@ -164,11 +182,18 @@ fn read_answer<S: PacketSource>(source: &mut S, manifest: &Manifest) -> Result<H
         wire::MSG_DECLINE => return Err(TransferError::Declined),
         wire::MSG_ERROR => return Err(wire::decode_error_body(&mut r)),
         wire::MSG_ACCEPT => {}
-        _ => return Err(TransferError::protocol(format!("expected accept, got message type {t}"))),
+        _ => {
+            return Err(TransferError::protocol(format!(
+                "expected accept, got message type {t}"
+            )))
+        }
     }
     let pages = r.u32()? as u64;
     r.finish()?;
-    let files = manifest.entries.iter().filter(|e| e.kind == EntryKind::File);
+    let files = manifest
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::File);
     let max_pages: u64 = files.map(|e| chunk_count(e.size)).sum();
     if pages > max_pages {
         return Err(TransferError::protocol("too many resume pages"));
@@ -205,14 +230,23 @@ fn read_answer<S: PacketSource>(source: &mut S, manifest: &Manifest) -> Result<H
                         Some(Claim::Complete(_)) => u64::MAX,
                         None => 0,
                     };
-                    if !has_chunks(entry.size) || first != have || first + n > chunk_count(entry.size) {
+                    if !has_chunks(entry.size)
+                        || first != have
+                        || first + n > chunk_count(entry.size)
+                    {
                         return Err(TransferError::protocol("bad resume chunk record"));
                     }
                     let bytes = r.bytes(n as usize * 32)?;
-                    let Claim::Chunks(cvs) = claims.entry(index).or_insert(Claim::Chunks(Vec::new())) else {
+                    let Claim::Chunks(cvs) =
+                        claims.entry(index).or_insert(Claim::Chunks(Vec::new()))
+                    else {
                         unreachable!("checked above");
                     };
-                    cvs.extend(bytes.chunks_exact(32).map(|c| <[u8; 32]>::try_from(c).expect("32")));
+                    cvs.extend(
+                        bytes
+                            .chunks_exact(32)
+                            .map(|c| <[u8; 32]>::try_from(c).expect("32")),
+                    );
                 }
                 wire::HELD_COMPLETE => {
                     if continuing {
@@ -271,7 +305,9 @@ impl Stream<'_> {
         let mut file = File::open(&self.manifest.sources[index]).map_err(err)?;
         let meta = file.metadata().map_err(err)?;
         if !meta.is_file() || meta.len() != size {
-            return Err(TransferError::SourceChanged { path: self.path(index) });
+            return Err(TransferError::SourceChanged {
+                path: self.path(index),
+            });
         }
         self.hasher.start(size, &[]);
         let mut pos = 0;
@@ -305,15 +341,28 @@ impl Stream<'_> {
         }
         self.report.bytes_resumed += pos;
         self.emitted = self.hasher.chunk_hashes().len();
-        self.cur = Some(Current { index, file: Some(file), size, pos, started: false });
+        self.cur = Some(Current {
+            index,
+            file: Some(file),
+            size,
+            pos,
+            started: false,
+        });
         Ok(())
     }
 
-    fn hash_prefix(&mut self, file: &mut File, len: u64, index: usize) -> Result<(), TransferError> {
+    fn hash_prefix(
+        &mut self,
+        file: &mut File,
+        len: u64,
+        index: usize,
+    ) -> Result<(), TransferError> {
         if self.scratch.is_empty() {
             self.scratch = vec![0; CHUNK as usize];
         }
-        self.hasher.update_from(file, len, &mut self.scratch).map_err(|e| TransferError::file(self.path(index), e))
+        self.hasher
+            .update_from(file, len, &mut self.scratch)
+            .map_err(|e| TransferError::file(self.path(index), e))
     }
 
     /// Fills `buf` with one data packet; returns its length. Sets `finished` after the last file.
@@ -323,7 +372,9 @@ impl Stream<'_> {
         c.put_u8(wire::MSG_DATA);
         loop {
             if self.cur.is_none() {
-                let next = self.manifest.entries[self.next_entry..].iter().position(|e| e.kind == EntryKind::File);
+                let next = self.manifest.entries[self.next_entry..]
+                    .iter()
+                    .position(|e| e.kind == EntryKind::File);
                 match next {
                     None => {
                         if c.room() >= 1 {
@@ -378,7 +429,9 @@ impl Stream<'_> {
                 if let Err(e) = file.read_exact(data) {
                     let index = cur.index;
                     return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                        TransferError::SourceChanged { path: self.path(index) }
+                        TransferError::SourceChanged {
+                            path: self.path(index),
+                        }
                     } else {
                         TransferError::file(self.path(index), e)
                     });

@@ -43,7 +43,11 @@ impl std::fmt::Display for WalkWarning {
                 target.display()
             ),
             WalkWarning::Special { path } => {
-                write!(f, "skipping {}: not a file, directory or symlink", path.display())
+                write!(
+                    f,
+                    "skipping {}: not a file, directory or symlink",
+                    path.display()
+                )
             }
             WalkWarning::BadName { path, problem } => {
                 write!(f, "skipping {}: {problem}", path.display())
@@ -72,7 +76,8 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
     let mut tops = HashSet::new();
     for arg in paths {
         let arg = arg.as_ref();
-        let meta = fs::metadata(arg).map_err(|e| TransferError::file(arg.display().to_string(), e))?;
+        let meta =
+            fs::metadata(arg).map_err(|e| TransferError::file(arg.display().to_string(), e))?;
         let name = match arg.file_name() {
             Some(n) => n.to_owned(),
             None => fs::canonicalize(arg)
@@ -91,26 +96,55 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
             problem,
         })?;
         if !tops.insert(name.clone()) {
-            return Err(TransferError::DuplicatePath { path: crate::error::lossy(&name) });
+            return Err(TransferError::DuplicatePath {
+                path: crate::error::lossy(&name),
+            });
         }
         let mut rel = name;
         if meta.is_dir() {
-            push(&mut out.manifest, &rel, EntryKind::Dir, &meta, Vec::new(), arg);
+            push(
+                &mut out.manifest,
+                &rel,
+                EntryKind::Dir,
+                &meta,
+                Vec::new(),
+                arg,
+            );
             walk_dir(arg, &mut rel, &mut out)?;
         } else if meta.is_file() {
-            push(&mut out.manifest, &rel, EntryKind::File, &meta, Vec::new(), arg);
+            push(
+                &mut out.manifest,
+                &rel,
+                EntryKind::File,
+                &meta,
+                Vec::new(),
+                arg,
+            );
         } else {
-            out.warnings.push(WalkWarning::Special { path: arg.to_owned() });
+            out.warnings.push(WalkWarning::Special {
+                path: arg.to_owned(),
+            });
         }
     }
     Ok(out)
 }
 
-fn push(m: &mut Manifest, rel: &[u8], kind: EntryKind, meta: &Metadata, target: Vec<u8>, src: &Path) {
+fn push(
+    m: &mut Manifest,
+    rel: &[u8],
+    kind: EntryKind,
+    meta: &Metadata,
+    target: Vec<u8>,
+    src: &Path,
+) {
     m.entries.push(Entry {
         path: rel.to_vec(),
         kind,
-        size: if kind == EntryKind::File { meta.len() } else { 0 },
+        size: if kind == EntryKind::File {
+            meta.len()
+        } else {
+            0
+        },
         mode: meta.mode() & MODE_MASK,
         mtime: meta.mtime(),
         mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
@@ -121,8 +155,11 @@ fn push(m: &mut Manifest, rel: &[u8], kind: EntryKind, meta: &Metadata, target: 
 
 fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), TransferError> {
     let err = |e| TransferError::file(dir.display().to_string(), e);
-    let mut children: Vec<_> = fs::read_dir(dir).map_err(err)?.collect::<Result<_, _>>().map_err(err)?;
-    children.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    let mut children: Vec<_> = fs::read_dir(dir)
+        .map_err(err)?
+        .collect::<Result<_, _>>()
+        .map_err(err)?;
+    children.sort_by_key(|c| c.file_name());
     for child in children {
         let path = child.path();
         let name = child.file_name();
@@ -134,22 +171,44 @@ fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), Transfe
             rel.truncate(base);
             continue;
         }
-        let meta =
-            fs::symlink_metadata(&path).map_err(|e| TransferError::file(path.display().to_string(), e))?;
+        let meta = fs::symlink_metadata(&path)
+            .map_err(|e| TransferError::file(path.display().to_string(), e))?;
         let ft = meta.file_type();
         if ft.is_dir() {
-            push(&mut out.manifest, rel, EntryKind::Dir, &meta, Vec::new(), &path);
+            push(
+                &mut out.manifest,
+                rel,
+                EntryKind::Dir,
+                &meta,
+                Vec::new(),
+                &path,
+            );
             walk_dir(&path, rel, out)?;
         } else if ft.is_file() {
-            push(&mut out.manifest, rel, EntryKind::File, &meta, Vec::new(), &path);
+            push(
+                &mut out.manifest,
+                rel,
+                EntryKind::File,
+                &meta,
+                Vec::new(),
+                &path,
+            );
         } else if ft.is_symlink() {
-            let target =
-                fs::read_link(&path).map_err(|e| TransferError::file(path.display().to_string(), e))?;
+            let target = fs::read_link(&path)
+                .map_err(|e| TransferError::file(path.display().to_string(), e))?;
             let t = target.as_os_str().as_bytes();
             if symlink_target_inside(rel, t) {
-                push(&mut out.manifest, rel, EntryKind::Symlink, &meta, t.to_vec(), &path);
+                push(
+                    &mut out.manifest,
+                    rel,
+                    EntryKind::Symlink,
+                    &meta,
+                    t.to_vec(),
+                    &path,
+                );
             } else {
-                out.warnings.push(WalkWarning::SymlinkOutside { path, target });
+                out.warnings
+                    .push(WalkWarning::SymlinkOutside { path, target });
             }
         } else {
             // Devices, fifos and sockets.

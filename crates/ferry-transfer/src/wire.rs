@@ -227,7 +227,9 @@ impl OfferHeader {
         expect_type(&mut r, MSG_OFFER, "offer")?;
         let version = r.u8()?;
         if version != VERSION {
-            return Err(TransferError::protocol(format!("unsupported offer version {version}")));
+            return Err(TransferError::protocol(format!(
+                "unsupported offer version {version}"
+            )));
         }
         let h = OfferHeader {
             entries: r.u64()?,
@@ -254,7 +256,9 @@ pub fn expect_type(r: &mut Reader<'_>, want: u8, what: &str) -> Result<(), Trans
     if got == MSG_ERROR {
         return Err(decode_error_body(r));
     }
-    Err(TransferError::protocol(format!("expected {what}, got message type {got}")))
+    Err(TransferError::protocol(format!(
+        "expected {what}, got message type {got}"
+    )))
 }
 
 /// Encodes an error message with the error's stable code.
@@ -295,7 +299,12 @@ mod tests {
     fn offer_round_trip_and_bounds() {
         let h = OfferHeader {
             entries: 3,
-            totals: crate::Totals { files: 1, dirs: 1, symlinks: 1, bytes: 9 },
+            totals: crate::Totals {
+                files: 1,
+                dirs: 1,
+                symlinks: 1,
+                bytes: 9,
+            },
             offer_id: [7; 32],
         };
         let mut buf = Vec::new();

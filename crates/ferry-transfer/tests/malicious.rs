@@ -32,14 +32,21 @@ fn dir(path: &[u8]) -> Entry {
 
 /// Runs a receiver against a fake sender that offers `entries` (announcing `announced` entries if
 /// given) and then sends `data` packets after the receiver accepts.
-fn attack(entries: Vec<Entry>, announced: Option<u64>, data: Vec<Vec<u8>>) -> (TempDir, TransferError) {
+fn attack(
+    entries: Vec<Entry>,
+    announced: Option<u64>,
+    data: Vec<Vec<u8>>,
+) -> (TempDir, TransferError) {
     let t = TempDir::new("evil");
     let out = t.join("out");
     let (a, b) = tcp_pair();
     let sender = std::thread::spawn(move || {
         let mut sink = PlainSink::new(a.try_clone().unwrap());
-        let mut source = PlainSource::new(a);
-        let m = Manifest { entries, sources: Vec::new() };
+        let mut source = PlainSource::new(a.try_clone().unwrap());
+        let m = Manifest {
+            entries,
+            sources: Vec::new(),
+        };
         let mut msg = Vec::new();
         let header = OfferHeader {
             entries: announced.unwrap_or(m.entries.len() as u64),
@@ -55,7 +62,9 @@ fn attack(entries: Vec<Entry>, announced: Option<u64>, data: Vec<Vec<u8>>) -> (T
         }
         sink.flush().unwrap();
         // Wait for the answer (an error message ends the attack).
-        let Ok(Some(answer)) = source.recv() else { return };
+        let Ok(Some(answer)) = source.recv() else {
+            return;
+        };
         if answer[0] != wire::MSG_ACCEPT {
             return;
         }
@@ -64,16 +73,27 @@ fn attack(entries: Vec<Entry>, announced: Option<u64>, data: Vec<Vec<u8>>) -> (T
                 return;
             }
         }
+        // End the stream cleanly at a packet boundary: whatever is missing is the sender's fault.
+        let _ = a.shutdown(std::net::Shutdown::Write);
         let _ = source.recv();
     });
     let mut sink = PlainSink::new(b.try_clone().unwrap());
     let mut source = PlainSource::new(b.try_clone().unwrap());
-    let r = receive(&mut source, &mut sink, &opts(&out, &t.join("cache")), &mut |_| true, &mut ());
+    let r = receive(
+        &mut source,
+        &mut sink,
+        &opts(&out, &t.join("cache")),
+        &mut |_| true,
+        &mut (),
+    );
     let _ = b.shutdown(std::net::Shutdown::Both);
     sender.join().unwrap();
     let err = r.expect_err("the receiver must refuse");
     // Nothing outside the destination: the temp root holds only `out` (and maybe `cache`).
-    let top: Vec<_> = listing(t.path()).into_iter().filter(|p| !p.contains('/')).collect();
+    let top: Vec<_> = listing(t.path())
+        .into_iter()
+        .filter(|p| !p.contains('/'))
+        .collect();
     assert!(top.iter().all(|p| p == "out" || p == "cache"), "{top:?}");
     (t, err)
 }
@@ -90,7 +110,10 @@ fn expect_unsafe(entries: Vec<Entry>, want: PathProblem) {
 #[test]
 fn dot_dot_is_refused() {
     expect_unsafe(vec![file(b"../evil", 0)], PathProblem::DotDot);
-    expect_unsafe(vec![dir(b"a"), file(b"a/../../evil", 0)], PathProblem::DotDot);
+    expect_unsafe(
+        vec![dir(b"a"), file(b"a/../../evil", 0)],
+        PathProblem::DotDot,
+    );
 }
 
 #[test]
@@ -105,7 +128,10 @@ fn nul_in_name_is_refused() {
 
 #[test]
 fn empty_and_dot_components_are_refused() {
-    expect_unsafe(vec![dir(b"a"), file(b"a//b", 0)], PathProblem::EmptyComponent);
+    expect_unsafe(
+        vec![dir(b"a"), file(b"a//b", 0)],
+        PathProblem::EmptyComponent,
+    );
     expect_unsafe(vec![file(b".", 0)], PathProblem::Dot);
     expect_unsafe(vec![file(&[b'x'; 256], 0)], PathProblem::NameTooLong);
 }
@@ -113,14 +139,20 @@ fn empty_and_dot_components_are_refused() {
 #[test]
 fn slash_in_name_without_parent_is_refused() {
     let (t, err) = attack(vec![file(b"a/b", 0)], None, Vec::new());
-    assert!(matches!(err, TransferError::MissingParent { .. }), "{err:?}");
+    assert!(
+        matches!(err, TransferError::MissingParent { .. }),
+        "{err:?}"
+    );
     assert!(listing(&t.join("out")).is_empty());
 }
 
 #[test]
 fn duplicate_names_are_refused() {
     let (t, err) = attack(vec![file(b"a", 1), file(b"a", 1)], None, Vec::new());
-    assert!(matches!(err, TransferError::DuplicatePath { .. }), "{err:?}");
+    assert!(
+        matches!(err, TransferError::DuplicatePath { .. }),
+        "{err:?}"
+    );
     assert!(listing(&t.join("out")).is_empty());
 }
 
@@ -138,7 +170,10 @@ fn escaping_symlink_is_refused() {
     let mut link = entry(b"d/l", EntryKind::Symlink, 0);
     link.target = b"../../outside".to_vec();
     let (t, err) = attack(vec![dir(b"d"), link], None, Vec::new());
-    assert!(matches!(err, TransferError::SymlinkEscapes { .. }), "{err:?}");
+    assert!(
+        matches!(err, TransferError::SymlinkEscapes { .. }),
+        "{err:?}"
+    );
     assert!(listing(&t.join("out")).is_empty());
 }
 
@@ -195,7 +230,9 @@ fn more_data_than_declared_is_refused() {
     let packet = data_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
     let (t, err) = attack(vec![file(b"f", 10)], None, vec![packet]);
     match err {
-        TransferError::SizeMismatch { declared, sent, .. } => assert_eq!((declared, sent), (10, 20)),
+        TransferError::SizeMismatch { declared, sent, .. } => {
+            assert_eq!((declared, sent), (10, 20))
+        }
         other => panic!("{other:?}"),
     }
     assert_no_final_and_no_temp(&t);
@@ -208,7 +245,9 @@ fn less_data_than_declared_is_refused() {
     let packet = data_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
     let (t, err) = attack(vec![file(b"f", 100)], None, vec![packet]);
     match err {
-        TransferError::SizeMismatch { declared, sent, .. } => assert_eq!((declared, sent), (100, 50)),
+        TransferError::SizeMismatch { declared, sent, .. } => {
+            assert_eq!((declared, sent), (100, 50))
+        }
         other => panic!("{other:?}"),
     }
     assert_no_final_and_no_temp(&t);
@@ -217,7 +256,12 @@ fn less_data_than_declared_is_refused() {
 #[test]
 fn wrong_hash_is_refused() {
     let content = [7u8; 50];
-    let packet = data_packet(&[&start(0), &bytes(&content), &end(&[0; 32]), &[wire::REC_FINISH]]);
+    let packet = data_packet(&[
+        &start(0),
+        &bytes(&content),
+        &end(&[0; 32]),
+        &[wire::REC_FINISH],
+    ]);
     let (t, err) = attack(vec![file(b"f", 50)], None, vec![packet]);
     assert!(matches!(err, TransferError::Integrity { .. }), "{err:?}");
     assert_no_final_and_no_temp(&t);

@@ -15,9 +15,22 @@ fn set_mtime(p: &Path, secs: u64, nanos: u32) {
 }
 
 fn assert_same_meta(a: &Path, b: &Path) {
-    let (ma, mb) = (fs::symlink_metadata(a).unwrap(), fs::symlink_metadata(b).unwrap());
-    assert_eq!(ma.mode() & 0o777, mb.mode() & 0o777, "mode of {}", b.display());
-    assert_eq!((ma.mtime(), ma.mtime_nsec()), (mb.mtime(), mb.mtime_nsec()), "mtime of {}", b.display());
+    let (ma, mb) = (
+        fs::symlink_metadata(a).unwrap(),
+        fs::symlink_metadata(b).unwrap(),
+    );
+    assert_eq!(
+        ma.mode() & 0o777,
+        mb.mode() & 0o777,
+        "mode of {}",
+        b.display()
+    );
+    assert_eq!(
+        (ma.mtime(), ma.mtime_nsec()),
+        (mb.mtime(), mb.mtime_nsec()),
+        "mtime of {}",
+        b.display()
+    );
 }
 
 #[test]
@@ -29,14 +42,17 @@ fn one_file_multi_chunk_with_mode_and_mtime() {
     fs::set_permissions(&src, fs::Permissions::from_mode(0o640)).unwrap();
     set_mtime(&src, 1_600_000_000, 123_456_789);
     let out = t.join("out");
-    let (s, r) = run(&[src.clone()], &opts(&out, &t.join("cache")));
+    let (s, r) = run(&[&src], &opts(&out, &t.join("cache")));
     let (s, r) = (s.unwrap(), r.unwrap());
     assert_eq!(s.bytes_sent, content.len() as u64);
     assert_eq!(r.bytes_received, content.len() as u64);
     assert_eq!(fs::read(out.join("big.bin")).unwrap(), content);
     assert_same_meta(&src, &out.join("big.bin"));
     assert_eq!(listing(&out), vec!["big.bin"]);
-    assert!(listing(&t.join("cache")).is_empty(), "partial state cleaned up");
+    assert!(
+        listing(&t.join("cache")).is_empty(),
+        "partial state cleaned up"
+    );
 }
 
 #[test]
@@ -45,7 +61,7 @@ fn empty_file() {
     let src = t.join("empty");
     fs::write(&src, b"").unwrap();
     let out = t.join("out");
-    let (s, r) = run(&[src], &opts(&out, &t.join("cache")));
+    let (s, r) = run(&[&src], &opts(&out, &t.join("cache")));
     s.unwrap();
     assert_eq!(r.unwrap().totals.files, 1);
     assert_eq!(fs::read(out.join("empty")).unwrap(), b"");
@@ -74,19 +90,34 @@ fn tree_with_odd_names_empty_dirs_modes_and_mtimes() {
     let exe = root.join("nested/deeper/deepest/run.sh");
     fs::write(&exe, b"#!/bin/sh\n").unwrap();
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
-    fs::set_permissions(root.join("nested/deeper/deepest"), fs::Permissions::from_mode(0o750)).unwrap();
+    fs::set_permissions(
+        root.join("nested/deeper/deepest"),
+        fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
     for (i, f) in files.iter().enumerate() {
         set_mtime(f, 1_500_000_000 + i as u64, i as u32 * 7);
     }
-    for (i, d) in ["nested/deeper/deepest", "nested/deeper", "nested/empty", "empty dir", "nested", ""]
-        .iter()
-        .enumerate()
+    for (i, d) in [
+        "nested/deeper/deepest",
+        "nested/deeper",
+        "nested/empty",
+        "empty dir",
+        "nested",
+        "",
+    ]
+    .iter()
+    .enumerate()
     {
-        set_mtime(&root.join(d), 1_400_000_000 + i as u64, 999_999_999 - i as u32);
+        set_mtime(
+            &root.join(d),
+            1_400_000_000 + i as u64,
+            999_999_999 - i as u32,
+        );
     }
 
     let out = t.join("out");
-    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    let (s, r) = run(&[&root], &opts(&out, &t.join("cache")));
     let s = s.unwrap();
     let r = r.unwrap();
     assert_eq!(r.totals.files, 305);
@@ -121,23 +152,38 @@ fn symlinks_inside_kept_outside_skipped() {
         .warnings
         .iter()
         .map(|w| match w {
-            WalkWarning::SymlinkOutside { path, .. } => path.file_name().unwrap().to_string_lossy().into_owned(),
+            WalkWarning::SymlinkOutside { path, .. } => {
+                path.file_name().unwrap().to_string_lossy().into_owned()
+            }
             other => panic!("unexpected warning {other}"),
         })
         .collect();
     assert_eq!(skipped, vec!["absolute", "escapes"]);
 
     let out = t.join("out");
-    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    let (s, r) = run(&[&root], &opts(&out, &t.join("cache")));
     s.unwrap();
     assert_eq!(r.unwrap().totals.symlinks, 3);
     assert_eq!(
         listing(&out),
-        vec!["top", "top/d", "top/d/file", "top/d/same-dir", "top/d/to-top", "top/d/up-and-down"]
+        vec![
+            "top",
+            "top/d",
+            "top/d/file",
+            "top/d/same-dir",
+            "top/d/to-top",
+            "top/d/up-and-down"
+        ]
     );
-    assert_eq!(fs::read_link(out.join("top/d/up-and-down")).unwrap(), Path::new("../d/file"));
+    assert_eq!(
+        fs::read_link(out.join("top/d/up-and-down")).unwrap(),
+        Path::new("../d/file")
+    );
     assert_eq!(fs::read(out.join("top/d/same-dir")).unwrap(), b"x");
-    assert!(fs::symlink_metadata(out.join("top/d/to-top")).unwrap().file_type().is_symlink());
+    assert!(fs::symlink_metadata(out.join("top/d/to-top"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
 
 #[test]
@@ -148,15 +194,13 @@ fn special_files_are_skipped_with_a_warning() {
     let fifo = root.join("pipe");
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: valid NUL-terminated path.
-    assert_eq!(unsafe { libc_mkfifo(c.as_ptr(), 0o600) }, 0);
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let walked = ferry_transfer::walk(&[&root]).unwrap();
-    assert!(matches!(&walked.warnings[..], [WalkWarning::Special { .. }]));
+    assert!(matches!(
+        &walked.warnings[..],
+        [WalkWarning::Special { .. }]
+    ));
     assert_eq!(walked.manifest.entries.len(), 1);
-}
-
-extern "C" {
-    #[link_name = "mkfifo"]
-    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
 }
 
 #[test]
@@ -170,18 +214,25 @@ fn existing_file_not_overwritten_without_flag() {
     fs::create_dir_all(out.join("top/sub")).unwrap();
     fs::write(out.join("top/sub/b"), b"old b").unwrap();
 
-    let (s, r) = run(&[root.clone()], &opts(&out, &t.join("cache")));
+    let (s, r) = run(&[&root], &opts(&out, &t.join("cache")));
     match r {
         Err(TransferError::Conflict { path }) => assert_eq!(path, "top/sub/b"),
         other => panic!("expected a conflict, got {other:?}"),
     }
-    assert!(matches!(s, Err(TransferError::Remote { ref code, .. }) if code == "conflict"), "{s:?}");
+    assert!(
+        matches!(s, Err(TransferError::Remote { ref code, .. }) if code == "conflict"),
+        "{s:?}"
+    );
     assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"old b");
-    assert_eq!(listing(&out), vec!["top", "top/sub", "top/sub/b"], "nothing written");
+    assert_eq!(
+        listing(&out),
+        vec!["top", "top/sub", "top/sub/b"],
+        "nothing written"
+    );
 
     let mut o = opts(&out, &t.join("cache"));
     o.overwrite = true;
-    let (s, r) = run(&[root], &o);
+    let (s, r) = run(&[&root], &o);
     s.unwrap();
     r.unwrap();
     assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"new b");
@@ -202,14 +253,17 @@ fn symlink_in_destination_is_never_followed() {
     for overwrite in [false, true] {
         let mut o = opts(&out, &t.join("cache"));
         o.overwrite = overwrite;
-        let (_, r) = run(&[root.clone()], &o);
+        let (_, r) = run(&[&root], &o);
         if !overwrite {
             assert!(matches!(r, Err(TransferError::Conflict { .. })), "{r:?}");
         } else {
             r.unwrap();
             assert!(fs::symlink_metadata(out.join("top/sub")).unwrap().is_dir());
         }
-        assert!(listing(&elsewhere).is_empty(), "nothing written through the symlink");
+        assert!(
+            listing(&elsewhere).is_empty(),
+            "nothing written through the symlink"
+        );
     }
 }
 
@@ -224,15 +278,30 @@ fn declined_offer_writes_nothing() {
     let sender = std::thread::spawn(move || {
         let mut sink = ferry_transfer::plain::PlainSink::new(a.try_clone().unwrap());
         let mut source = ferry_transfer::plain::PlainSource::new(a);
-        ferry_transfer::send(&mut sink, &mut source, &walked.manifest, &Default::default(), &mut ())
+        ferry_transfer::send(
+            &mut sink,
+            &mut source,
+            &walked.manifest,
+            &Default::default(),
+            &mut (),
+        )
     });
     let mut sink = ferry_transfer::plain::PlainSink::new(b.try_clone().unwrap());
     let mut source = ferry_transfer::plain::PlainSource::new(b);
-    let r = ferry_transfer::receive(&mut source, &mut sink, &opts(&out, &t.join("cache")), &mut |o| {
-        assert_eq!(o.totals.files, 1);
-        false
-    }, &mut ());
+    let r = ferry_transfer::receive(
+        &mut source,
+        &mut sink,
+        &opts(&out, &t.join("cache")),
+        &mut |o| {
+            assert_eq!(o.totals.files, 1);
+            false
+        },
+        &mut (),
+    );
     assert!(matches!(r, Err(TransferError::Declined)));
-    assert!(matches!(sender.join().unwrap(), Err(TransferError::Declined)));
+    assert!(matches!(
+        sender.join().unwrap(),
+        Err(TransferError::Declined)
+    ));
     assert!(listing(&out).is_empty());
 }

@@ -18,7 +18,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("ferry-test-{}-{}-{}", tag, std::process::id(), n));
+        let p =
+            std::env::temp_dir().join(format!("ferry-test-{}-{}-{}", tag, std::process::id(), n));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).unwrap();
         TempDir(p)
@@ -90,22 +91,40 @@ pub fn opts(out: &Path, cache: &Path) -> ReceiveOptions {
 
 /// Sends `paths` to a receiver with `ropts`; the sender's connection is cut after `cut` bytes.
 pub fn run_cut(
-    paths: &[PathBuf],
+    paths: &[&Path],
     ropts: &ReceiveOptions,
     cut: Option<usize>,
-) -> (Result<SendReport, TransferError>, Result<ReceiveReport, TransferError>) {
+) -> (
+    Result<SendReport, TransferError>,
+    Result<ReceiveReport, TransferError>,
+) {
     let (a, b) = tcp_pair();
     let walked = walk(paths).unwrap();
     let sender = std::thread::spawn(move || {
         let mut source = PlainSource::new(a.try_clone().unwrap());
         let r = match cut {
             Some(left) => {
-                let mut sink = PlainSink::new(CutWriter { inner: a.try_clone().unwrap(), left });
-                send(&mut sink, &mut source, &walked.manifest, &SendOptions::default(), &mut ())
+                let mut sink = PlainSink::new(CutWriter {
+                    inner: a.try_clone().unwrap(),
+                    left,
+                });
+                send(
+                    &mut sink,
+                    &mut source,
+                    &walked.manifest,
+                    &SendOptions::default(),
+                    &mut (),
+                )
             }
             None => {
                 let mut sink = PlainSink::new(a.try_clone().unwrap());
-                send(&mut sink, &mut source, &walked.manifest, &SendOptions::default(), &mut ())
+                send(
+                    &mut sink,
+                    &mut source,
+                    &walked.manifest,
+                    &SendOptions::default(),
+                    &mut (),
+                )
             }
         };
         let _ = a.shutdown(Shutdown::Both);
@@ -120,9 +139,12 @@ pub fn run_cut(
 
 /// Sends `paths` to a receiver with `ropts` over a healthy connection.
 pub fn run(
-    paths: &[PathBuf],
+    paths: &[&Path],
     ropts: &ReceiveOptions,
-) -> (Result<SendReport, TransferError>, Result<ReceiveReport, TransferError>) {
+) -> (
+    Result<SendReport, TransferError>,
+    Result<ReceiveReport, TransferError>,
+) {
     run_cut(paths, ropts, None)
 }
 

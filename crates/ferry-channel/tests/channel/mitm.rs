@@ -1,0 +1,218 @@
+//! A man in the middle makes authentication fail on both sides, never succeeds silently; an edited suite offer
+//! makes the handshake fail instead of downgrading it, because the offers are bound into the transcript.
+//!
+//! The attacker runs its own handshakes: it is the responder toward the real initiator and the initiator toward
+//! the real responder. Either it relays the authentication messages it decrypts on one leg into the other, or it
+//! authenticates itself with a code or identity of its own. An attacker that holds the right code is, to the
+//! protocol, the peer; that is what the code is for, so it is not a case here.
+
+use ferry_channel::{
+    Auth, ChannelError, Config, Established, Handshake, Role, Suite, FERRY_MAGIC, PROTOCOL_VERSION,
+};
+
+use crate::common::*;
+
+/// Decrypts what arrived on one leg and re-encrypts it for the other.
+fn relay(from: &mut Established, to: &mut Established, bytes: &[u8]) -> Vec<u8> {
+    let got = receive_available(&mut from.opener, bytes, usize::MAX);
+    assert!(
+        got.error.is_none(),
+        "the attacker's own legs work: {:?}",
+        got.error
+    );
+    seal_all(&mut to.sealer, &got.packets, false)
+}
+
+/// The real sides `a` and `b` through an attacker whose legs use `attacker` (suites and all) and no
+/// authentication of their own; it relays every authentication message both ways.
+fn through_relaying_attacker(
+    mut a: Handshake,
+    mut b: Handshake,
+    attacker: Config,
+) -> (HsResult, HsResult) {
+    let mut toward_a = responder(attacker.clone(), Auth::Unauthenticated);
+    let mut toward_b = initiator(attacker, Auth::Unauthenticated);
+    let (mut ea, e1) = pump(&mut a, &mut toward_a, |_, bytes| bytes);
+    let (e2, mut eb) = pump(&mut toward_b, &mut b, |_, bytes| bytes);
+    assert!(e1.is_none() && e2.is_none(), "the attacker's legs complete");
+    let (mut leg_a, mut leg_b) = (toward_a.finish().unwrap(), toward_b.finish().unwrap());
+    // The real sides' first authentication messages already sit in the legs' openers.
+    let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+    loop {
+        let to_b = relay(&mut leg_a, &mut leg_b, &from_a);
+        let to_a = relay(&mut leg_b, &mut leg_a, &from_b);
+        if to_a.is_empty() && to_b.is_empty() {
+            return (settle(a, ea), settle(b, eb));
+        }
+        if eb.is_none() && !to_b.is_empty() {
+            eb = b.feed(&to_b).err();
+        }
+        if ea.is_none() && !to_a.is_empty() {
+            ea = a.feed(&to_a).err();
+        }
+        (from_a, from_b) = (a.take_output(), b.take_output());
+    }
+}
+
+/// The real sides through an attacker that authenticates each leg itself.
+fn through_authenticating_attacker(
+    a: Handshake,
+    b: Handshake,
+    toward_a: Auth,
+    toward_b: Auth,
+) -> (HsResult, HsResult) {
+    let (a, _) = drive(a, responder(aes_config(), toward_a));
+    let (_, b) = drive(initiator(aes_config(), toward_b), b);
+    (a, b)
+}
+
+fn assert_both_fail(
+    (a, b): (HsResult, HsResult),
+    expected: impl Fn(&ChannelError) -> bool,
+    what: &str,
+) -> (ChannelError, ChannelError) {
+    let (ea, eb) = (expect_err(a, what), expect_err(b, what));
+    assert!(expected(&ea), "{what}: initiator failed with {ea:?}");
+    assert!(expected(&eb), "{what}: responder failed with {eb:?}");
+    (ea, eb)
+}
+
+#[test]
+fn relaying_attacker_fails_code_authentication_on_both_sides() {
+    let sides = (
+        initiator(aes_config(), code()),
+        responder(aes_config(), code()),
+    );
+    let result = through_relaying_attacker(sides.0, sides.1, aes_config());
+    assert_both_fail(
+        result,
+        |e| matches!(e, ChannelError::WrongCode),
+        "relayed PAKE",
+    );
+}
+
+#[test]
+fn relaying_attacker_fails_identity_authentication_on_both_sides() {
+    let sides = (
+        initiator(aes_config(), pinned(1, 2)),
+        responder(aes_config(), pinned(2, 1)),
+    );
+    let result = through_relaying_attacker(sides.0, sides.1, aes_config());
+    // The signatures are genuine but cover the other leg's transcript.
+    assert_both_fail(
+        result,
+        |e| matches!(e, ChannelError::Tampered),
+        "relayed signatures",
+    );
+}
+
+#[test]
+fn attacker_with_another_code_fails_on_both_sides() {
+    let other = || Auth::Code(b"7-amber-otter-viola".to_vec());
+    let sides = (
+        initiator(aes_config(), code()),
+        responder(aes_config(), code()),
+    );
+    let result = through_authenticating_attacker(sides.0, sides.1, other(), other());
+    assert_both_fail(
+        result,
+        |e| matches!(e, ChannelError::WrongCode),
+        "attacker's own code",
+    );
+}
+
+#[test]
+fn attacker_with_its_own_identity_fails_on_both_sides() {
+    let sides = (
+        initiator(aes_config(), pinned(1, 2)),
+        responder(aes_config(), pinned(2, 1)),
+    );
+    let own = || Auth::Identity {
+        key: identity(66),
+        pinned: None,
+    };
+    let result = through_authenticating_attacker(sides.0, sides.1, own(), own());
+    assert_both_fail(
+        result,
+        |e| matches!(e, ChannelError::IdentityMismatch),
+        "attacker's own identity",
+    );
+}
+
+/// The honest sides' authentication, for each mode.
+fn honest_auth() -> [(Auth, Auth); 2] {
+    [(code(), code()), (pinned(1, 2), pinned(2, 1))]
+}
+
+#[test]
+fn downgrading_attacker_fails_on_both_sides() {
+    for (auth_a, auth_b) in honest_auth() {
+        let sides = (
+            initiator(aes_config(), auth_a),
+            responder(aes_config(), auth_b),
+        );
+        // The attacker offers ChaCha20-Poly1305 only to both sides.
+        let result = through_relaying_attacker(sides.0, sides.1, chacha_config());
+        assert_both_fail(result, |_| true, "downgrade through a relaying attacker");
+    }
+}
+
+const SEED: u8 = 5;
+const GARBAGE: usize = 7;
+
+/// The initiator's offer, rewritten in flight to `offer` by an attacker that knows the initiator's ephemeral
+/// secret (stronger than any network attacker), within one session.
+fn with_rewritten_offer(offer: Vec<u8>, (auth_a, auth_b): (Auth, Auth)) -> (HsResult, HsResult) {
+    let mut rewriter = VersionRewriter::new(offer, SEED, GARBAGE, FERRY_MAGIC);
+    let a = fixed_handshake(Role::Initiator, aes_config(), auth_a, SEED, GARBAGE);
+    drive_via(a, responder(aes_config(), auth_b), |d, bytes| {
+        rewriter.edit(d, bytes)
+    })
+}
+
+fn unauthenticated() -> (Auth, Auth) {
+    (Auth::Unauthenticated, Auth::Unauthenticated)
+}
+
+fn offer(suites: u8) -> Vec<u8> {
+    vec![PROTOCOL_VERSION, suites, 1]
+}
+
+#[test]
+fn rewritten_suite_offer_fails_authentication_instead_of_downgrading() {
+    for auth in honest_auth() {
+        let result = with_rewritten_offer(offer(Suite::ChaCha20Poly1305.bit()), auth);
+        // Each side's authentication packets are sealed under keys bound to its own transcript.
+        assert_both_fail(result, is_rejection, "rewritten offer");
+    }
+}
+
+#[test]
+fn different_offers_give_different_transcripts() {
+    let both = Suite::ChaCha20Poly1305.bit() | Suite::Aes256Gcm.bit();
+    // Control: the rewriter re-seals the genuine offer; the sides agree and data flows.
+    let (a, b) = with_rewritten_offer(offer(both), unauthenticated());
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    assert_agree(&a, &b);
+    assert_round_trip(&mut a, &mut b, &[payload(1, 10)]);
+
+    // Without authentication both sides finish, each with its own view of the offers.
+    let (a, b) = with_rewritten_offer(offer(Suite::ChaCha20Poly1305.bit()), unauthenticated());
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.session_id, b.session_id, "same key agreement");
+    assert_ne!(
+        a.transcript, b.transcript,
+        "the offers are in the transcript"
+    );
+    assert_eq!(
+        (a.suite, b.suite),
+        (Suite::Aes256Gcm, Suite::ChaCha20Poly1305)
+    );
+    // And the keys derived from the two transcripts do not match: nothing gets through.
+    let wire = seal_all(&mut a.sealer, &[payload(1, 10)], true);
+    let got = receive(&mut b.opener, &wire, usize::MAX);
+    assert!(
+        got.packets.is_empty() && got.error.as_ref().is_some_and(is_rejection),
+        "{got:?}"
+    );
+}

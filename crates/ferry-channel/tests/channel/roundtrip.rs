@@ -1,0 +1,180 @@
+//! Two honest sides in memory: every suite with every authentication mode agrees on the session and carries
+//! data both ways exactly, across several rekey epochs, at the size limits, with decoys and extreme garbage.
+
+use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::{
+    Auth, Config, Established, Handshake, Role, Suite, BITCOIN_MAINNET_MAGIC, DEFAULT_MAX_PAYLOAD,
+    MAX_GARBAGE, REKEY_INTERVAL,
+};
+
+use crate::common::*;
+
+/// Packet sizes for one direction: more than two rekey epochs of mixed small packets, with the two extremes
+/// (empty and the 1 MiB maximum) in the middle of an epoch.
+fn epoch_spanning_payloads(salt: usize) -> Vec<Vec<u8>> {
+    const SIZES: [usize; 9] = [0, 1, 2, 15, 16, 17, 255, 1000, 4096];
+    let count = 2 * REKEY_INTERVAL as usize + 60;
+    let mut payloads: Vec<Vec<u8>> = (0..count)
+        .map(|i| payload(salt + i, SIZES[i % SIZES.len()]))
+        .collect();
+    payloads[300] = payload(salt, DEFAULT_MAX_PAYLOAD);
+    payloads[301] = Vec::new();
+    payloads[302] = vec![0xA5];
+    payloads
+}
+
+/// Both directions, then checks both sides' views of the session.
+fn exchange_both_ways(a: &mut Established, b: &mut Established) {
+    assert_round_trip(a, b, &epoch_spanning_payloads(0));
+    assert_round_trip(b, a, &epoch_spanning_payloads(10_000));
+}
+
+#[derive(Clone, Copy, Debug)]
+enum AuthMode {
+    Code,
+    Identity,
+}
+
+fn auth_pair(mode: AuthMode) -> (Auth, Auth) {
+    match mode {
+        AuthMode::Code => (code(), code()),
+        AuthMode::Identity => (pinned(1, 2), pinned(2, 1)),
+    }
+}
+
+/// Runs one (configs, auth mode) case and checks the negotiated suite.
+fn run_case(cfg_a: Config, cfg_b: Config, mode: AuthMode, expect: Suite) {
+    let (auth_a, auth_b) = auth_pair(mode);
+    let (mut a, mut b) = establish(initiator(cfg_a, auth_a), responder(cfg_b, auth_b));
+    assert_eq!(a.suite, expect, "{mode:?}");
+    match mode {
+        AuthMode::Code => assert_eq!((a.peer_identity, b.peer_identity), (None, None)),
+        AuthMode::Identity => {
+            assert_eq!(a.peer_identity, Some(identity(2).public()));
+            assert_eq!(b.peer_identity, Some(identity(1).public()));
+        }
+    }
+    exchange_both_ways(&mut a, &mut b);
+}
+
+#[test]
+fn every_suite_with_every_auth_mode_round_trips() {
+    let no_hw = config(
+        Suite::ChaCha20Poly1305.bit() | Suite::Aes256Gcm.bit(),
+        false,
+        17,
+    );
+    for mode in [AuthMode::Code, AuthMode::Identity] {
+        // ChaCha20-Poly1305 because one side offers only it.
+        run_case(aes_config(), chacha_config(), mode, Suite::ChaCha20Poly1305);
+        run_case(chacha_config(), aes_config(), mode, Suite::ChaCha20Poly1305);
+        // ChaCha20-Poly1305 because one side lacks AES instructions.
+        run_case(no_hw.clone(), aes_config(), mode, Suite::ChaCha20Poly1305);
+        run_case(aes_config(), no_hw.clone(), mode, Suite::ChaCha20Poly1305);
+        // AES-256-GCM when both offer it and both have the instructions.
+        run_case(aes_config(), aes_config(), mode, Suite::Aes256Gcm);
+    }
+}
+
+#[test]
+fn only_aes_offered_gives_aes_even_without_hardware() {
+    let aes_only = config(Suite::Aes256Gcm.bit(), false, 0);
+    run_case(aes_only.clone(), aes_only, AuthMode::Code, Suite::Aes256Gcm);
+}
+
+#[test]
+fn plain_bip324_mode_interoperates_with_itself() {
+    let cfg = Config::bip324(BITCOIN_MAINNET_MAGIC);
+    let (mut a, mut b) = establish(
+        initiator(cfg.clone(), Auth::Unauthenticated),
+        responder(cfg, Auth::Unauthenticated),
+    );
+    assert_eq!(a.suite, Suite::ChaCha20Poly1305);
+    exchange_both_ways(&mut a, &mut b);
+}
+
+#[test]
+fn garbage_of_zero_and_maximum_length() {
+    for (ga, gb) in [
+        (0, 0),
+        (0, MAX_GARBAGE),
+        (MAX_GARBAGE, 0),
+        (MAX_GARBAGE, MAX_GARBAGE),
+    ] {
+        let cfg = |g| {
+            config(
+                Suite::ChaCha20Poly1305.bit() | Suite::Aes256Gcm.bit(),
+                true,
+                g,
+            )
+        };
+        let (mut a, mut b) = establish(initiator(cfg(ga), code()), responder(cfg(gb), code()));
+        assert_round_trip(&mut a, &mut b, &[payload(1, 100)]);
+        assert_round_trip(&mut b, &mut a, &[payload(2, 100)]);
+    }
+}
+
+#[test]
+fn session_ids_differ_between_connections() {
+    let (a1, _) = establish(
+        initiator(aes_config(), code()),
+        responder(aes_config(), code()),
+    );
+    let (a2, _) = establish(
+        initiator(aes_config(), code()),
+        responder(aes_config(), code()),
+    );
+    assert_ne!(a1.session_id, a2.session_id);
+    assert_ne!(a1.transcript, a2.transcript);
+}
+
+/// Handshake decoys (from `Config::decoys`) and data-phase decoys (from `SecureWriter::send_decoy`) never reach
+/// the application, and do not disturb the packets around them.
+#[test]
+fn decoys_are_dropped_by_the_receiver() {
+    let mut cfg = aes_config();
+    cfg.decoys = vec![0, 1, 300, 4096];
+    let (a, b) = establish(initiator(cfg.clone(), code()), responder(cfg, code()));
+    let Established { sealer, .. } = a;
+    let mut writer = SecureWriter::new(Vec::new(), sealer);
+    let sent = [
+        payload(1, 10),
+        Vec::new(),
+        payload(2, 70_000),
+        payload(3, 1),
+    ];
+    writer.send_decoy(0).unwrap();
+    for (i, p) in sent.iter().enumerate() {
+        writer.send(p).unwrap();
+        writer.send_decoy(i * 1000).unwrap();
+    }
+    writer.send_decoy(DEFAULT_MAX_PAYLOAD).unwrap();
+    let wire = writer.close().unwrap();
+    let mut reader = SecureReader::new(&wire[..], b.opener);
+    for p in &sent {
+        assert_eq!(reader.recv().unwrap().map(|d| d.to_vec()).as_ref(), Some(p));
+    }
+    assert!(reader.recv().unwrap().is_none(), "only the close remains");
+}
+
+/// The handshake keeps application bytes that arrive in the same read as its last message.
+#[test]
+fn data_arriving_with_the_last_handshake_message_is_kept() {
+    let mut a = Handshake::new(Role::Initiator, aes_config(), Auth::Unauthenticated);
+    let mut b = Handshake::new(Role::Responder, aes_config(), Auth::Unauthenticated);
+    let (a_hello, b_hello) = (a.take_output(), b.take_output());
+    b.feed(&a_hello).unwrap();
+    a.feed(&b_hello).unwrap();
+    a.feed(&b.take_output()).unwrap();
+    // The responder gets the initiator's version packet and its first data packets in one read.
+    let mut tail = a.take_output();
+    let mut a = a
+        .finish()
+        .expect("an unauthenticated initiator is done after the version packet");
+    tail.extend(seal_all(&mut a.sealer, &[payload(5, 33)], true));
+    b.feed(&tail).unwrap();
+    let mut b = b.finish().unwrap();
+    let got = receive(&mut b.opener, &[], 1);
+    assert_eq!(got.packets, vec![payload(5, 33)]);
+    assert!(got.closed && got.error.is_none());
+}

@@ -1,0 +1,306 @@
+//! Shared helpers for the end-to-end tests: a private environment per test and real `ferry` processes.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The binary under test.
+pub fn ferry() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ferry"))
+}
+
+/// A private world for one test: its own rendezvous directory, cache and data directories.
+pub struct World {
+    pub dir: tempfile::TempDir,
+}
+
+impl World {
+    pub fn new() -> World {
+        // tmpfs when available: the ext4 disk here is slow and erratic.
+        let dir = match tempfile::Builder::new()
+            .prefix("ferry-test-")
+            .tempdir_in("/dev/shm")
+        {
+            Ok(d) => d,
+            Err(_) => tempfile::tempdir().expect("temp dir"),
+        };
+        for sub in ["runtime", "cache", "src", "out"] {
+            fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        }
+        fs::set_permissions(
+            dir.path().join("runtime"),
+            fs::Permissions::from_mode(0o700),
+        )
+        .expect("chmod");
+        World { dir }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn src(&self) -> PathBuf {
+        self.path("src")
+    }
+
+    pub fn out(&self) -> PathBuf {
+        self.path("out")
+    }
+
+    /// A `ferry` command in this world (no multicast, fast JSON progress).
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(ferry());
+        c.env("XDG_RUNTIME_DIR", self.path("runtime"))
+            .env("XDG_CACHE_HOME", self.path("cache"))
+            .env("FERRY_NO_DISCOVERY", "1")
+            .env("FERRY_PROGRESS_MS", "1")
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Starts `ferry send --json --code CODE PATHS...`.
+    pub fn spawn_send<P: AsRef<Path>>(&self, code: &str, paths: &[P]) -> Child {
+        self.cmd()
+            .arg("send")
+            .arg("--json")
+            .arg("--code")
+            .arg(code)
+            .args(paths.iter().map(|p| p.as_ref()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry send")
+    }
+
+    /// Starts `ferry receive --json --yes CODE --out OUT`.
+    pub fn spawn_receive(&self, code: &str, out: &Path) -> Child {
+        self.cmd()
+            .arg("receive")
+            .arg("--json")
+            .arg("--yes")
+            .arg(code)
+            .arg("--out")
+            .arg(out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry receive")
+    }
+
+    /// Sends `paths` with `code` and receives into `out`; returns both outputs.
+    pub fn transfer<P: AsRef<Path>>(
+        &self,
+        code: &str,
+        paths: &[P],
+        out: &Path,
+    ) -> (Output, Output) {
+        let send = finish_in_background(self.spawn_send(code, paths));
+        let recv = finish(self.spawn_receive(code, out));
+        (send.join().expect("send output"), recv)
+    }
+}
+
+/// Longest a test lets one `ferry` process run before killing it (a hang must fail, not stall CI).
+pub const PROCESS_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Kills a process with SIGKILL once it runs past [`PROCESS_DEADLINE`], unless told it ended.
+struct Watchdog {
+    ended: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn start(pid: libc::pid_t) -> Watchdog {
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = ended.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + PROCESS_DEADLINE;
+            while Instant::now() < deadline {
+                if flag.load(Ordering::SeqCst) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if !flag.load(Ordering::SeqCst) {
+                eprintln!("killing ferry process {pid}: it ran past the test deadline");
+                // SAFETY: kill(2) with a pid we spawned; at worst the process already exited.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        });
+        Watchdog { ended }
+    }
+
+    fn ended(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Collects a child's output (reading stdout and stderr while it runs), killing it after
+/// [`PROCESS_DEADLINE`].
+pub fn finish(child: Child) -> Output {
+    let watchdog = Watchdog::start(child.id() as libc::pid_t);
+    let out = child.wait_with_output().expect("wait for ferry");
+    watchdog.ended();
+    out
+}
+
+/// [`finish`] on another thread, so two processes' outputs are read at the same time.
+pub fn finish_in_background(child: Child) -> std::thread::JoinHandle<Output> {
+    std::thread::spawn(move || finish(child))
+}
+
+/// Parses JSON event lines.
+pub fn events(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+/// The first event named `name`.
+pub fn event<'a>(events: &'a [Value], name: &str) -> Option<&'a Value> {
+    events.iter().find(|e| e["event"] == name)
+}
+
+/// Panics with both sides' output unless `out` succeeded.
+pub fn assert_success(what: &str, out: &Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Reads JSON events from a running child's stdout until `stop` returns true for one; returns the reader.
+pub fn wait_for_event(
+    stdout: ChildStdout,
+    mut stop: impl FnMut(&Value) -> bool,
+) -> BufReader<ChildStdout> {
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).expect("read events");
+        assert!(n > 0, "process ended before the awaited event");
+        if let Ok(v) = serde_json::from_str::<Value>(&line) {
+            if stop(&v) {
+                return reader;
+            }
+        }
+    }
+}
+
+/// Asserts two trees are identical: names, kinds, contents, permission bits, mtimes, symlink targets.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    let ma = fs::symlink_metadata(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
+    let mb = fs::symlink_metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
+    assert_eq!(ma.file_type(), mb.file_type(), "kind of {}", b.display());
+    if ma.file_type().is_symlink() {
+        assert_eq!(
+            fs::read_link(a).unwrap(),
+            fs::read_link(b).unwrap(),
+            "target of {}",
+            b.display()
+        );
+        return;
+    }
+    assert_eq!(
+        ma.mode() & 0o7777,
+        mb.mode() & 0o7777,
+        "mode of {}",
+        b.display()
+    );
+    assert_eq!(
+        (ma.mtime(), ma.mtime_nsec()),
+        (mb.mtime(), mb.mtime_nsec()),
+        "mtime of {}",
+        b.display()
+    );
+    if ma.is_file() {
+        assert_eq!(ma.len(), mb.len(), "size of {}", b.display());
+        assert!(
+            fs::read(a).unwrap() == fs::read(b).unwrap(),
+            "contents of {}",
+            b.display()
+        );
+    } else if ma.is_dir() {
+        let names = |p: &Path| {
+            let mut v: Vec<_> = fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        let (na, nb) = (names(a), names(b));
+        assert_eq!(na, nb, "entries of {}", b.display());
+        for n in na {
+            assert_same_tree(&a.join(&n), &b.join(&n));
+        }
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift), fast enough for hundreds of MiB.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Sets a file's mtime to a fixed past moment with nanoseconds, so preservation is visible.
+pub fn set_mtime(path: &Path, secs: i64, nsec: i64) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: secs,
+            tv_nsec: nsec,
+        },
+        libc::timespec {
+            tv_sec: secs,
+            tv_nsec: nsec,
+        },
+    ];
+    // SAFETY: `c` is a valid NUL-terminated path and `times` has the two entries utimensat reads.
+    let rc = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    assert_eq!(rc, 0, "utimensat {}", path.display());
+}
+
+/// Names of everything under `dir`, recursively (for "nothing was written" checks).
+pub fn list_all(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd {
+            let p = e.unwrap().path();
+            out.push(p.clone());
+            if p.is_dir() && !p.is_symlink() {
+                out.extend(list_all(&p));
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,422 @@
+//! The relay benchmark behind `ferry bench relay`.
+//!
+//! Everything runs in this process on 127.0.0.1. The relay under test runs on its own thread
+//! with a single-threaded tokio runtime, so every instruction the relay executes (accept,
+//! pairing, forwarding, timers) runs on that one thread, and `getrusage(RUSAGE_THREAD)` taken on
+//! it before and after is exactly the relay's CPU (user + system, which is where splice works).
+//!
+//! Cases:
+//! - **throughput**: [`BenchOptions::bytes`] from one peer to the other through the relay
+//!   (splice, then copy), against the same bytes over a direct loopback TCP connection,
+//!   interleaved per run (direct, splice, copy), medians over [`BenchOptions::runs`].
+//! - **CPU per GiB**: the relay thread's CPU for each relayed transfer, scaled to 1 GiB.
+//! - **many sessions**: [`BenchOptions::sessions`] sessions held open at once (all senders
+//!   waiting, then all receivers paired, then each exchanges a small message both ways). Memory
+//!   is the whole process's (relay and clients share it), so it is an upper bound on the relay's.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::protocol::Hello;
+use crate::{connect, Forwarding, Relay, RelayConfig, RelayHandle, Role, Stats};
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Bytes per throughput transfer. Default: 1 GiB.
+    pub bytes: u64,
+    /// Interleaved runs per throughput case; medians are reported. Default: 5.
+    pub runs: usize,
+    /// Concurrent sessions in the many-sessions case. Default: 1000.
+    pub sessions: usize,
+    /// Bytes each side sends in one of the many sessions. Default: 4 KiB.
+    pub session_bytes: usize,
+    /// The relay's [`RelayConfig::buffer_size`]. Default: the config's default.
+    pub buffer_size: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            bytes: 1 << 30,
+            runs: 5,
+            sessions: 1000,
+            session_bytes: 4096,
+            buffer_size: RelayConfig::default().buffer_size,
+        }
+    }
+}
+
+/// One measured figure, shaped like `ferry-bench`'s `Row` so the CLI can convert it one to one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// Always `relay`.
+    pub bench: String,
+    /// What was measured.
+    pub case: String,
+    /// The measured value (median where there are runs).
+    pub value: f64,
+    /// Its unit.
+    pub unit: String,
+    /// The baseline in the same unit, measured in the same run, when one exists.
+    pub baseline: Option<f64>,
+    /// `value / baseline` (higher is better for rates).
+    pub ratio: Option<f64>,
+}
+
+impl BenchRow {
+    fn new(case: impl Into<String>, value: f64, unit: &str, baseline: Option<f64>) -> Self {
+        BenchRow {
+            bench: "relay".into(),
+            case: case.into(),
+            value,
+            unit: unit.into(),
+            baseline,
+            ratio: baseline.filter(|b| *b > 0.0).map(|b| value / b),
+        }
+    }
+}
+
+/// Runs every case and returns its rows. Sends traffic to 127.0.0.1 only.
+pub fn run(opts: &BenchOptions) -> io::Result<Vec<BenchRow>> {
+    let mut direct = Vec::new();
+    let mut endpoint_cpu = Vec::new();
+    let mut relayed = [Vec::new(), Vec::new()];
+    let mut cpu = [Vec::new(), Vec::new()];
+    let modes = [Forwarding::Splice, Forwarding::Copy];
+    for _ in 0..opts.runs.max(1) {
+        let (rate, secs) = direct_transfer(opts.bytes)?;
+        direct.push(rate);
+        endpoint_cpu.push(secs * (1u64 << 30) as f64 / opts.bytes as f64);
+        for (i, mode) in modes.into_iter().enumerate() {
+            let (rate, secs) = relayed_transfer(opts.bytes, mode, opts.buffer_size)?;
+            relayed[i].push(rate);
+            cpu[i].push(secs * (1u64 << 30) as f64 / opts.bytes as f64);
+        }
+    }
+    let base = median(&mut direct);
+    let mut rows = vec![
+        BenchRow::new("direct loopback TCP", base, "GB/s", None),
+        // What one loopback TCP hop costs both its ends (copies + stack), for scale: the relay
+        // terminates one hop and originates another, minus the two copies.
+        BenchRow::new(
+            "direct: sender + receiver CPU per GiB (reference)",
+            median(&mut endpoint_cpu),
+            "s/GiB",
+            None,
+        ),
+    ];
+    for (i, name) in ["splice", "copy"].into_iter().enumerate() {
+        rows.push(BenchRow::new(
+            format!("through relay ({name})"),
+            median(&mut relayed[i]),
+            "GB/s",
+            Some(base),
+        ));
+        rows.push(BenchRow::new(
+            format!("relay CPU per GiB ({name})"),
+            median(&mut cpu[i]),
+            "s/GiB",
+            None,
+        ));
+    }
+    rows.extend(many_sessions(opts.sessions, opts.session_bytes)?);
+    Ok(rows)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// A relay on its own thread and single-threaded runtime; joining yields its CPU seconds.
+struct BenchRelay {
+    addr: SocketAddr,
+    handle: RelayHandle,
+    thread: JoinHandle<io::Result<(Stats, f64)>>,
+}
+
+impl BenchRelay {
+    fn start(config: RelayConfig) -> io::Result<BenchRelay> {
+        let relay = Relay::bind("127.0.0.1:0", config)?;
+        let (addr, handle) = (relay.local_addr(), relay.shutdown_handle());
+        let thread = thread::Builder::new()
+            .name("bench-relay".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                let t0 = thread_cpu();
+                let stats = rt.block_on(relay.run())?;
+                Ok((stats, thread_cpu() - t0))
+            })?;
+        Ok(BenchRelay {
+            addr,
+            handle,
+            thread,
+        })
+    }
+
+    fn stop(self) -> io::Result<(Stats, f64)> {
+        self.handle.shutdown();
+        self.thread
+            .join()
+            .map_err(|_| io::Error::other("relay thread panicked"))?
+    }
+}
+
+/// CPU seconds (user + system) of the calling thread.
+fn thread_cpu() -> f64 {
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the duration of the call.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn bench_config(forwarding: Forwarding) -> RelayConfig {
+    RelayConfig {
+        forwarding,
+        print_stats: false,
+        max_sessions: 100_000,
+        max_handshakes: 100_000,
+        sessions_per_ip_per_minute: 1_000_000,
+        shutdown_grace: Duration::from_secs(1),
+        ..RelayConfig::default()
+    }
+}
+
+/// Writes `bytes` from a 1 MiB buffer, then half-closes; returns the thread's CPU seconds.
+fn pump(mut s: TcpStream, bytes: u64) -> io::Result<f64> {
+    let t0 = thread_cpu();
+    let buf = vec![0x5au8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        s.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    s.shutdown(Shutdown::Write)?;
+    Ok(thread_cpu() - t0)
+}
+
+/// Reads to end of stream; returns the byte count and the thread's CPU seconds.
+fn drain(mut s: TcpStream) -> io::Result<(u64, f64)> {
+    let t0 = thread_cpu();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        match s.read(&mut buf)? {
+            0 => return Ok((total, thread_cpu() - t0)),
+            n => total += n as u64,
+        }
+    }
+}
+
+/// Returns (GB/s, sending + receiving threads' CPU seconds).
+fn timed_transfer(tx: TcpStream, rx: TcpStream, bytes: u64) -> io::Result<(f64, f64)> {
+    let t0 = Instant::now();
+    let sender = thread::spawn(move || pump(tx, bytes));
+    let (got, rx_cpu) = drain(rx)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu = sender
+        .join()
+        .map_err(|_| io::Error::other("sender panicked"))??;
+    if got != bytes {
+        return Err(io::Error::other(format!("received {got} of {bytes} bytes")));
+    }
+    Ok((bytes as f64 / secs / 1e9, cpu + rx_cpu))
+}
+
+/// Returns (GB/s, sending + receiving threads' CPU seconds).
+fn direct_transfer(bytes: u64) -> io::Result<(f64, f64)> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let tx = TcpStream::connect(listener.local_addr()?)?;
+    let (rx, _) = listener.accept()?;
+    timed_transfer(tx, rx, bytes)
+}
+
+/// One transfer through a fresh relay; returns (GB/s, relay CPU seconds).
+fn relayed_transfer(bytes: u64, mode: Forwarding, buffer_size: usize) -> io::Result<(f64, f64)> {
+    let relay = BenchRelay::start(RelayConfig {
+        buffer_size,
+        ..bench_config(mode)
+    })?;
+    let addr = relay.addr;
+    let hash = [0xb5; 32];
+    let t = Duration::from_secs(30);
+    let rx = thread::spawn(move || connect(addr, Role::Receiver, hash, t));
+    let tx = connect(addr, Role::Sender, hash, t).map_err(io::Error::other)?;
+    let rx = rx
+        .join()
+        .map_err(|_| io::Error::other("receiver panicked"))?
+        .map_err(io::Error::other)?;
+    let (rate, _) = timed_transfer(tx, rx, bytes)?;
+    let (stats, cpu) = relay.stop()?;
+    if stats.bytes_forwarded != bytes {
+        return Err(io::Error::other("relay byte count mismatch"));
+    }
+    Ok((rate, cpu))
+}
+
+/// Async client hello for the many-sessions case (2,000 blocking threads would measure the
+/// scheduler, not the relay). Returns the stream once PAIRED.
+async fn async_pair(
+    addr: SocketAddr,
+    role: Role,
+    hash: [u8; 32],
+    registered: Option<tokio::sync::mpsc::Sender<()>>,
+) -> io::Result<tokio::net::TcpStream> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(&Hello { role, hash }.encode()).await?;
+    loop {
+        match s.read_u8().await? {
+            0 => {
+                if let Some(r) = &registered {
+                    let _ = r.send(()).await;
+                }
+            }
+            1 => return Ok(s),
+            e => return Err(io::Error::other(format!("relay status {e}"))),
+        }
+    }
+}
+
+async fn exchange(mut s: tokio::net::TcpStream, fill: u8, len: usize, peer: u8) -> io::Result<()> {
+    let (mut r, mut w) = s.split();
+    let out = vec![fill; len];
+    let write = async {
+        w.write_all(&out).await?;
+        w.shutdown().await
+    };
+    let read = async {
+        let mut got = Vec::with_capacity(len);
+        r.read_to_end(&mut got).await?;
+        if got.len() == len && got.iter().all(|b| *b == peer) {
+            Ok(())
+        } else {
+            Err(io::Error::other("session data mismatch"))
+        }
+    };
+    tokio::try_join!(write, read)?;
+    Ok(())
+}
+
+fn many_sessions(sessions: usize, len: usize) -> io::Result<Vec<BenchRow>> {
+    let limit = crate::raise_nofile_limit();
+    // Per session: two client sockets, two relay sockets, two pipes (four descriptors).
+    let sessions = sessions.min((limit.saturating_sub(256) / 8) as usize);
+    let rss0 = proc_status_kib("VmRSS:");
+    let relay = BenchRelay::start(bench_config(Forwarding::Splice))?;
+    let addr = relay.addr;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let t0 = Instant::now();
+    let (ok, peak_rss) = rt.block_on(async move {
+        let (reg_tx, mut reg_rx) = tokio::sync::mpsc::channel(sessions.max(1));
+        let mut tasks = Vec::with_capacity(sessions * 2);
+        for i in 0..sessions {
+            let hash = session_hash(i);
+            let reg = reg_tx.clone();
+            tasks.push(tokio::spawn(async move {
+                let s = async_pair(addr, Role::Sender, hash, Some(reg)).await?;
+                exchange(s, 1, len, 2).await
+            }));
+        }
+        drop(reg_tx);
+        // Every sender is waiting before any receiver arrives: all sessions exist at once.
+        for _ in 0..sessions {
+            reg_rx.recv().await;
+        }
+        let (held_tx, held_rx) = tokio::sync::watch::channel(false);
+        let mut paired = Vec::with_capacity(sessions);
+        for i in 0..sessions {
+            let hash = session_hash(i);
+            let (ptx, prx) = tokio::sync::oneshot::channel::<()>();
+            paired.push(prx);
+            let mut held = held_rx.clone();
+            tasks.push(tokio::spawn(async move {
+                let s = async_pair(addr, Role::Receiver, hash, None).await;
+                let _ = ptx.send(());
+                let s = s?;
+                // Hold every session open until all are paired, then exchange.
+                let _ = held.wait_for(|h| *h).await;
+                exchange(s, 2, len, 1).await
+            }));
+        }
+        for p in paired {
+            let _ = p.await;
+        }
+        let peak = proc_status_kib("VmRSS:");
+        held_tx.send_replace(true);
+        let mut ok = 0usize;
+        for t in tasks {
+            if matches!(t.await, Ok(Ok(()))) {
+                ok += 1;
+            }
+        }
+        (ok / 2, peak)
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    drop(rt);
+    let (stats, cpu) = relay.stop()?;
+    let hwm = proc_status_kib("VmHWM:");
+    let n = sessions as f64;
+    Ok(vec![
+        BenchRow::new(
+            format!("{sessions} concurrent sessions completed"),
+            ok as f64,
+            "sessions",
+            Some(n),
+        ),
+        BenchRow::new(
+            format!("{sessions} sessions: paired by relay"),
+            stats.paired_total as f64,
+            "sessions",
+            Some(n),
+        ),
+        BenchRow::new(format!("{sessions} sessions: wall time"), wall, "s", None),
+        BenchRow::new(format!("{sessions} sessions: relay CPU"), cpu, "s", None),
+        BenchRow::new(
+            format!("{sessions} sessions: process RSS growth at peak (relay + clients)"),
+            (peak_rss - rss0) as f64 / 1024.0,
+            "MiB",
+            None,
+        ),
+        BenchRow::new(
+            "process VmHWM after all cases (relay + clients)",
+            hwm as f64 / 1024.0,
+            "MiB",
+            None,
+        ),
+    ])
+}
+
+fn session_hash(i: usize) -> [u8; 32] {
+    let mut h = [0x33u8; 32];
+    h[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    h
+}
+
+/// A `kB` field of /proc/self/status, in KiB (0 if unreadable).
+fn proc_status_kib(field: &str) -> i64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}

@@ -1,0 +1,161 @@
+//! The ferry relay: the rendezvous + relay server behind `ferry relay`, and the client function
+//! `ferry send` / `ferry receive` use to reach a peer through it.
+//!
+//! Two peers that register under the same nameplate hash (one sender, one receiver) are paired,
+//! and from then on the relay forwards bytes both ways. It holds no keys: everything after the
+//! pairing is the peers' own encrypted, pseudorandom channel, so the relay learns only timing
+//! and volume (security property 9). Its memory, connections and idle time are all bounded.
+//!
+//! # Wire protocol
+//! The client sends a 34-byte hello `[version = 1][role: 1 sender, 2 receiver][hash: 32]`; the
+//! relay answers one status byte: `0 WAITING` (first side; later followed by `1 PAIRED`), `1
+//! PAIRED` (from the next byte on, a transparent pipe), or an error followed by a close: `2
+//! RATE_LIMITED`, `3 FULL`, `4 TIMEOUT`, `5 BAD_HELLO`, `6 TAKEN`. See [`protocol`].
+//!
+//! # Design
+//! - **One tokio runtime for everything.** Accept, hello, pairing, timers and forwarding are
+//!   tasks; sockets are non-blocking. A connection that never sends costs one task and one
+//!   descriptor until the hello timeout, a waiting one until the wait limit, and an idle paired
+//!   session holds no thread, so thousands of idle connections exhaust nothing. (A blocking
+//!   thread per direction would be simpler but costs two threads per session; readiness-driven
+//!   splice is as cheap per byte and scales with sessions, not threads.)
+//! - **Zero-copy forwarding.** Each direction splices socket → pipe → socket
+//!   (`SPLICE_F_MOVE`, and `SPLICE_F_MORE` when more data is known to follow), driven by
+//!   readiness through `TcpStream::try_io`. A fixed-buffer copy loop is the fallback, per
+//!   direction when the kernel refuses splice, or for every session with [`Forwarding::Copy`].
+//!   See the [`forward`] module notes for the `EAGAIN` subtlety.
+//! - **Half-close** is propagated: when one side shuts down its writing, the relay shuts down
+//!   writing towards the other side once everything is delivered; when both directions are done
+//!   both sockets close. An error in either direction closes both.
+//! - **Bounds** ([`RelayConfig`]): concurrent sessions (waiting + paired), outstanding hellos,
+//!   new sessions per source per minute (token bucket; an IPv6 source is its /64), idle time of
+//!   a paired session, wait for the second side, hello read time, and a fixed buffer per
+//!   direction (pipe capacity or copy buffer). Nothing grows with traffic.
+//! - **Pairing** is a table keyed by hash under one mutex: the second side hands its stream to
+//!   the first side's task through a oneshot channel, under the lock, so a wait that ends at the
+//!   same moment never loses a peer. A waiting client that hangs up leaves the table at once.
+//! - **Shutdown**: [`RelayHandle::shutdown`] stops accepting and closes waiting and handshaking
+//!   connections; paired sessions get [`RelayConfig::shutdown_grace`] to finish, then are closed.
+//!
+//! # Example
+//! ```
+//! use std::io::{Read, Write};
+//! use std::time::Duration;
+//! use ferry_relay::{connect, Relay, RelayConfig, Role};
+//!
+//! let config = RelayConfig { print_stats: false, ..RelayConfig::default() };
+//! let relay = Relay::bind("127.0.0.1:0", config).unwrap();
+//! let (addr, handle) = (relay.local_addr(), relay.shutdown_handle());
+//! let server = std::thread::spawn(move || relay.run_blocking());
+//!
+//! let hash = [42u8; 32]; // the nameplate hash both peers derive from the code
+//! let receiver = std::thread::spawn(move || {
+//!     let mut s = connect(addr, Role::Receiver, hash, Duration::from_secs(10)).unwrap();
+//!     let mut buf = [0u8; 5];
+//!     s.read_exact(&mut buf).unwrap();
+//!     buf
+//! });
+//! let mut s = connect(addr, Role::Sender, hash, Duration::from_secs(10)).unwrap();
+//! s.write_all(b"hello").unwrap();
+//! assert_eq!(&receiver.join().unwrap(), b"hello");
+//! drop(s); // both sides closed: the session ends
+//!
+//! handle.shutdown();
+//! let stats = server.join().unwrap().unwrap();
+//! assert_eq!(stats.paired_total, 1);
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod bench;
+mod client;
+pub mod forward;
+mod pairing;
+pub mod protocol;
+mod server;
+mod stats;
+
+use std::time::Duration;
+
+pub use client::{connect, RelayError};
+pub use forward::Forwarding;
+pub use protocol::Role;
+pub use server::{Relay, RelayHandle};
+pub use stats::Stats;
+
+/// Limits and behaviour of a relay. Every limit has a default meant for a public relay.
+#[derive(Clone, Debug)]
+pub struct RelayConfig {
+    /// How paired sessions move bytes. Default: [`Forwarding::Splice`].
+    pub forwarding: Forwarding,
+    /// Concurrent sessions, waiting plus paired; more get `FULL`. Default: 1024.
+    pub max_sessions: usize,
+    /// Accepted connections whose hello is not read yet; more are closed at once. Default: 1024.
+    pub max_handshakes: usize,
+    /// New sessions (valid hellos) per source address per minute, as a token bucket with this
+    /// burst; more get `RATE_LIMITED`. An IPv6 source is its /64. Default: 60.
+    pub sessions_per_ip_per_minute: u32,
+    /// A paired session with no byte either way for this long is closed. Default: 10 min.
+    pub idle_timeout: Duration,
+    /// How long the first side waits for the second before `TIMEOUT`. Default: 10 min.
+    pub max_wait: Duration,
+    /// How long a new connection has to send its hello. Default: 10 s.
+    pub hello_timeout: Duration,
+    /// Bytes buffered per direction of a paired session: the pipe capacity for splice (rounded
+    /// by the kernel to a power-of-two number of pages) or the copy buffer. The memory of a
+    /// session is at most twice this. Default: 256 KiB.
+    pub buffer_size: usize,
+    /// Period of the stats line on stderr; `None` for no periodic line. Default: 60 s.
+    pub stats_interval: Option<Duration>,
+    /// Whether to print stats lines at all (periodic and at shutdown). Default: true.
+    pub print_stats: bool,
+    /// After shutdown, how long paired sessions may keep forwarding before being closed.
+    /// Default: 5 s.
+    pub shutdown_grace: Duration,
+    /// Runtime worker threads for [`Relay::run_blocking`]; 0 means one per core. Default: 0.
+    pub worker_threads: usize,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            forwarding: Forwarding::Splice,
+            max_sessions: 1024,
+            max_handshakes: 1024,
+            sessions_per_ip_per_minute: 60,
+            idle_timeout: Duration::from_secs(600),
+            max_wait: Duration::from_secs(600),
+            hello_timeout: Duration::from_secs(10),
+            buffer_size: 256 * 1024,
+            stats_interval: Some(Duration::from_secs(60)),
+            print_stats: true,
+            shutdown_grace: Duration::from_secs(5),
+            worker_threads: 0,
+        }
+    }
+}
+
+/// Raises the soft open-file limit to the hard limit and returns the new soft limit.
+/// A relay holds up to six descriptors per session (two sockets, two pipes).
+pub fn raise_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit struct for the duration of both calls.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur
+}

@@ -1,0 +1,372 @@
+//! The relay server: accept, read the hello, pair, forward, and stop cleanly.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+
+use crate::forward::{self, Activity, Meter};
+use crate::pairing::{Join, RateLimiter, Rendezvous, SessionSlot, Ticket};
+use crate::protocol::{Hello, Status, HELLO_LEN};
+use crate::stats::{bump, Counters, Gauge, Stats};
+use crate::RelayConfig;
+
+/// State every task of one relay shares.
+struct Shared {
+    config: RelayConfig,
+    counters: Counters,
+    rendezvous: Rendezvous,
+    rate: RateLimiter,
+    /// Set once: stop accepting, close waiting and handshaking connections.
+    shutdown: watch::Sender<bool>,
+    /// Set after the grace period: close in-flight sessions too.
+    hard_stop: watch::Sender<bool>,
+    local_addr: SocketAddr,
+}
+
+/// A bound relay, ready to [`run`](Relay::run).
+pub struct Relay {
+    listener: StdListener,
+    shared: Arc<Shared>,
+}
+
+/// A cloneable handle to a relay: stop it and read its counters from any thread.
+#[derive(Clone)]
+pub struct RelayHandle {
+    shared: Arc<Shared>,
+}
+
+impl RelayHandle {
+    /// Stops the relay: no new connections, waiting sessions closed, paired sessions given
+    /// [`RelayConfig::shutdown_grace`] to finish. Idempotent; callable from any thread.
+    pub fn shutdown(&self) {
+        self.shared.shutdown.send_replace(true);
+    }
+
+    /// A snapshot of the relay's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// The address the relay listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// Waits for SIGINT or SIGTERM, then calls [`shutdown`](Self::shutdown). Spawn it next to
+    /// [`Relay::run`] on the same runtime.
+    pub async fn shutdown_on_signal(self) -> io::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        self.shutdown();
+        Ok(())
+    }
+}
+
+impl Relay {
+    /// Binds the listening socket (with a deep accept backlog) and raises the process's open file
+    /// limit to its hard limit, since every session holds up to six descriptors. Needs no runtime.
+    pub fn bind(addr: impl ToSocketAddrs, config: RelayConfig) -> io::Result<Relay> {
+        crate::raise_nofile_limit();
+        let listener = StdListener::bind(addr)?;
+        // SAFETY: the fd is a bound socket owned by `listener`; listen(2) on an already listening
+        // socket only changes its backlog (std's default of 128 drops bursts of connects).
+        unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            rendezvous: Rendezvous::new(config.max_sessions),
+            rate: RateLimiter::new(config.sessions_per_ip_per_minute),
+            counters: Counters::default(),
+            shutdown: watch::channel(false).0,
+            hard_stop: watch::channel(false).0,
+            local_addr,
+            config,
+        });
+        Ok(Relay { listener, shared })
+    }
+
+    /// The address the relay listens on (useful after binding port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.shared.local_addr
+    }
+
+    /// A handle to stop the relay and read its counters.
+    pub fn shutdown_handle(&self) -> RelayHandle {
+        RelayHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// A snapshot of the relay's counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.counters.snapshot()
+    }
+
+    /// Serves until [`RelayHandle::shutdown`], then waits for every connection to end (paired
+    /// sessions at most [`RelayConfig::shutdown_grace`]) and returns the final counters.
+    /// Must run inside a tokio runtime with I/O and time enabled.
+    pub async fn run(self) -> io::Result<Stats> {
+        let shared = self.shared;
+        let listener = TcpListener::from_std(self.listener)?;
+        let (alive, mut all_done) = mpsc::channel::<()>(1);
+        let printer = shared
+            .config
+            .stats_interval
+            .filter(|_| shared.config.print_stats)
+            .map(|every| {
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let mut tick =
+                        tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                    loop {
+                        tick.tick().await;
+                        eprintln!("{}", shared.counters.snapshot());
+                    }
+                })
+            });
+        let mut stop = shared.shutdown.subscribe();
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.wait_for(|s| *s) => break,
+                r = listener.accept() => r,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    bump(&shared.counters.connections_total);
+                    if shared
+                        .counters
+                        .handshaking
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                        >= shared.config.max_handshakes as u64
+                    {
+                        // Too many hellos outstanding: drop at once, spend nothing on it.
+                        bump(&shared.counters.refused_full);
+                        continue;
+                    }
+                    let shared = shared.clone();
+                    let alive = alive.clone();
+                    tokio::spawn(async move {
+                        handle_connection(&shared, stream, peer).await;
+                        drop(alive);
+                    });
+                }
+                // Out of descriptors or memory, or an aborted handshake: back off briefly rather
+                // than spin or die; existing sessions keep running.
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        drop(listener);
+        drop(alive);
+        let grace = shared.config.shutdown_grace;
+        if tokio::time::timeout(grace, all_done.recv()).await.is_err() {
+            shared.hard_stop.send_replace(true);
+            all_done.recv().await;
+        }
+        if let Some(p) = printer {
+            p.abort();
+        }
+        let stats = shared.counters.snapshot();
+        if shared.config.print_stats {
+            eprintln!("{stats}");
+        }
+        Ok(stats)
+    }
+
+    /// Builds a multi-threaded runtime ([`RelayConfig::worker_threads`]) and runs the relay on it.
+    pub fn run_blocking(self) -> io::Result<Stats> {
+        self.runtime()?.block_on(self.run())
+    }
+
+    /// Like [`run_blocking`](Self::run_blocking), and shuts down on SIGINT or SIGTERM.
+    pub fn run_blocking_until_signal(self) -> io::Result<Stats> {
+        let handle = self.shutdown_handle();
+        self.runtime()?.block_on(async move {
+            let signals = tokio::spawn(handle.shutdown_on_signal());
+            let r = self.run().await;
+            signals.abort();
+            r
+        })
+    }
+
+    fn runtime(&self) -> io::Result<tokio::runtime::Runtime> {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        if self.shared.config.worker_threads > 0 {
+            b.worker_threads(self.shared.config.worker_threads);
+        }
+        b.thread_name("ferry-relay").enable_all().build()
+    }
+}
+
+async fn handle_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    // Interactive traffic (the peers' handshakes) must not wait on Nagle at the relay.
+    let _ = stream.set_nodelay(true);
+    let mut stop = shared.shutdown.subscribe();
+    let (hello, stream) = {
+        let _g = Gauge::new(&shared.counters.handshaking);
+        let mut stream = stream;
+        let read = tokio::time::timeout(shared.config.hello_timeout, read_hello(&mut stream));
+        let r = tokio::select! {
+            r = read => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match r {
+            Ok(Ok(Some(hello))) => (hello, stream),
+            Ok(Ok(None)) => {
+                bump(&shared.counters.refused_bad_hello);
+                return refuse(stream, Status::BadHello).await;
+            }
+            // Timed out, or closed mid-hello: nothing worth answering.
+            Err(_) => return bump(&shared.counters.refused_bad_hello),
+            Ok(Err(_)) => return,
+        }
+    };
+    if !shared.rate.allow(peer.ip(), Instant::now()) {
+        bump(&shared.counters.refused_rate_limited);
+        return refuse(stream, Status::RateLimited).await;
+    }
+    match shared.rendezvous.join(&hello, stream) {
+        Join::HandedOver => {}
+        Join::Taken(s) => {
+            bump(&shared.counters.refused_taken);
+            refuse(s, Status::Taken).await
+        }
+        Join::Full(s) => {
+            bump(&shared.counters.refused_full);
+            refuse(s, Status::Full).await
+        }
+        Join::Registered(ticket, slot, s) => wait_for_peer(shared, ticket, slot, s).await,
+    }
+}
+
+/// Reads the hello; `Ok(None)` for a wrong version or role, checked on the first two bytes so
+/// garbage is refused without waiting for 34 bytes.
+async fn read_hello(stream: &mut TcpStream) -> io::Result<Option<Hello>> {
+    let mut buf = [0u8; HELLO_LEN];
+    stream.read_exact(&mut buf[..2]).await?;
+    if Hello::parse_prefix([buf[0], buf[1]]).is_none() {
+        return Ok(None);
+    }
+    stream.read_exact(&mut buf[2..]).await?;
+    Ok(Hello::parse(&buf))
+}
+
+/// Sends an error status, then closes (write side first, so the byte is not lost to a reset).
+async fn refuse(stream: TcpStream, status: Status) {
+    if send_status(&stream, status).await.is_ok() {
+        let _ = forward::shutdown_write(&stream);
+    }
+}
+
+/// Writes one status byte; a fresh socket always has room, the timeout guards the odd case.
+async fn send_status(stream: &TcpStream, status: Status) -> io::Result<()> {
+    let write = async {
+        loop {
+            match stream.try_write(&[status as u8]) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), write)
+        .await
+        .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
+}
+
+/// Resolves when the waiting client hangs up; pending until the wait ends otherwise. A client
+/// that sends early is left alone (its bytes stay queued for the peer).
+async fn hung_up(stream: &TcpStream) {
+    let mut b = [0u8; 1];
+    match stream.peek(&mut b).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
+    }
+}
+
+enum WaitEnd {
+    Peer(TcpStream),
+    Timeout,
+    Gone,
+}
+
+async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, stream: TcpStream) {
+    let waiting = Gauge::new(&shared.counters.waiting);
+    let mut ticket = ticket;
+    let end = if send_status(&stream, Status::Waiting).await.is_err() {
+        WaitEnd::Gone
+    } else {
+        let mut stop = shared.shutdown.subscribe();
+        tokio::select! {
+            r = &mut ticket.rx => r.map_or(WaitEnd::Gone, WaitEnd::Peer),
+            _ = tokio::time::sleep(shared.config.max_wait) => WaitEnd::Timeout,
+            _ = hung_up(&stream) => WaitEnd::Gone,
+            _ = stop.wait_for(|s| *s) => WaitEnd::Gone,
+        }
+    };
+    let peer = match end {
+        WaitEnd::Peer(p) => p,
+        _ if !shared.rendezvous.cancel(&ticket) => {
+            // A peer took the registration just as the wait ended: its stream is in the channel.
+            match ticket.rx.await {
+                Ok(p) => p,
+                Err(_) => return,
+            }
+        }
+        WaitEnd::Timeout => {
+            bump(&shared.counters.refused_timeout);
+            return refuse(stream, Status::Timeout).await;
+        }
+        WaitEnd::Gone => return,
+    };
+    drop(waiting);
+    if send_status(&stream, Status::Paired).await.is_err()
+        || send_status(&peer, Status::Paired).await.is_err()
+    {
+        return;
+    }
+    run_session(shared, stream, peer, slot).await;
+}
+
+/// Forwards a paired session until both sides are done, it idles out, or the relay hard-stops.
+async fn run_session(shared: &Arc<Shared>, a: TcpStream, b: TcpStream, slot: SessionSlot) {
+    let _slot = slot;
+    let _active = Gauge::new(&shared.counters.active);
+    bump(&shared.counters.paired_total);
+    let activity = Activity::new();
+    let meter = Meter {
+        bytes: &shared.counters.bytes_forwarded,
+        spliced: &shared.counters.spliced_directions,
+        copied: &shared.counters.copied_directions,
+        activity: &activity,
+    };
+    let cfg = &shared.config;
+    let fwd = forward::forward(&a, &b, cfg.forwarding, cfg.buffer_size, &meter);
+    tokio::pin!(fwd);
+    let mut hard = shared.hard_stop.subscribe();
+    loop {
+        let deadline = activity.last() + cfg.idle_timeout;
+        tokio::select! {
+            _ = &mut fwd => break,
+            _ = hard.wait_for(|s| *s) => break,
+            _ = tokio::time::sleep_until(deadline.into()) => {
+                if activity.last() + cfg.idle_timeout <= Instant::now() {
+                    bump(&shared.counters.idle_closed);
+                    break;
+                }
+            }
+        }
+    }
+    // Dropping both streams closes them; unread data makes the kernel reset, which is right for
+    // a session cut short.
+}
