@@ -5,6 +5,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod channel;
+pub mod relay;
 pub mod report;
+pub mod transfer;
 
 pub use report::{Report, Row};

@@ -2,12 +2,12 @@
 
 use anyhow::bail;
 use clap::Args;
-use ferry_bench::{channel, Report};
+use ferry_bench::{channel, relay, transfer, Report};
 
 /// Arguments of `ferry bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Layers to run: channel (default: all).
+    /// Layers to run: channel, transfer, relay (default: all).
     layers: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -41,7 +41,33 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
                 channel::run(&opts, &mut report);
             }
-            other => bail!("unknown benchmark layer {other:?} (known: channel)"),
+            "transfer" => {
+                let mut opts = if args.quick {
+                    transfer::Options::quick()
+                } else {
+                    transfer::Options::default()
+                };
+                if let Some(r) = args.runs {
+                    opts.runs = r.max(1);
+                }
+                let ferry = std::env::current_exe()?;
+                transfer::run(&opts, &ferry, &mut report)?;
+            }
+            "relay" => {
+                let mut opts = relay::BenchOptions::default();
+                if args.quick {
+                    opts.bytes = 64 << 20;
+                    opts.runs = 1;
+                    opts.sessions = 100;
+                }
+                if let Some(r) = args.runs {
+                    opts.runs = r.max(1);
+                }
+                for row in relay::run(&opts)? {
+                    report.push(row);
+                }
+            }
+            other => bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay)"),
         }
     }
     Ok(())

@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod channel_io;
 mod failure;
+mod relay_cmd;
 mod transfer_cmd;
 mod ui;
 
@@ -24,6 +25,8 @@ enum Command {
     Send(transfer_cmd::SendArgs),
     /// Receive what a sender offers under CODE.
     Receive(transfer_cmd::ReceiveArgs),
+    /// Run the rendezvous and relay server (sees only ciphertext).
+    Relay(relay_cmd::RelayArgs),
     /// Run the layered benchmark suite.
     Bench(bench::BenchArgs),
     /// Print shell completions.
@@ -41,11 +44,15 @@ fn main() -> ExitCode {
         _ => (false, ""),
     };
     let mut ui = ui::Ui::new(json, verb);
-    install_interrupt_handler(json);
+    if !matches!(cli.command, Command::Relay(_)) {
+        // The relay handles SIGINT/SIGTERM itself, to shut down cleanly.
+        install_interrupt_handler(json);
+    }
     let result = match cli.command {
         Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
             .and_then(|_| transfer_cmd::send(args, &mut ui)),
         Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
+        Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut std::io::stdout());

@@ -192,6 +192,7 @@ fn find_sender(code: &Code) -> anyhow::Result<SocketAddr> {
     let registry = registry()?;
     let hash = code.nameplate_hash();
     let deadline = Instant::now() + FIND_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
     loop {
         if let Some(addr) = registry.lookup(&hash)? {
             return Ok(addr);
@@ -203,7 +204,8 @@ fn find_sender(code: &Code) -> anyhow::Result<SocketAddr> {
             ))
             .into());
         }
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 

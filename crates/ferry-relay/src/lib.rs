@@ -67,7 +67,6 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod bench;
 mod client;
 pub mod forward;
 mod pairing;

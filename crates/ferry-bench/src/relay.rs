@@ -21,8 +21,10 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::protocol::Hello;
-use crate::{connect, Forwarding, Relay, RelayConfig, RelayHandle, Role, Stats};
+use ferry_relay::protocol::Hello;
+use ferry_relay::{connect, Forwarding, Relay, RelayConfig, RelayHandle, Role, Stats};
+
+use crate::report::{median, Row};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -51,38 +53,17 @@ impl Default for BenchOptions {
     }
 }
 
-/// One measured figure, shaped like `ferry-bench`'s `Row` so the CLI can convert it one to one.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BenchRow {
-    /// Always `relay`.
-    pub bench: String,
-    /// What was measured.
-    pub case: String,
-    /// The measured value (median where there are runs).
-    pub value: f64,
-    /// Its unit.
-    pub unit: String,
-    /// The baseline in the same unit, measured in the same run, when one exists.
-    pub baseline: Option<f64>,
-    /// `value / baseline` (higher is better for rates).
-    pub ratio: Option<f64>,
-}
-
-impl BenchRow {
-    fn new(case: impl Into<String>, value: f64, unit: &str, baseline: Option<f64>) -> Self {
-        BenchRow {
-            bench: "relay".into(),
-            case: case.into(),
-            value,
-            unit: unit.into(),
-            baseline,
-            ratio: baseline.filter(|b| *b > 0.0).map(|b| value / b),
-        }
+/// A row of this benchmark.
+fn row(case: impl Into<String>, value: f64, unit: &str, baseline: Option<f64>) -> Row {
+    let r = Row::new("relay", case, value, unit);
+    match baseline {
+        Some(b) => r.with_baseline(b),
+        None => r,
     }
 }
 
 /// Runs every case and returns its rows. Sends traffic to 127.0.0.1 only.
-pub fn run(opts: &BenchOptions) -> io::Result<Vec<BenchRow>> {
+pub fn run(opts: &BenchOptions) -> io::Result<Vec<Row>> {
     let mut direct = Vec::new();
     let mut endpoint_cpu = Vec::new();
     let mut relayed = [Vec::new(), Vec::new()];
@@ -100,10 +81,10 @@ pub fn run(opts: &BenchOptions) -> io::Result<Vec<BenchRow>> {
     }
     let base = median(&mut direct);
     let mut rows = vec![
-        BenchRow::new("direct loopback TCP", base, "GB/s", None),
+        row("direct loopback TCP", base, "GB/s", None),
         // What one loopback TCP hop costs both its ends (copies + stack), for scale: the relay
         // terminates one hop and originates another, minus the two copies.
-        BenchRow::new(
+        row(
             "direct: sender + receiver CPU per GiB (reference)",
             median(&mut endpoint_cpu),
             "s/GiB",
@@ -111,13 +92,13 @@ pub fn run(opts: &BenchOptions) -> io::Result<Vec<BenchRow>> {
         ),
     ];
     for (i, name) in ["splice", "copy"].into_iter().enumerate() {
-        rows.push(BenchRow::new(
+        rows.push(row(
             format!("through relay ({name})"),
             median(&mut relayed[i]),
             "GB/s",
             Some(base),
         ));
-        rows.push(BenchRow::new(
+        rows.push(row(
             format!("relay CPU per GiB ({name})"),
             median(&mut cpu[i]),
             "s/GiB",
@@ -126,15 +107,6 @@ pub fn run(opts: &BenchOptions) -> io::Result<Vec<BenchRow>> {
     }
     rows.extend(many_sessions(opts.sessions, opts.session_bytes)?);
     Ok(rows)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// A relay on its own thread and single-threaded runtime; joining yields its CPU seconds.
@@ -311,8 +283,8 @@ async fn exchange(mut s: tokio::net::TcpStream, fill: u8, len: usize, peer: u8) 
     Ok(())
 }
 
-fn many_sessions(sessions: usize, len: usize) -> io::Result<Vec<BenchRow>> {
-    let limit = crate::raise_nofile_limit();
+fn many_sessions(sessions: usize, len: usize) -> io::Result<Vec<Row>> {
+    let limit = ferry_relay::raise_nofile_limit();
     // Per session: two client sockets, two relay sockets, two pipes (four descriptors).
     let sessions = sessions.min((limit.saturating_sub(256) / 8) as usize);
     let rss0 = proc_status_kib("VmRSS:");
@@ -374,27 +346,27 @@ fn many_sessions(sessions: usize, len: usize) -> io::Result<Vec<BenchRow>> {
     let hwm = proc_status_kib("VmHWM:");
     let n = sessions as f64;
     Ok(vec![
-        BenchRow::new(
+        row(
             format!("{sessions} concurrent sessions completed"),
             ok as f64,
             "sessions",
             Some(n),
         ),
-        BenchRow::new(
+        row(
             format!("{sessions} sessions: paired by relay"),
             stats.paired_total as f64,
             "sessions",
             Some(n),
         ),
-        BenchRow::new(format!("{sessions} sessions: wall time"), wall, "s", None),
-        BenchRow::new(format!("{sessions} sessions: relay CPU"), cpu, "s", None),
-        BenchRow::new(
+        row(format!("{sessions} sessions: wall time"), wall, "s", None),
+        row(format!("{sessions} sessions: relay CPU"), cpu, "s", None),
+        row(
             format!("{sessions} sessions: process RSS growth at peak (relay + clients)"),
             (peak_rss - rss0) as f64 / 1024.0,
             "MiB",
             None,
         ),
-        BenchRow::new(
+        row(
             "process VmHWM after all cases (relay + clients)",
             hwm as f64 / 1024.0,
             "MiB",

@@ -1,0 +1,335 @@
+//! `ferry bench transfer`: the whole `ferry send` / `ferry receive` path against plaintext baselines.
+//!
+//! Data lives on tmpfs (`/dev/shm`) so the disk does not blur the figures.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Instant;
+
+use crate::report::{gbps, median, Report, Row};
+
+const BENCH: &str = "transfer";
+
+/// What to run and how big.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Samples per case (medians are reported).
+    pub runs: usize,
+    /// Size of the large file.
+    pub file_bytes: u64,
+    /// Number of small files (4-8 KiB, in 100 directories).
+    pub small_files: usize,
+    /// Size of the file for the memory case (a sparse file: it costs no memory to read).
+    pub rss_file_bytes: u64,
+    /// Number of files for the memory case.
+    pub rss_files: usize,
+    /// Where the data goes (a tmpfs).
+    pub scratch: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            runs: 5,
+            file_bytes: 1 << 30,
+            small_files: 10_000,
+            rss_file_bytes: 10 << 30,
+            rss_files: 100_000,
+            scratch: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+impl Options {
+    /// A short smoke run.
+    pub fn quick() -> Self {
+        Options {
+            runs: 1,
+            file_bytes: 64 << 20,
+            small_files: 1_000,
+            rss_file_bytes: 256 << 20,
+            rss_files: 2_000,
+            ..Options::default()
+        }
+    }
+}
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(base: &Path, name: &str) -> std::io::Result<Scratch> {
+        let dir = base.join(format!("ferry-bench-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for sub in ["runtime", "cache", "src", "out"] {
+            fs::create_dir_all(dir.join(sub))?;
+        }
+        Ok(Scratch(dir))
+    }
+
+    fn join(&self, p: &str) -> PathBuf {
+        self.0.join(p)
+    }
+
+    fn clear_out(&self) -> std::io::Result<()> {
+        let out = self.join("out");
+        fs::remove_dir_all(&out)?;
+        fs::create_dir_all(&out)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn fill_random(buf: &mut [u8], seed: &mut u64) {
+    for chunk in buf.chunks_mut(8) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        let b = seed.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+fn write_random_file(path: &Path, bytes: u64, mut seed: u64) -> std::io::Result<()> {
+    let mut f = fs::File::create(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        fill_random(&mut buf[..n], &mut seed);
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// `count` files of 4-8 KiB spread over 100 directories under `root`.
+fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut buf = vec![0u8; 8192];
+    let mut total = 0;
+    for i in 0..count {
+        let dir = root.join(format!("d{:03}", i % 100));
+        if i < 100 {
+            fs::create_dir_all(&dir)?;
+        }
+        fill_random(&mut buf, &mut seed);
+        let len = 4096 + (seed % 4097) as usize;
+        fs::write(dir.join(format!("f{i:06}")), &buf[..len])?;
+        total += len as u64;
+    }
+    Ok(total)
+}
+
+/// One `ferry send` + `ferry receive` run; returns seconds from the sender's start to the receiver's exit
+/// and both processes' peak RSS in KiB.
+fn cli_run(
+    ferry: &Path,
+    s: &Scratch,
+    paths: &[PathBuf],
+    nameplate: u32,
+) -> std::io::Result<(f64, u64, u64)> {
+    let code = format!("{nameplate}-apple-orbit-violin");
+    let cmd = |args: &[&str]| {
+        let mut c = Command::new(ferry);
+        c.args(args)
+            .env("XDG_RUNTIME_DIR", s.join("runtime"))
+            .env("XDG_CACHE_HOME", s.join("cache"))
+            .env("FERRY_NO_DISCOVERY", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    let start = Instant::now();
+    let mut send = cmd(&["send", "--code", &code]);
+    send.args(paths);
+    let send = send.spawn()?;
+    let out = s.join("out");
+    let recv = cmd(&[
+        "receive",
+        &code,
+        "--yes",
+        "--out",
+        out.to_str().expect("utf-8 scratch path"),
+    ])
+    .spawn()?;
+    let (recv_ok, recv_rss) = wait_rusage(recv)?;
+    let secs = start.elapsed().as_secs_f64();
+    let (send_ok, send_rss) = wait_rusage(send)?;
+    if !(recv_ok && send_ok) {
+        return Err(std::io::Error::other(
+            "ferry send/receive failed during the benchmark",
+        ));
+    }
+    Ok((secs, send_rss, recv_rss))
+}
+
+/// Waits for a child and returns (success, peak RSS in KiB) from wait4's rusage.
+fn wait_rusage(child: Child) -> std::io::Result<(bool, u64)> {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: rusage is plain data; zero is a valid value for every field.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child with valid pointers to `status` and `usage`.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // The Child handle must not wait again; it has no destructor that waits, so just forget it.
+    std::mem::forget(child);
+    Ok((
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        usage.ru_maxrss as u64,
+    ))
+}
+
+/// The plaintext baseline: the same file copied file → TCP → file over loopback by two threads with 1 MiB
+/// buffers and no encryption or hashing (what the fastest plaintext tools do).
+fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let src = src.to_path_buf();
+    let start = Instant::now();
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut sock = TcpStream::connect(addr)?;
+        let mut f = fs::File::open(src)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            sock.write_all(&buf[..n])?;
+        }
+    });
+    let (mut sock, _) = listener.accept()?;
+    let mut out = fs::File::create(dst)?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = sock.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+    }
+    sender.join().expect("copy thread")?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+fn size_name(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{} GiB", bytes >> 30)
+    } else {
+        format!("{} MiB", bytes >> 20)
+    }
+}
+
+/// Runs every transfer case; `ferry` is the binary to measure (normally the running one).
+pub fn run(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
+    large_file(opts, ferry, report)?;
+    small_files(opts, ferry, report)?;
+    memory(opts, ferry, report)?;
+    Ok(())
+}
+
+fn large_file(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
+    let s = Scratch::new(&opts.scratch, "large")?;
+    let src = s.join("src/big.bin");
+    write_random_file(&src, opts.file_bytes, 0x5eed)?;
+    let (mut plain, mut cli) = (Vec::new(), Vec::new());
+    for i in 0..opts.runs {
+        s.clear_out()?;
+        let t = plain_copy(&src, &s.join("out/copy.bin"))?;
+        plain.push(opts.file_bytes as f64 / t / 1e9);
+        s.clear_out()?;
+        let (t, _, _) = cli_run(ferry, &s, std::slice::from_ref(&src), 100 + i as u32)?;
+        cli.push(opts.file_bytes as f64 / t / 1e9);
+    }
+    let (plain, cli) = (median(&mut plain), median(&mut cli));
+    report.push(
+        Row::new(
+            BENCH,
+            format!(
+                "{} file, ferry send+receive vs plaintext TCP copy",
+                size_name(opts.file_bytes)
+            ),
+            cli,
+            "GB/s",
+        )
+        .with_baseline(plain),
+    );
+    Ok(())
+}
+
+fn small_files(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
+    let s = Scratch::new(&opts.scratch, "small")?;
+    let root = s.join("src/tree");
+    write_small_tree(&root, opts.small_files)?;
+    let mut cli = Vec::new();
+    for i in 0..opts.runs {
+        s.clear_out()?;
+        let (t, _, _) = cli_run(ferry, &s, std::slice::from_ref(&root), 200 + i as u32)?;
+        cli.push(opts.small_files as f64 / t);
+    }
+    report.push(Row::new(
+        BENCH,
+        format!("{} files of 4-8 KiB, ferry send+receive", opts.small_files),
+        median(&mut cli),
+        "files/s",
+    ));
+    Ok(())
+}
+
+fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
+    {
+        let s = Scratch::new(&opts.scratch, "rss-file")?;
+        let src = s.join("src/sparse.bin");
+        fs::File::create(&src)?.set_len(opts.rss_file_bytes)?;
+        let (t, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&src), 300)?;
+        let name = size_name(opts.rss_file_bytes);
+        report.push(Row::new(
+            BENCH,
+            format!("peak RSS, sender, {name} file"),
+            send_rss as f64 / 1024.0,
+            "MiB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("peak RSS, receiver, {name} file"),
+            recv_rss as f64 / 1024.0,
+            "MiB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("{name} file (sparse source), ferry send+receive"),
+            gbps(opts.rss_file_bytes, std::time::Duration::from_secs_f64(t)),
+            "GB/s",
+        ));
+    }
+    let s = Scratch::new(&opts.scratch, "rss-files")?;
+    let root = s.join("src/many");
+    write_small_tree(&root, opts.rss_files)?;
+    let (_, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&root), 301)?;
+    let n = opts.rss_files;
+    report.push(Row::new(
+        BENCH,
+        format!("peak RSS, sender, {n} files"),
+        send_rss as f64 / 1024.0,
+        "MiB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        format!("peak RSS, receiver, {n} files"),
+        recv_rss as f64 / 1024.0,
+        "MiB",
+    ));
+    Ok(())
+}
