@@ -138,6 +138,12 @@ pub fn classify(err: &anyhow::Error) -> Failure {
                 exit: 4,
             };
         }
+        if cause.downcast_ref::<ferry_relay::RelayError>().is_some() {
+            return Failure {
+                code: "relay",
+                exit: 4,
+            };
+        }
         if let Some(e) = cause.downcast_ref::<ChannelError>() {
             return channel_failure(e);
         }

@@ -7,7 +7,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod channel_io;
 mod failure;
+mod peer;
 mod relay_cmd;
+mod settings;
 mod transfer_cmd;
 mod ui;
 

@@ -1,27 +1,21 @@
 //! `ferry send` and `ferry receive`: find the peer, open the secure channel, run the transfer engine.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
-use ferry_channel::blocking::{self, split_tcp};
-use ferry_channel::{Auth, ChannelError, Config, Handshake, Role};
+use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{Code, NameplateHash};
 use ferry_transfer::{Offer, ReceiveOptions, SendOptions};
 use serde_json::json;
 
 use crate::channel_io::{ChannelSink, ChannelSource};
-use crate::failure::PeerNotFound;
+use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
+use crate::settings::Settings;
 use crate::ui::{human_bytes, Ui};
-
-/// How long a handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a receiver looks for its sender on this host.
-const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]
@@ -41,6 +35,12 @@ pub struct SendArgs {
     /// Address to listen on for the receiver (default: loopback, any free port).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Relay to meet the receiver through when no direct path works (also FERRY_RELAY, config `relay`).
+    #[arg(long, env = "FERRY_RELAY", value_name = "HOST:PORT")]
+    relay: Option<String>,
+    /// Use only the relay, no direct paths.
+    #[arg(long)]
+    force_relay: bool,
 }
 
 /// Arguments of `ferry receive`.
@@ -66,6 +66,12 @@ pub struct ReceiveArgs {
     /// Connect straight to the sender at this address (printed by `ferry send --listen`).
     #[arg(long, value_name = "ADDR")]
     peer: Option<SocketAddr>,
+    /// Relay to meet the sender through when no direct path works (also FERRY_RELAY, config `relay`).
+    #[arg(long, env = "FERRY_RELAY", value_name = "HOST:PORT")]
+    relay: Option<String>,
+    /// Use only the relay, no direct paths.
+    #[arg(long)]
+    force_relay: bool,
 }
 
 impl SendArgs {
@@ -87,41 +93,50 @@ impl ReceiveArgs {
     }
 }
 
-fn registry() -> anyhow::Result<LocalRegistry> {
-    LocalRegistry::open_default().context("cannot open the same-host rendezvous directory")
+fn peer_options(
+    relay: Option<String>,
+    force_relay: bool,
+    no_discovery: bool,
+) -> anyhow::Result<PeerOptions> {
+    let settings = Settings::load()?;
+    Ok(PeerOptions {
+        relay: relay.filter(|r| !r.is_empty()).or(settings.relay),
+        force_relay,
+        no_discovery: no_discovery || settings.no_discovery.unwrap_or(false),
+    })
+}
+
+/// Reports how the peer was reached.
+fn report_path(ui: &Ui, c: &Connected) {
+    let how = match c.path {
+        "relay" => format!("through the relay {}", c.peer),
+        "same-host" => format!("directly on this host ({})", c.peer),
+        _ => format!("directly ({})", c.peer),
+    };
+    ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
+    ui.event(
+        "connected",
+        json!({ "path": c.path, "peer": c.peer, "suite": c.established.suite.name() }),
+    );
 }
 
 /// Runs `ferry send`.
 pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let walked = ferry_transfer::walk(&args.paths)?;
-    let registry = registry()?;
+    let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
     let code = match &args.code {
         Some(c) => c.parse::<Code>()?,
-        None => Code::generate(|n| !registry.is_taken(&NameplateHash::of(n))),
+        None => {
+            let registry = LocalRegistry::open_default()?;
+            Code::generate(|n| !registry.is_taken(&NameplateHash::of(n)))
+        }
     };
-    let listener = TcpListener::bind(
-        args.listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-    )
-    .context("cannot listen for the receiver")?;
-    let addr = listener.local_addr()?;
-    let _announcement = registry
-        .announce(&code.nameplate_hash(), addr)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                anyhow::anyhow!(
-                "nameplate {} is in use by another ferry send on this host; choose another code",
-                code.nameplate()
-            )
-            } else {
-                anyhow::Error::new(e).context("cannot announce on this host")
-            }
-        })?;
+    let rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
 
     let totals = walked.manifest.totals();
     ui.event(
         "code",
-        json!({ "code": code.to_string(), "listen": addr.to_string() }),
+        json!({ "code": code.to_string(), "listen": rendezvous.listen.map(|a| a.to_string()), "relay": opts.relay }),
     );
     for w in &walked.warnings {
         ui.warn(&w.to_string());
@@ -132,22 +147,20 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         human_bytes(totals.bytes),
         totals.dirs,
     ));
-    if args.listen.is_some() {
+    if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
         ui.info(&format!(
-            "Listening on {addr} (receiver: ferry receive --peer ADDR {code})"
+            "Listening on {addr} (from another machine: ferry receive --peer {addr} {code})"
         ));
     }
-    let _ = args.no_discovery; // Multicast discovery is not used by this build; nothing to turn off.
 
-    let (stream, est) = accept_peer(&listener, &code, ui)?;
-    ui.info(&format!(
-        "Connected to {} (direct, {})",
-        stream.peer_addr()?,
-        est.suite.name()
-    ));
-    ui.event("connected", json!({ "path": "direct", "peer": stream.peer_addr()?.to_string(), "suite": est.suite.name() }));
-    let max_packet = est.sealer.max_payload().min(ferry_transfer::MAX_PACKET);
-    let (reader, writer) = split_tcp(stream, est)?;
+    let connected = rendezvous.accept(&code, ui)?;
+    report_path(ui, &connected);
+    let max_packet = connected
+        .established
+        .sealer
+        .max_payload()
+        .min(ferry_transfer::MAX_PACKET);
+    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
     ferry_transfer::send(
         &mut sink,
@@ -160,90 +173,20 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits for the receiver: the first connection that completes the PAKE. A wrong code ends the send (one
-/// guess per code); connections that do not speak ferry are dropped and waiting goes on.
-fn accept_peer(
-    listener: &TcpListener,
-    code: &Code,
-    ui: &Ui,
-) -> anyhow::Result<(TcpStream, ferry_channel::Established)> {
-    loop {
-        let (mut stream, peer) = listener.accept()?;
-        stream.set_nodelay(true).ok();
-        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let hs = Handshake::new(
-            Role::Responder,
-            Config::ferry(),
-            Auth::Code(code.password()),
-        );
-        match blocking::handshake(&mut stream, hs) {
-            Ok(est) => {
-                stream.set_read_timeout(None)?;
-                return Ok((stream, est));
-            }
-            Err(ChannelError::WrongCode) => return Err(ChannelError::WrongCode.into()),
-            Err(e) => ui.warn(&format!("dropped a connection from {peer}: {e}")),
-        }
-    }
-}
-
-/// Finds the sender of `code` on this host, waiting a little for it to appear.
-fn find_sender(code: &Code) -> anyhow::Result<SocketAddr> {
-    let registry = registry()?;
-    let hash = code.nameplate_hash();
-    let deadline = Instant::now() + FIND_TIMEOUT;
-    let mut pause = Duration::from_millis(2);
-    loop {
-        if let Some(addr) = registry.lookup(&hash)? {
-            return Ok(addr);
-        }
-        if Instant::now() >= deadline {
-            return Err(PeerNotFound(format!(
-                "no sender for nameplate {} found on this host (is `ferry send` running? give --peer ADDR for another machine)",
-                code.nameplate()
-            ))
-            .into());
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
-}
-
 /// Runs `ferry receive`.
 pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let code: Code = args.code.parse()?;
-    let _ = args.no_discovery; // Multicast discovery is not used by this build; nothing to turn off.
-    let addr = match args.peer {
-        Some(a) => a,
-        None => find_sender(&code)?,
-    };
-    let mut stream = TcpStream::connect(addr)
-        .map_err(|e| PeerNotFound(format!("cannot reach the sender at {addr}: {e}")))?;
-    stream.set_nodelay(true).ok();
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let hs = Handshake::new(
-        Role::Initiator,
-        Config::ferry(),
-        Auth::Code(code.password()),
-    );
-    let est = blocking::handshake(&mut stream, hs)?;
-    stream.set_read_timeout(None)?;
-    ui.info(&format!(
-        "Connected to {addr} (direct, {})",
-        est.suite.name()
-    ));
-    ui.event(
-        "connected",
-        json!({ "path": "direct", "peer": addr.to_string(), "suite": est.suite.name() }),
-    );
+    let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
+    let connected = receiver_connect(&code, &opts, args.peer, ui)?;
+    report_path(ui, &connected);
 
-    let (reader, writer) = split_tcp(stream, est)?;
+    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
-    let mut opts = ReceiveOptions::new(&args.out);
-    opts.overwrite = args.overwrite;
+    let mut ropts = ReceiveOptions::new(&args.out);
+    ropts.overwrite = args.overwrite;
     let (yes, json) = (args.yes, ui.is_json());
     let mut accept = |offer: &Offer<'_>| accept_offer(offer, yes, json);
-    ferry_transfer::receive(&mut source, &mut sink, &opts, &mut accept, ui)?;
+    ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui)?;
     sink.0.close()?;
     Ok(())
 }

@@ -1,0 +1,52 @@
+//! `$XDG_CONFIG_HOME/ferry/config.toml`: defaults that flags and environment variables override.
+//!
+//! ```toml
+//! relay = "relay.example.net:7440"   # used when neither --relay nor FERRY_RELAY is given
+//! no_discovery = true                # same as FERRY_NO_DISCOVERY=1
+//! ```
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+/// Settings read from the config file; every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Default relay, `HOST:PORT`.
+    pub relay: Option<String>,
+    /// Keep multicast discovery off.
+    pub no_discovery: Option<bool>,
+}
+
+/// Largest config file read.
+const MAX_CONFIG: u64 = 64 << 10;
+
+/// The config directory: `$XDG_CONFIG_HOME/ferry` or `~/.config/ferry`.
+pub fn config_dir() -> Option<PathBuf> {
+    match std::env::var_os("XDG_CONFIG_HOME") {
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d).join("ferry")),
+        _ => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config/ferry")),
+    }
+}
+
+impl Settings {
+    /// Reads the config file; a missing file gives the defaults, a broken one a clear error.
+    pub fn load() -> anyhow::Result<Settings> {
+        let Some(path) = config_dir().map(|d| d.join("config.toml")) else {
+            return Ok(Settings::default());
+        };
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Settings::default()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+            Ok(m) if m.len() > MAX_CONFIG => {
+                anyhow::bail!("{} is larger than 64 KiB", path.display())
+            }
+            Ok(_) => {}
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+}
