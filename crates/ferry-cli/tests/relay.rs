@@ -1,0 +1,406 @@
+//! End to end through a real `ferry relay` process on loopback: transfers with `--force-relay`, what the
+//! relay (or anyone on its path) can see, its limits as the client reports them, and resume across a relay
+//! restart.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+
+/// A `ferry relay` child, killed on drop.
+struct RelayProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_relay(w: &World, listen: &str, extra: &[&str]) -> RelayProcess {
+    let mut child = w
+        .cmd()
+        .args(["relay", "--listen", listen, "--stats-interval", "0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry relay");
+    let mut lines = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    lines.read_line(&mut line).expect("relay banner");
+    let addr = line
+        .trim()
+        .rsplit(' ')
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("unexpected relay banner {line:?}"));
+    // Keep draining stderr so the relay never blocks on it.
+    std::thread::spawn(move || {
+        let mut sink = String::new();
+        let _ = lines.read_to_string(&mut sink);
+    });
+    RelayProcess { child, addr }
+}
+
+/// Sends `paths` and receives into `out`, both with `--force-relay` through `relay`.
+fn relayed(
+    w: &World,
+    relay: &str,
+    code: &str,
+    paths: &[&Path],
+    out: &Path,
+) -> (std::process::Output, std::process::Output) {
+    let mut send = w.cmd();
+    send.args([
+        "send",
+        "--json",
+        "--force-relay",
+        "--relay",
+        relay,
+        "--code",
+        code,
+    ])
+    .args(paths)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let send = finish_in_background(send.spawn().unwrap());
+    let recv = w
+        .cmd()
+        .args([
+            "receive",
+            "--json",
+            "--yes",
+            "--force-relay",
+            "--relay",
+            relay,
+            code,
+            "--out",
+        ])
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let recv = finish(recv);
+    (send.join().unwrap(), recv)
+}
+
+#[test]
+fn file_of_256_mib_and_5000_small_files_arrive_through_the_relay() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let relay_addr = relay.addr.to_string();
+    let big = w.src().join("big.bin");
+    fs::write(&big, pseudo_random(256 << 20, 9)).unwrap();
+    let tree = w.src().join("small");
+    for i in 0..5000 {
+        let d = tree.join(format!("d{}", i % 50));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(
+            d.join(format!("f{i}")),
+            pseudo_random(100 + i % 3000, i as u64),
+        )
+        .unwrap();
+    }
+    let (send, recv) = relayed(
+        &w,
+        &relay_addr,
+        "51-apple-orbit-violin",
+        &[&big, &tree],
+        &w.out(),
+    );
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    for out in [&send, &recv] {
+        let ev = events(&out.stdout);
+        assert_eq!(
+            event(&ev, "connected").unwrap()["path"],
+            "relay",
+            "each side says which path it uses"
+        );
+    }
+    assert_same_tree(&big, &w.out().join("big.bin"));
+    set_mtime(&tree, 1_700_000_000, 0);
+    set_mtime(&w.out().join("small"), 1_700_000_000, 0);
+    assert_same_tree(&tree, &w.out().join("small"));
+}
+
+/// Forwards one connection to `upstream` and records every byte in both directions.
+fn recording_proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Mutex<Vec<u8>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let record = Arc::new(Mutex::new(Vec::new()));
+    let rec = record.clone();
+    std::thread::spawn(move || {
+        let (client, _) = listener.accept().unwrap();
+        let server = TcpStream::connect(upstream).unwrap();
+        let pump = |mut from: TcpStream, mut to: TcpStream, rec: Arc<Mutex<Vec<u8>>>| {
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match from.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    rec.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                let _ = to.shutdown(Shutdown::Write);
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            rec.clone(),
+        );
+        let b = pump(server, client, rec);
+        let _ = a.join();
+        let _ = b.join();
+    });
+    (addr, record)
+}
+
+/// Pearson's chi-square statistic of the byte histogram against the uniform distribution (255 degrees of
+/// freedom: mean 255, standard deviation about 22.6).
+fn chi_square(bytes: &[u8]) -> f64 {
+    let mut counts = [0u64; 256];
+    for &b in bytes {
+        counts[b as usize] += 1;
+    }
+    let expected = bytes.len() as f64 / 256.0;
+    counts
+        .iter()
+        .map(|&c| (c as f64 - expected).powi(2) / expected)
+        .sum()
+}
+
+#[test]
+fn the_relay_path_carries_no_plaintext_and_looks_random() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let (proxy, record) = recording_proxy(relay.addr);
+    let marker = b"FERRY-PLAINTEXT-MARKER-4f1c2a";
+    let dir = w.src().join("Quarterly Report Folder");
+    fs::create_dir_all(&dir).unwrap();
+    let mut names = vec!["Quarterly Report Folder".to_string()];
+    for i in 0..20 {
+        let name = format!("confidential-budget-{i}.txt");
+        let mut body = Vec::new();
+        for _ in 0..2000 {
+            body.extend_from_slice(marker);
+            body.extend_from_slice(b" the same plaintext line, again and again\n");
+        }
+        fs::write(dir.join(&name), body).unwrap();
+        names.push(name);
+    }
+    let code = "52-oxygen-harbor-velvet";
+    // The receiver reaches the relay through the recording proxy; the sender directly.
+    let mut send = w.cmd();
+    send.args([
+        "send",
+        "--json",
+        "--force-relay",
+        "--relay",
+        &relay.addr.to_string(),
+        "--code",
+        code,
+    ])
+    .arg(&dir)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let send = finish_in_background(send.spawn().unwrap());
+    let recv = finish(
+        w.cmd()
+            .args([
+                "receive",
+                "--json",
+                "--yes",
+                "--force-relay",
+                "--relay",
+                &proxy.to_string(),
+                code,
+                "--out",
+            ])
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_success("receive", &recv);
+    assert_success("send", &send.join().unwrap());
+    assert_same_tree(&dir, &w.out().join("Quarterly Report Folder"));
+
+    let rec = record.lock().unwrap().clone();
+    assert!(
+        rec.len() > 1 << 20,
+        "the recording holds the whole session ({} bytes)",
+        rec.len()
+    );
+    let contains = |needle: &[u8]| rec.windows(needle.len()).any(|win| win == needle);
+    assert!(
+        !contains(marker),
+        "the plaintext marker is visible on the relay path"
+    );
+    assert!(
+        !contains(&marker[..12]),
+        "part of the plaintext marker is visible on the relay path"
+    );
+    for name in &names {
+        assert!(
+            !contains(name.as_bytes()),
+            "file name {name:?} is visible on the relay path"
+        );
+    }
+    for word in ["oxygen", "harbor", "velvet"] {
+        assert!(
+            !contains(word.as_bytes()),
+            "code word {word:?} is visible on the relay path"
+        );
+    }
+    let chi = chi_square(&rec);
+    // p < 1e-9 for a uniform source above ~420; the plaintext itself scores in the millions.
+    assert!(
+        chi < 420.0,
+        "recorded bytes are not uniform: chi-square {chi:.1}"
+    );
+    assert!(
+        chi_square(&fs::read(dir.join("confidential-budget-0.txt")).unwrap()) > 10_000.0,
+        "control: plaintext fails the check"
+    );
+}
+
+#[test]
+fn relay_rate_limit_is_a_clear_client_error() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &["--per-ip-per-minute", "2"]);
+    let f = w.src().join("x");
+    fs::write(&f, b"x").unwrap();
+    let relay_addr = relay.addr.to_string();
+    let spawn_sender = |code: &str| {
+        w.cmd()
+            .args([
+                "send",
+                "--json",
+                "--force-relay",
+                "--relay",
+                &relay_addr,
+                "--code",
+                code,
+            ])
+            .arg(&f)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut waiting = vec![
+        spawn_sender("61-apple-orbit-violin"),
+        spawn_sender("62-apple-orbit-violin"),
+    ];
+    // Give both time to register, so the third is over the limit.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let third = finish(spawn_sender("63-apple-orbit-violin"));
+    for c in &mut waiting {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    assert_eq!(
+        third.status.code(),
+        Some(4),
+        "stderr {}",
+        String::from_utf8_lossy(&third.stderr)
+    );
+    let err = event(&events(&third.stdout), "error").cloned().unwrap();
+    assert_eq!(err["code"], "relay");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("too many new sessions"),
+        "unclear message: {err}"
+    );
+}
+
+#[test]
+fn a_relay_restart_during_a_transfer_resumes() {
+    let w = World::new();
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let relay = start_relay(&w, &listen, &[]);
+    let f = w.src().join("data.bin");
+    let size = 256u64 << 20;
+    fs::write(&f, pseudo_random(size as usize, 12)).unwrap();
+    let code = "53-apple-orbit-violin";
+    let mut send = w.cmd();
+    send.args([
+        "send",
+        "--json",
+        "--force-relay",
+        "--relay",
+        &listen,
+        "--code",
+        code,
+    ])
+    .arg(&f)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let send = finish_in_background(send.spawn().unwrap());
+    let mut recv = w
+        .cmd()
+        .args([
+            "receive",
+            "--json",
+            "--yes",
+            "--force-relay",
+            "--relay",
+            &listen,
+            code,
+            "--out",
+        ])
+        .arg(w.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let _events = wait_for_event(recv.stdout.take().unwrap(), |e| {
+        e["event"] == "progress" && e["bytes_done"].as_u64().unwrap_or(0) >= size / 3
+    });
+    drop(relay); // SIGKILL: the relay dies mid-transfer.
+    assert!(
+        !recv.wait().unwrap().success(),
+        "the receiver must report the cut"
+    );
+    assert!(
+        !send.join().unwrap().status.success(),
+        "the sender must report the cut"
+    );
+
+    let _relay = start_relay(&w, &listen, &[]);
+    let (send, recv) = relayed(&w, &listen, code, &[&f], &w.out());
+    assert_success("send after restart", &send);
+    assert_success("receive after restart", &recv);
+    assert_same_tree(&f, &w.out().join("data.bin"));
+    let resumed = event(&events(&recv.stdout), "done").unwrap()["bytes_resumed"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        resumed >= size / 4,
+        "only what was missing is sent again (resumed {resumed})"
+    );
+}
