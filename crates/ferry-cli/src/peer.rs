@@ -3,6 +3,7 @@
 //! Direct paths come first; the relay is the fallback (or the only path with `--force-relay`). Whatever the
 //! path, the PAKE decides who the peer is: a path only proposes a connection.
 
+use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 use ferry_channel::blocking;
 use ferry_channel::{Auth, ChannelError, Config, Established, Handshake, Role};
 use ferry_rendezvous::local::{Announcement, LocalRegistry};
+use ferry_rendezvous::mdns;
 use ferry_rendezvous::{Code, NameplateHash};
 
 use crate::failure::PeerNotFound;
@@ -21,6 +23,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a receiver looks on this host before trying other paths.
 const FIND_BRIEFLY: Duration = Duration::from_millis(500);
+/// How long one mDNS browse listens for the sender.
+const BROWSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long either side waits at the relay for the other.
 const RELAY_WAIT: Duration = Duration::from_secs(600);
 
@@ -70,6 +74,7 @@ enum Offered {
 pub struct SenderRendezvous {
     rx: mpsc::Receiver<Offered>,
     _announcement: Option<Announcement>,
+    _advertisement: Option<mdns::Advertisement>,
     /// Where the sender listens, if it does.
     pub listen: Option<SocketAddr>,
     has_direct: bool,
@@ -86,9 +91,15 @@ impl SenderRendezvous {
             anyhow::bail!("--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file");
         }
         let (tx, rx) = mpsc::channel();
-        let (mut announcement, mut local) = (None, None);
+        let (mut announcement, mut advertisement, mut local) = (None, None, None);
         if !opts.force_relay {
-            let addr = listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+            // With discovery the receiver may be on the LAN, so listen on every interface.
+            let any = if opts.no_discovery {
+                [127, 0, 0, 1]
+            } else {
+                [0, 0, 0, 0]
+            };
+            let addr = listen.unwrap_or_else(|| SocketAddr::from((any, 0)));
             let listener = TcpListener::bind(addr)
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             let bound = listener.local_addr()?;
@@ -104,6 +115,9 @@ impl SenderRendezvous {
                     anyhow::Error::new(e).context("cannot announce on this host")
                 }
             })?);
+            if !opts.no_discovery {
+                advertisement = Some(mdns::advertise(&code.nameplate_hash(), bound.port())?);
+            }
             local = Some(bound);
             let tx = tx.clone();
             std::thread::spawn(move || {
@@ -137,6 +151,7 @@ impl SenderRendezvous {
         Ok(SenderRendezvous {
             rx,
             _announcement: announcement,
+            _advertisement: advertisement,
             listen: local,
             has_direct: local.is_some(),
         })
@@ -202,7 +217,46 @@ fn find_local(hash: &NameplateHash, wait: Duration) -> anyhow::Result<Option<Soc
     }
 }
 
-/// The receiver's side: `--peer`, then this host, then the relay.
+/// Where the receiver may find the sender directly: `--peer`, this host, then the LAN (mDNS). Addresses in
+/// `tried` already failed and are not proposed again.
+fn direct_candidates(
+    code: &Code,
+    opts: &PeerOptions,
+    peer: Option<SocketAddr>,
+    tried: &HashSet<SocketAddr>,
+    deadline: Instant,
+) -> anyhow::Result<Vec<(SocketAddr, &'static str)>> {
+    if let Some(addr) = peer {
+        return Ok(vec![(addr, "direct")]);
+    }
+    if opts.force_relay {
+        return Ok(Vec::new());
+    }
+    let hash = code.nameplate_hash();
+    loop {
+        let fallback = opts.relay.is_some() || !opts.no_discovery;
+        let wait = if fallback { FIND_BRIEFLY } else { FIND_TIMEOUT };
+        if let Some(addr) = find_local(&hash, wait)?.filter(|a| !tried.contains(a)) {
+            return Ok(vec![(addr, "same-host")]);
+        }
+        if !opts.no_discovery {
+            // A failed browse (no multicast here) is no error: other paths remain.
+            let found: Vec<_> = mdns::browse(&hash, BROWSE_TIMEOUT)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| !tried.contains(a))
+                .collect();
+            if !found.is_empty() {
+                return Ok(found.into_iter().map(|a| (a, "lan")).collect());
+            }
+        }
+        if opts.relay.is_some() || Instant::now() >= deadline {
+            return Ok(Vec::new());
+        }
+    }
+}
+
+/// The receiver's side: `--peer`, then this host, then the LAN, then the relay.
 pub fn receiver_connect(
     code: &Code,
     opts: &PeerOptions,
@@ -210,44 +264,55 @@ pub fn receiver_connect(
     ui: &Ui,
 ) -> anyhow::Result<Connected> {
     if opts.force_relay && opts.relay.is_none() {
-        anyhow::bail!("--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file");
+        anyhow::bail!(
+            "--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file"
+        );
     }
-    let mut candidates: Vec<(SocketAddr, &'static str)> = Vec::new();
-    if let Some(addr) = peer {
-        candidates.push((addr, "direct"));
-    } else if !opts.force_relay {
-        let wait = if opts.relay.is_some() {
-            FIND_BRIEFLY
-        } else {
-            FIND_TIMEOUT
-        };
-        if let Some(addr) = find_local(&code.nameplate_hash(), wait)? {
-            candidates.push((addr, "same-host"));
+    let deadline = Instant::now() + FIND_TIMEOUT;
+    let mut tried = HashSet::new();
+    let mut last_error = None;
+    loop {
+        let candidates = direct_candidates(code, opts, peer, &tried, deadline)?;
+        if candidates.is_empty() {
+            break;
         }
-    }
-    for (addr, path) in candidates {
-        let stream = match TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT) {
-            Ok(s) => s,
-            Err(e) => {
-                ui.warn(&format!("cannot reach {addr}: {e}"));
-                continue;
+        for (addr, path) in candidates {
+            tried.insert(addr);
+            let stream = match TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT) {
+                Ok(s) => s,
+                Err(e) => {
+                    ui.warn(&format!("cannot reach {addr}: {e}"));
+                    continue;
+                }
+            };
+            match handshake(stream, Role::Initiator, code) {
+                Ok((stream, established)) => {
+                    return Ok(Connected {
+                        stream,
+                        established,
+                        path,
+                        peer: addr.to_string(),
+                    })
+                }
+                // This host's registry is private to the user: a failed PAKE there means the wrong code. A
+                // LAN announcement may be a spoofer's, whose failed PAKE must not stop us from looking on.
+                Err(ChannelError::WrongCode) if path != "lan" => {
+                    return Err(ChannelError::WrongCode.into())
+                }
+                Err(e) => {
+                    ui.warn(&format!("{path} path to {addr} failed: {e}"));
+                    last_error = Some(e);
+                }
             }
-        };
-        match handshake(stream, Role::Initiator, code) {
-            Ok((stream, established)) => {
-                return Ok(Connected {
-                    stream,
-                    established,
-                    path,
-                    peer: addr.to_string(),
-                })
-            }
-            Err(ChannelError::WrongCode) => return Err(ChannelError::WrongCode.into()),
-            Err(e) if opts.relay.is_none() => return Err(e.into()),
-            Err(e) => ui.warn(&format!("direct path to {addr} failed: {e}")),
+        }
+        if peer.is_some() || opts.relay.is_some() || Instant::now() >= deadline {
+            break;
         }
     }
     let Some(relay) = &opts.relay else {
+        if let Some(e) = last_error {
+            return Err(e.into());
+        }
         return Err(PeerNotFound(format!(
             "no sender for nameplate {} found (is `ferry send` running? on another machine give --relay or --peer ADDR)",
             code.nameplate()

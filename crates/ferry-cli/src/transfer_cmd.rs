@@ -111,6 +111,7 @@ fn report_path(ui: &Ui, c: &Connected) {
     let how = match c.path {
         "relay" => format!("through the relay {}", c.peer),
         "same-host" => format!("directly on this host ({})", c.peer),
+        "lan" => format!("directly on the LAN ({})", c.peer),
         _ => format!("directly ({})", c.peer),
     };
     ui.info(&format!("Connected {how}, {}", c.established.suite.name()));

@@ -304,3 +304,175 @@ pub fn list_all(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+impl World {
+    /// The same-host rendezvous directory `ferry` uses in this world (`$XDG_RUNTIME_DIR/ferry/rendezvous`).
+    pub fn registry(&self) -> ferry_rendezvous::local::LocalRegistry {
+        ferry_rendezvous::local::LocalRegistry::open(self.path("runtime/ferry/rendezvous"))
+            .expect("open the rendezvous directory")
+    }
+
+    /// Announces `addr` under `code`'s nameplate, exactly as `ferry send` does; withdrawn on drop.
+    pub fn announce(
+        &self,
+        code: &ferry_rendezvous::Code,
+        addr: std::net::SocketAddr,
+    ) -> ferry_rendezvous::local::Announcement {
+        self.registry()
+            .announce(&code.nameplate_hash(), addr)
+            .expect("announce")
+    }
+}
+
+/// Asserts that `out` failed with exit status `exit` and that its first `error` event carries `code`.
+pub fn assert_failure(what: &str, out: &Output, exit: i32, code: &str) {
+    let ev = events(&out.stdout);
+    let got = event(&ev, "error").map(|e| e["code"].clone());
+    assert!(
+        out.status.code() == Some(exit) && got.as_ref().and_then(Value::as_str) == Some(code),
+        "{what}: expected exit status {exit} with error code {code:?}, got {:?} and {got:?}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Asserts that every regular file or symlink under `dir` is either named in `complete` (relative
+/// paths of files that were received completely and verified) or a temporary `ferry-part` name.
+pub fn assert_only_verified_finals(dir: &Path, complete: &[&str]) {
+    for p in list_all(dir) {
+        let meta = fs::symlink_metadata(&p).unwrap();
+        if meta.is_dir() {
+            continue;
+        }
+        let rel = p.strip_prefix(dir).unwrap();
+        let name = rel.file_name().unwrap().to_string_lossy();
+        assert!(
+            name.contains("ferry-part") || complete.iter().any(|c| Path::new(c) == rel),
+            "{} is under a final name but was not completely received",
+            p.display()
+        );
+    }
+}
+
+/// Temporary (`ferry-part`) files under `dir`.
+pub fn partial_files(dir: &Path) -> Vec<PathBuf> {
+    list_all(dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains("ferry-part"))
+        .collect()
+}
+
+/// A finished process with its resource use.
+pub struct Measured {
+    pub output: Output,
+    /// From spawn (roughly: from this call) to exit.
+    pub elapsed: Duration,
+    /// Peak resident memory of the process, in KiB (`ru_maxrss` from wait4).
+    pub max_rss_kib: u64,
+}
+
+/// Like [`finish`], and also measures the process's run time and peak memory.
+pub fn finish_measured(mut child: Child) -> Measured {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+
+    let started = Instant::now();
+    let pid = child.id() as libc::pid_t;
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let watchdog = Watchdog::start(pid);
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: wait4 on our own child with valid pointers to a status word and a rusage.
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc == pid {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        assert_eq!(err.kind(), std::io::ErrorKind::Interrupted, "wait4: {err}");
+    }
+    watchdog.ended();
+    let elapsed = started.elapsed();
+    // The child is reaped; `child` must not be waited for again (dropping it does not wait).
+    drop(child);
+    Measured {
+        output: Output {
+            status: std::process::ExitStatus::from_raw(status),
+            stdout: stdout.join().unwrap(),
+            stderr: stderr.join().unwrap(),
+        },
+        elapsed,
+        max_rss_kib: usage.ru_maxrss as u64,
+    }
+}
+
+/// A running `ferry` whose JSON events are read as they come; every stdout byte is kept.
+pub struct Watched {
+    child: Child,
+    reader: BufReader<ChildStdout>,
+    stdout: Vec<u8>,
+    watchdog: Watchdog,
+}
+
+impl Watched {
+    /// Watches `child` (spawned with piped stdout and stderr), killing it after [`PROCESS_DEADLINE`].
+    pub fn new(mut child: Child) -> Watched {
+        let reader = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let watchdog = Watchdog::start(child.id() as libc::pid_t);
+        Watched {
+            child,
+            reader,
+            stdout: Vec::new(),
+            watchdog,
+        }
+    }
+
+    /// Reads events until `stop` holds for one and returns it; panics if the process ends first.
+    pub fn wait_for(&mut self, mut stop: impl FnMut(&Value) -> bool) -> Value {
+        loop {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("read events");
+            self.stdout.extend_from_slice(line.as_bytes());
+            assert!(
+                n > 0,
+                "process ended before the awaited event; stdout so far:\n{}",
+                String::from_utf8_lossy(&self.stdout)
+            );
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                if stop(&v) {
+                    return v;
+                }
+            }
+        }
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own child, which has not been waited for yet.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
+    /// Reads the rest of the output and waits for the exit; `stdout` holds every line, also those
+    /// [`Watched::wait_for`] read.
+    pub fn finish(mut self) -> Output {
+        use std::io::Read;
+        let mut rest = Vec::new();
+        let _ = self.reader.read_to_end(&mut rest);
+        self.stdout.extend_from_slice(&rest);
+        let mut out = self.child.wait_with_output().expect("wait for ferry");
+        self.watchdog.ended();
+        out.stdout = self.stdout;
+        out
+    }
+}

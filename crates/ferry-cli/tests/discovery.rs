@@ -1,0 +1,144 @@
+//! LAN discovery end to end, with real `ferry` processes inside a private network namespace made by the test
+//! (`unshare -n`, loopback up with multicast on): mDNS never leaves it.
+//!
+//! Each side gets its own rendezvous directory, so the same-host registry cannot find the peer and only
+//! mDNS can.
+
+mod common;
+
+use std::fs;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// Runs `script` with `sh` in a fresh network namespace with loopback multicast; `None` (with the reason
+/// printed) when namespaces are not available here.
+fn in_private_netns(script: &str) -> Option<std::process::Output> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("SKIP: network namespaces need root");
+        return None;
+    }
+    let probe = Command::new("unshare")
+        .args(["-n", "--", "ip", "link", "set", "lo", "up"])
+        .output();
+    if !matches!(&probe, Ok(o) if o.status.success()) {
+        println!("SKIP: `unshare -n` with `ip` is not available: {probe:?}");
+        return None;
+    }
+    let full =
+        format!("set -u\nip link set lo up && ip link set lo multicast on || exit 97\n{script}");
+    let child = Command::new("unshare")
+        .args(["-n", "--", "sh", "-c", &full])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare");
+    Some(finish(child))
+}
+
+fn sh_quote(p: &std::path::Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "'\\''"))
+}
+
+#[test]
+fn sender_and_receiver_find_each_other_by_mdns() {
+    let w = World::new();
+    let f = w.src().join("lan.bin");
+    fs::write(&f, pseudo_random(3 << 20, 21)).unwrap();
+    for d in ["rt-send", "rt-recv"] {
+        fs::create_dir_all(w.path(d)).unwrap();
+    }
+    let script = format!(
+        r#"
+F={ferry}
+XDG_RUNTIME_DIR={rs} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 71-apple-orbit-violin {file} > {slog} 2>&1 &
+XDG_RUNTIME_DIR={rr} XDG_CACHE_HOME={cache} timeout 60 {ferry} receive --json --yes 71-apple-orbit-violin --out {out} > {rlog} 2>&1
+rc=$?
+wait
+exit $rc
+"#,
+        ferry = sh_quote(&ferry()),
+        rs = sh_quote(&w.path("rt-send")),
+        rr = sh_quote(&w.path("rt-recv")),
+        cache = sh_quote(&w.path("cache")),
+        file = sh_quote(&f),
+        out = sh_quote(&w.out()),
+        slog = sh_quote(&w.path("send.log")),
+        rlog = sh_quote(&w.path("recv.log")),
+    );
+    let Some(out) = in_private_netns(&script) else {
+        return;
+    };
+    let rlog = fs::read(w.path("recv.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "receive failed: {:?}\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&rlog),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ev = events(&rlog);
+    assert_eq!(
+        event(&ev, "connected").unwrap()["path"],
+        "lan",
+        "found through mDNS, not this host's registry"
+    );
+    assert_same_tree(&f, &w.out().join("lan.bin"));
+}
+
+#[test]
+fn a_spoofing_announcer_neither_breaks_nor_hijacks_the_transfer() {
+    let w = World::new();
+    let real = w.src().join("real.bin");
+    fs::write(&real, pseudo_random(1 << 20, 22)).unwrap();
+    let fake_dir = w.path("fake");
+    fs::create_dir_all(&fake_dir).unwrap();
+    let fake = fake_dir.join("real.bin");
+    fs::write(&fake, b"SPOOFED CONTENT").unwrap();
+    for d in ["rt-send", "rt-recv", "rt-spoof"] {
+        fs::create_dir_all(w.path(d)).unwrap();
+    }
+    // The spoofer announces the same nameplate (so the same hash) with other words: it speaks real ferry but
+    // cannot know the code. It starts first so its announcement is out before the real one.
+    let script = format!(
+        r#"
+XDG_RUNTIME_DIR={rp} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 72-zoo-zone-youth {fake} > {plog} 2>&1 &
+spoof=$!
+sleep 0.5
+XDG_RUNTIME_DIR={rs} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 72-apple-orbit-violin {file} > {slog} 2>&1 &
+XDG_RUNTIME_DIR={rr} XDG_CACHE_HOME={cache} timeout 60 {ferry} receive --json --yes 72-apple-orbit-violin --out {out} > {rlog} 2>&1
+rc=$?
+kill $spoof 2>/dev/null
+wait
+exit $rc
+"#,
+        ferry = sh_quote(&ferry()),
+        rp = sh_quote(&w.path("rt-spoof")),
+        rs = sh_quote(&w.path("rt-send")),
+        rr = sh_quote(&w.path("rt-recv")),
+        cache = sh_quote(&w.path("cache")),
+        fake = sh_quote(&fake),
+        file = sh_quote(&real),
+        out = sh_quote(&w.out()),
+        plog = sh_quote(&w.path("spoof.log")),
+        slog = sh_quote(&w.path("send.log")),
+        rlog = sh_quote(&w.path("recv.log")),
+    );
+    let Some(out) = in_private_netns(&script) else {
+        return;
+    };
+    let rlog = fs::read(w.path("recv.log")).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "the spoofer broke the transfer: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&rlog)
+    );
+    assert_same_tree(&real, &w.out().join("real.bin"));
+    let spoof = events(&fs::read(w.path("spoof.log")).unwrap_or_default());
+    assert!(
+        event(&spoof, "done").is_none(),
+        "the spoofer must never complete a transfer"
+    );
+}

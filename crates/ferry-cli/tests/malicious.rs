@@ -1,0 +1,502 @@
+//! A lying sender against the real `ferry receive`.
+//!
+//! The liar runs in the test process and speaks the real protocol: it announces itself in the
+//! world's same-host rendezvous, accepts the receiver on 127.0.0.1, runs the real handshake with
+//! the code, and then writes a crafted offer, manifest and data through the secure channel. For
+//! every lie the receiver must stop with the documented exit status and `--json` error code,
+//! create nothing outside `--out`, and leave no file under a final name that was not completely
+//! received and verified.
+
+mod common;
+
+use std::fs;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::*;
+use ferry_channel::blocking::{self, SecureReader, SecureWriter};
+use ferry_channel::{Auth, Config, Handshake, Role};
+use ferry_rendezvous::Code;
+use ferry_transfer::hash::FileHasher;
+use ferry_transfer::manifest::{Entry, EntryKind, Manifest};
+use ferry_transfer::wire::{self, OfferHeader, Put, Reader};
+use ferry_transfer::{Totals, TransferError};
+
+const CODE: &str = "7-apple-orbit-violin";
+/// How long the liar waits for the receiver at each step (a receiver that hangs fails the test).
+const LIAR_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How the liar ends after its data packets.
+#[derive(Clone, Copy, Debug)]
+enum Ending {
+    /// Waits for the receiver's verdict (Done or an error), then closes properly.
+    Verdict,
+    /// Sends the authenticated end of stream: a clean close in the middle of the transfer.
+    Close,
+    /// Cuts the TCP connection without the authenticated end of stream.
+    Cut,
+}
+
+/// One lie: an offer of `entries` (announcing `announced` entries if set), then `data` packets.
+struct Lie {
+    entries: Vec<Entry>,
+    announced: Option<u64>,
+    data: Vec<Vec<u8>>,
+    ending: Ending,
+}
+
+impl Lie {
+    fn offer(entries: Vec<Entry>) -> Lie {
+        Lie {
+            entries,
+            announced: None,
+            data: Vec::new(),
+            ending: Ending::Verdict,
+        }
+    }
+}
+
+/// What the liar saw of the receiver.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The receiver accepted the offer.
+    accepted: bool,
+    /// The error code the receiver sent over the channel, if any.
+    error: Option<String>,
+    /// The receiver acknowledged everything (MSG_DONE).
+    done: bool,
+}
+
+/// The outcome of one lie.
+struct Verdict {
+    /// Keeps the world's directories until the checks are done.
+    _world: World,
+    /// The receiver's `--out`, a subdirectory of the watched `dest` directory.
+    out: PathBuf,
+    recv: Measured,
+    seen: Seen,
+}
+
+impl Verdict {
+    fn output(&self) -> &Output {
+        &self.recv.output
+    }
+
+    /// Asserts the documented exit status and JSON code, and that no offer was ever shown.
+    fn assert_refused_offer(&self, what: &str, exit: i32, code: &str) {
+        assert_failure(what, self.output(), exit, code);
+        assert!(
+            event(&events(&self.output().stdout), "offer").is_none(),
+            "{what}: an unsafe offer must be refused before it is shown"
+        );
+        assert!(!self.seen.accepted, "{what}: the receiver accepted");
+        assert_eq!(
+            self.seen.error.as_deref(),
+            Some(code),
+            "{what}: the receiver tells the sender why it stops"
+        );
+        let left = list_all(&self.out);
+        assert!(left.is_empty(), "{what}: written into --out: {left:?}");
+    }
+}
+
+fn entry(path: &[u8], kind: EntryKind, size: u64) -> Entry {
+    Entry {
+        path: path.to_vec(),
+        kind,
+        size,
+        mode: 0o644,
+        mtime: 1_000_000,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }
+}
+
+fn file(path: &[u8], size: u64) -> Entry {
+    entry(path, EntryKind::File, size)
+}
+
+fn dir(path: &[u8]) -> Entry {
+    entry(path, EntryKind::Dir, 0)
+}
+
+/// One data packet holding `records`.
+fn data_packet(records: &[&[u8]]) -> Vec<u8> {
+    let mut p = vec![wire::MSG_DATA];
+    for r in records {
+        p.put(r);
+    }
+    p
+}
+
+fn rec_start(index: u32) -> Vec<u8> {
+    let mut r = vec![wire::REC_START];
+    r.put_u32(index);
+    r.put_u64(0);
+    r
+}
+
+fn rec_data(data: &[u8]) -> Vec<u8> {
+    let mut r = vec![wire::REC_DATA];
+    r.put_u32(data.len() as u32);
+    r.put(data);
+    r
+}
+
+fn rec_end(hash: &[u8; 32]) -> Vec<u8> {
+    let mut r = vec![wire::REC_END];
+    r.put(hash);
+    r
+}
+
+/// BLAKE3 of a file of at most one chunk, as the receiver computes it.
+fn file_hash(data: &[u8]) -> [u8; 32] {
+    let mut h = FileHasher::default();
+    h.start(data.len() as u64, &[]);
+    h.update(data);
+    h.finish().expect("all bytes hashed")
+}
+
+/// The whole data stream of one small file with index `index`: start, bytes, end, finish.
+fn whole_file(index: u32, data: &[u8], claimed_hash: &[u8; 32]) -> Vec<u8> {
+    data_packet(&[
+        &rec_start(index),
+        &rec_data(data),
+        &rec_end(claimed_hash),
+        &[wire::REC_FINISH],
+    ])
+}
+
+/// Accepts one connection within [`LIAR_PATIENCE`].
+fn accept_within(listener: &TcpListener) -> Result<TcpStream, String> {
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + LIAR_PATIENCE;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return Err("the receiver never connected".into());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("accept: {e}")),
+        }
+    }
+}
+
+/// Reads the receiver's next message: `Ok(Some(type, body))`, `Ok(None)` when the stream ended.
+fn next_message(rx: &mut SecureReader<TcpStream>) -> Option<Vec<u8>> {
+    match rx.recv() {
+        Ok(Some(p)) if !p.is_empty() => Some(p.to_vec()),
+        _ => None,
+    }
+}
+
+/// Records an error message from the receiver in `seen`; true if `msg` was one.
+fn note_error(msg: &[u8], seen: &mut Seen) -> bool {
+    if msg[0] != wire::MSG_ERROR {
+        return false;
+    }
+    if let TransferError::Remote { code, .. } = wire::decode_error_body(&mut Reader::new(&msg[1..]))
+    {
+        seen.error = Some(code);
+    }
+    true
+}
+
+fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String> {
+    let m = Manifest {
+        entries: lie.entries.clone(),
+        sources: Vec::new(),
+    };
+    let mut msg = Vec::new();
+    OfferHeader {
+        entries: lie.announced.unwrap_or(m.entries.len() as u64),
+        totals: Totals::of(&m.entries).expect("totals"),
+        offer_id: m.offer_id(),
+    }
+    .encode(&mut msg);
+    let err = |e: ferry_channel::ChannelError| e.to_string();
+    tx.send(&msg).map_err(err)?;
+    let mut next = 0;
+    while next < m.entries.len() {
+        m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
+        tx.send(&msg).map_err(err)?;
+    }
+    tx.flush().map_err(err)
+}
+
+/// Sends one data packet the way the engine does: sealed in place in the writer's frame buffer.
+fn send_data(tx: &mut SecureWriter<TcpStream>, packet: &[u8]) -> Result<(), String> {
+    let buf = tx.payload_buf(packet.len()).map_err(|e| e.to_string())?;
+    buf.copy_from_slice(packet);
+    tx.send_payload_buf(packet.len())
+        .and_then(|_| tx.flush())
+        .map_err(|e| e.to_string())
+}
+
+/// The lying sender: handshake with the real receiver, then the lie. Write errors after the offer
+/// are expected (a receiver that refuses goes away) and only end the lie.
+fn run_liar(listener: TcpListener, code: Code, lie: Lie) -> Result<Seen, String> {
+    let mut stream = accept_within(&listener)?;
+    stream
+        .set_read_timeout(Some(LIAR_PATIENCE))
+        .map_err(|e| e.to_string())?;
+    let hs = Handshake::new(
+        Role::Responder,
+        Config::ferry(),
+        Auth::Code(code.password()),
+    );
+    let est = blocking::handshake(&mut stream, hs).map_err(|e| format!("handshake: {e}"))?;
+    let (mut rx, mut tx) = blocking::split_tcp(stream, est).map_err(|e| e.to_string())?;
+    let mut seen = Seen::default();
+    if send_offer(&mut tx, &lie).is_err() {
+        return Ok(seen);
+    }
+    let Some(answer) = next_message(&mut rx) else {
+        return Ok(seen);
+    };
+    if note_error(&answer, &mut seen) || answer[0] != wire::MSG_ACCEPT {
+        return Ok(seen);
+    }
+    seen.accepted = true;
+    let resume_pages = Reader::new(&answer[1..]).u32().unwrap_or(0);
+    for _ in 0..resume_pages {
+        next_message(&mut rx);
+    }
+    for p in &lie.data {
+        if send_data(&mut tx, p).is_err() {
+            break;
+        }
+    }
+    match lie.ending {
+        Ending::Verdict => {}
+        Ending::Close => {
+            let _ = tx.close();
+        }
+        Ending::Cut => {
+            let _ = rx.get_ref().shutdown(Shutdown::Both);
+            return Ok(seen);
+        }
+    }
+    if let Some(msg) = next_message(&mut rx) {
+        if !note_error(&msg, &mut seen) && msg[0] == wire::MSG_DONE {
+            seen.done = true;
+        }
+    }
+    Ok(seen)
+}
+
+/// Runs `lie` against a real `ferry receive --json --yes` into `dest/out`, and checks that nothing
+/// appeared in the world outside `--out`.
+fn attack(lie: Lie) -> Verdict {
+    attack_with(|_| lie)
+}
+
+/// [`attack`] with a lie that may name places in the world (`make` gets it before anything runs).
+fn attack_with(make: impl FnOnce(&World) -> Lie) -> Verdict {
+    let world = World::new();
+    let lie = make(&world);
+    let dest = world.path("dest");
+    fs::create_dir(&dest).unwrap();
+    let out = dest.join("out");
+    let world_before = top_level(world.dir.path());
+
+    let code: Code = CODE.parse().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _announcement = world.announce(&code, listener.local_addr().unwrap());
+    let liar = std::thread::spawn(move || run_liar(listener, code, lie));
+    let recv = finish_measured(world.spawn_receive(CODE, &out));
+    let seen = liar
+        .join()
+        .expect("lying sender panicked")
+        .unwrap_or_else(|e| panic!("lying sender: {e}"));
+
+    let outside: Vec<_> = list_all(&dest)
+        .into_iter()
+        .filter(|p| !p.starts_with(&out))
+        .collect();
+    assert!(outside.is_empty(), "created outside --out: {outside:?}");
+    assert_eq!(
+        top_level(world.dir.path()),
+        world_before,
+        "created next to the destination"
+    );
+    Verdict {
+        _world: world,
+        out,
+        recv,
+        seen,
+    }
+}
+
+fn top_level(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Offers `entries` with the first file's data after them; the receiver must refuse the offer as
+/// an unsafe path before it is shown or anything is written.
+fn expect_unsafe_offer(what: &str, entries: Vec<Entry>) {
+    expect_unsafe_offer_with(what, |_| entries);
+}
+
+/// [`expect_unsafe_offer`] with entries that may name places in the world.
+fn expect_unsafe_offer_with(what: &str, entries: impl FnOnce(&World) -> Vec<Entry>) {
+    attack_with(|w| {
+        let entries = entries(w);
+        let index = entries.iter().position(|e| e.kind == EntryKind::File);
+        let mut lie = Lie::offer(entries);
+        if let Some(i) = index {
+            let content = vec![b'x'; lie.entries[i].size as usize];
+            lie.data = vec![whole_file(i as u32, &content, &file_hash(&content))];
+        }
+        lie
+    })
+    .assert_refused_offer(what, 8, "unsafe-path");
+}
+
+/// Control: the liar telling the truth is accepted, so every refusal below is the receiver's
+/// judgement of the lie and not an artefact of the fake sender.
+#[test]
+fn honest_fake_sender_is_accepted() {
+    let content = b"exactly what was offered".to_vec();
+    let mut lie = Lie::offer(vec![dir(b"d"), file(b"d/f", content.len() as u64)]);
+    lie.data = vec![whole_file(1, &content, &file_hash(&content))];
+    let v = attack(lie);
+    assert_success("receive from the honest fake sender", v.output());
+    assert!(v.seen.accepted && v.seen.done, "{:?}", v.seen);
+    assert_eq!(fs::read(v.out.join("d/f")).unwrap(), content);
+    assert_eq!(
+        event(&events(&v.output().stdout), "done").unwrap()["files"],
+        1
+    );
+}
+
+#[test]
+fn dot_dot_component_is_refused() {
+    expect_unsafe_offer("../escaped", vec![file(b"../escaped", 4)]);
+    expect_unsafe_offer(
+        "a/../../escaped",
+        vec![dir(b"a"), file(b"a/../../escaped", 4)],
+    );
+}
+
+#[test]
+fn absolute_path_is_refused() {
+    // It would land in the watched directory next to --out.
+    expect_unsafe_offer_with("absolute", |w| {
+        let target = w.path("dest/absolute-escape");
+        vec![file(target.as_os_str().as_encoded_bytes(), 4)]
+    });
+}
+
+#[test]
+fn duplicate_names_are_refused() {
+    expect_unsafe_offer("duplicate", vec![file(b"a", 4), file(b"a", 4)]);
+}
+
+#[test]
+fn file_and_directory_with_the_same_name_are_refused() {
+    expect_unsafe_offer("file then dir", vec![file(b"a", 4), dir(b"a")]);
+    expect_unsafe_offer("dir then file", vec![dir(b"a"), file(b"a", 4)]);
+    expect_unsafe_offer("file under a file", vec![file(b"a", 4), file(b"a/b", 4)]);
+}
+
+#[test]
+fn nul_in_a_name_is_refused() {
+    expect_unsafe_offer("NUL", vec![file(b"a\0b", 4)]);
+}
+
+#[test]
+fn slash_in_a_name_without_its_parent_is_refused() {
+    expect_unsafe_offer("orphan", vec![file(b"a/b", 4)]);
+    expect_unsafe_offer("deep orphan", vec![dir(b"a"), file(b"a/b/c", 4)]);
+}
+
+#[test]
+fn billion_announced_entries_fail_fast_in_little_memory() {
+    let mut lie = Lie::offer(vec![file(b"a", 4)]);
+    lie.announced = Some(1_000_000_000);
+    let v = attack(lie);
+    v.assert_refused_offer("10^9 entries", 8, "too-many-entries");
+    assert!(
+        v.recv.elapsed < Duration::from_secs(5),
+        "refusing took {:?}",
+        v.recv.elapsed
+    );
+    // Even 8 bytes per announced entry would be 8 GB; the receiver stays at its baseline.
+    assert!(
+        v.recv.max_rss_kib < 64 * 1024,
+        "peak memory {} KiB",
+        v.recv.max_rss_kib
+    );
+}
+
+#[test]
+fn more_data_than_the_declared_size_is_refused() {
+    let content = [7u8; 20];
+    let mut lie = Lie::offer(vec![file(b"f", 10)]);
+    lie.data = vec![whole_file(0, &content, &file_hash(&content))];
+    let v = attack(lie);
+    assert_failure("20 bytes for 10", v.output(), 8, "size-mismatch");
+    assert_eq!(v.seen.error.as_deref(), Some("size-mismatch"));
+    assert_only_verified_finals(&v.out, &[]);
+}
+
+#[test]
+fn less_data_than_the_declared_size_is_refused() {
+    let content = [7u8; 50];
+    let mut lie = Lie::offer(vec![file(b"f", 100)]);
+    lie.data = vec![whole_file(0, &content, &file_hash(&content))];
+    let v = attack(lie);
+    assert_failure("50 bytes for 100", v.output(), 8, "size-mismatch");
+    assert_eq!(v.seen.error.as_deref(), Some("size-mismatch"));
+    assert_only_verified_finals(&v.out, &[]);
+}
+
+/// The sender stops after half of a file and ends the stream (cleanly or not): the receiver reports
+/// the peer gone and keeps the half only under its temporary name.
+fn sender_stops_after_half(ending: Ending) {
+    let mut lie = Lie::offer(vec![dir(b"d"), file(b"d/f", 100)]);
+    lie.data = vec![data_packet(&[&rec_start(1), &rec_data(&[9; 50])])];
+    lie.ending = ending;
+    let v = attack(lie);
+    assert_failure(
+        &format!("{ending:?} after 50 of 100 bytes"),
+        v.output(),
+        4,
+        "peer-gone",
+    );
+    assert!(v.seen.accepted);
+    assert!(
+        !v.out.join("d/f").exists(),
+        "a half file under its final name"
+    );
+    assert_only_verified_finals(&v.out, &[]);
+    let parts = partial_files(&v.out);
+    assert!(
+        parts.iter().all(|p| p.starts_with(v.out.join("d"))),
+        "{parts:?}"
+    );
+}
+
+#[test]
+fn sender_closing_before_the_declared_size_is_peer_gone() {
+    sender_stops_after_half(Ending::Close);
+}
+
+#[test]
+fn sender_cutting_the_connection_before_the_declared_size_is_peer_gone() {
+    sender_stops_after_half(Ending::Cut);
+}
