@@ -48,7 +48,7 @@ pub enum ChannelError {
     #[error("channel already closed")]
     Closed,
     /// The underlying transport failed.
-    #[error("transport error: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

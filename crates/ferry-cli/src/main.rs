@@ -65,10 +65,26 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let f = failure::classify(&e);
-            ui.error(f.code, &format!("{e:#}"));
+            ui.error(f.code, &one_line(&e));
             ExitCode::from(f.exit)
         }
     }
+}
+
+/// The error and its causes on one line, each cause once: a cause whose text its parent already
+/// includes is not repeated.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 /// Ctrl-C ends the process with a clear message; the peer sees the channel end without its authenticated

@@ -10,13 +10,13 @@ use crate::protocol::{Hello, Role, Status};
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     /// The relay address did not resolve.
-    #[error("cannot resolve the relay address: {0}")]
+    #[error("cannot resolve the relay address")]
     Resolve(#[source] io::Error),
     /// No address of the relay accepted a connection.
-    #[error("cannot reach the relay: {0}")]
+    #[error("cannot reach the relay")]
     Connect(#[source] io::Error),
     /// The connection failed after it was established.
-    #[error("relay connection failed: {0}")]
+    #[error("relay connection failed")]
     Io(#[from] io::Error),
     /// The relay closed the connection without a status.
     #[error("relay closed the connection")]
