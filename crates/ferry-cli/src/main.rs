@@ -12,6 +12,7 @@ mod relay_cmd;
 mod settings;
 mod transfer_cmd;
 mod ui;
+mod upgrade;
 
 /// Move files between machines, encrypted end to end.
 #[derive(Parser, Debug)]

@@ -52,13 +52,23 @@ pub struct Connected {
 }
 
 fn handshake(
-    mut stream: TcpStream,
+    stream: TcpStream,
     role: Role,
     code: &Code,
 ) -> Result<(TcpStream, Established), ChannelError> {
+    handshake_with(stream, role, code.password(), HANDSHAKE_TIMEOUT)
+}
+
+/// The handshake with any PAKE password (the code, or a one-time secret for a path upgrade).
+pub fn handshake_with(
+    mut stream: TcpStream,
+    role: Role,
+    password: Vec<u8>,
+    timeout: Duration,
+) -> Result<(TcpStream, Established), ChannelError> {
     stream.set_nodelay(true).ok();
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-    let hs = Handshake::new(role, Config::ferry(), Auth::Code(code.password()));
+    stream.set_read_timeout(Some(timeout))?;
+    let hs = Handshake::new(role, Config::ferry(), Auth::Code(password));
     let est = blocking::handshake(&mut stream, hs)?;
     stream.set_read_timeout(None)?;
     Ok((stream, est))
@@ -77,6 +87,7 @@ pub struct SenderRendezvous {
     _advertisement: Option<mdns::Advertisement>,
     /// Where the sender listens, if it does.
     pub listen: Option<SocketAddr>,
+    explicit_listen: bool,
     has_direct: bool,
 }
 
@@ -153,13 +164,14 @@ impl SenderRendezvous {
             _announcement: announcement,
             _advertisement: advertisement,
             listen: local,
+            explicit_listen: listen.is_some(),
             has_direct: local.is_some(),
         })
     }
 
     /// Waits for the receiver: the first connection that completes the PAKE. A wrong code ends the send (one
     /// guess per code); connections that do not speak ferry are dropped and waiting goes on.
-    pub fn accept(self, code: &Code, ui: &Ui) -> anyhow::Result<Connected> {
+    pub fn accept(&self, code: &Code, ui: &Ui) -> anyhow::Result<Connected> {
         loop {
             let offered = self
                 .rx
@@ -196,6 +208,38 @@ impl SenderRendezvous {
                     }
                 }
             }
+        }
+    }
+}
+
+impl SenderRendezvous {
+    /// Addresses where a receiver elsewhere could reach this sender's listener: the listen address when it
+    /// is a specific one, else every non-loopback interface address with the listener's port.
+    pub fn direct_candidates(&self) -> Vec<SocketAddr> {
+        let Some(listen) = self.listen else {
+            return Vec::new();
+        };
+        if !listen.ip().is_unspecified() {
+            // A loopback address only helps a receiver on this host, which finds us through the registry;
+            // it is offered only when the user chose it with --listen.
+            return if listen.ip().is_loopback() && !self.explicit_listen {
+                Vec::new()
+            } else {
+                vec![listen]
+            };
+        }
+        crate::upgrade::interface_addresses()
+            .into_iter()
+            .filter(|ip| ip.is_ipv4() == listen.is_ipv4() || listen.is_ipv6())
+            .map(|ip| SocketAddr::new(ip, listen.port()))
+            .collect()
+    }
+
+    /// The next connection made to the listener since the relay path won, if one came within `wait`.
+    pub fn next_direct(&self, wait: Duration) -> Option<TcpStream> {
+        match self.rx.recv_timeout(wait) {
+            Ok(Offered::Stream(stream, "direct", _)) => Some(stream),
+            _ => None,
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::channel_io::{ChannelSink, ChannelSource};
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
 use crate::ui::{human_bytes, Ui};
+use crate::upgrade;
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]
@@ -121,6 +122,17 @@ fn report_path(ui: &Ui, c: &Connected) {
     );
 }
 
+/// Reports that a session that met at the relay moved to a direct connection.
+fn report_upgrade(ui: &Ui, peer: &str) {
+    ui.info(&format!(
+        "Moved from the relay to a direct connection ({peer})"
+    ));
+    ui.event(
+        "connected",
+        json!({ "path": "direct", "peer": peer, "upgraded_from": "relay" }),
+    );
+}
+
 /// Runs `ferry send`.
 pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let walked = ferry_transfer::walk(&args.paths)?;
@@ -161,7 +173,16 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         .sealer
         .max_payload()
         .min(ferry_transfer::MAX_PACKET);
-    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
+    let relayed = connected.path == "relay";
+    let mut halves = split_tcp(connected.stream, connected.established)?;
+    if relayed {
+        let (h, direct) = upgrade::sender(halves, &rendezvous, ui)?;
+        halves = h;
+        if direct {
+            report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());
+        }
+    }
+    let (reader, writer) = halves;
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
     ferry_transfer::send(
         &mut sink,
@@ -180,8 +201,16 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
     let connected = receiver_connect(&code, &opts, args.peer, ui)?;
     report_path(ui, &connected);
-
-    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
+    let relayed = connected.path == "relay";
+    let mut halves = split_tcp(connected.stream, connected.established)?;
+    if relayed {
+        let (h, direct) = upgrade::receiver(halves, opts.force_relay, ui)?;
+        halves = h;
+        if let Some(addr) = direct {
+            report_upgrade(ui, &addr.to_string());
+        }
+    }
+    let (reader, writer) = halves;
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
     let mut ropts = ReceiveOptions::new(&args.out);
     ropts.overwrite = args.overwrite;

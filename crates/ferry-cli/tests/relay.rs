@@ -404,3 +404,68 @@ fn a_relay_restart_during_a_transfer_resumes() {
         "only what was missing is sent again (resumed {resumed})"
     );
 }
+
+#[test]
+fn a_session_that_met_at_the_relay_moves_to_a_direct_path_when_one_works() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let relay_addr = relay.addr.to_string();
+    let f = w.src().join("moved.bin");
+    fs::write(&f, pseudo_random(8 << 20, 13)).unwrap();
+    // Separate rendezvous directories: the receiver cannot find the sender on this host, only at the relay.
+    let (rt_send, rt_recv) = (w.path("rt-send"), w.path("rt-recv"));
+    for d in [&rt_send, &rt_recv] {
+        fs::create_dir_all(d).unwrap();
+    }
+    let code = "54-apple-orbit-violin";
+    let mut send = w.cmd();
+    send.env("XDG_RUNTIME_DIR", &rt_send)
+        .args([
+            "send",
+            "--json",
+            "--listen",
+            "127.0.0.1:0",
+            "--relay",
+            &relay_addr,
+            "--code",
+            code,
+        ])
+        .arg(&f)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let send = finish_in_background(send.spawn().unwrap());
+    let recv = finish(
+        w.cmd()
+            .env("XDG_RUNTIME_DIR", &rt_recv)
+            .args([
+                "receive",
+                "--json",
+                "--yes",
+                "--relay",
+                &relay_addr,
+                code,
+                "--out",
+            ])
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let send = send.join().unwrap();
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    assert_same_tree(&f, &w.out().join("moved.bin"));
+    for out in [&send, &recv] {
+        let paths: Vec<_> = events(&out.stdout)
+            .into_iter()
+            .filter(|e| e["event"] == "connected")
+            .map(|e| e["path"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            paths,
+            ["relay", "direct"],
+            "met at the relay, then moved to the direct path"
+        );
+    }
+}
