@@ -60,7 +60,7 @@ pub fn interface_addresses() -> Vec<IpAddr> {
                 }
                 _ => None,
             };
-            if let Some(ip) = ip.filter(|ip| usable(ip)) {
+            if let Some(ip) = ip.filter(usable) {
                 if !out.contains(&ip) {
                     out.push(ip);
                 }
