@@ -2,11 +2,13 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ferry_channel::blocking::{self, SecureReader, SecureWriter};
-use ferry_channel::{frame_len, Auth, Config, Established, Handshake, IdentityKey, Role, Suite};
+use ferry_channel::{
+    frame_len, Auth, Config, Established, Handshake, IdentityKey, Opener, Role, Sealer, Suite,
+};
 
 use crate::report::{gbps, interleave, median, timed, Report, Row};
 
@@ -79,7 +81,8 @@ pub fn pair(config: Config, auth: impl Fn() -> Auth) -> (Established, Establishe
     (a.finish().expect("done"), b.finish().expect("done"))
 }
 
-fn size_name(size: usize) -> String {
+/// A byte count as people write it: `256 B`, `64 KiB`, `1 MiB`.
+pub fn size_name(size: usize) -> String {
     match size {
         s if s >= 1 << 20 => format!("{} MiB", s >> 20),
         s if s >= 1 << 10 => format!("{} KiB", s >> 10),
@@ -126,22 +129,7 @@ fn in_memory(opts: &Options, suite: Suite, size: usize, report: &mut Report) {
         });
         gbps(count * size as u64, t)
     };
-    let channel_run = || {
-        let (_, t) = timed(|| {
-            for _ in 0..count {
-                // Seal straight into the opener's receive buffer, where a socket read would put the bytes.
-                let spare = rx.opener.spare();
-                let frame = &mut spare[..frame_len(size)];
-                tx.sealer.seal_frame(frame, 0).expect("seal");
-                rx.opener.commit(frame_len(size));
-                match rx.opener.next().expect("open") {
-                    Some(ferry_channel::Packet::Data(d)) => assert_eq!(d.len(), size),
-                    other => panic!("unexpected {other:?}"),
-                }
-            }
-        });
-        gbps(count * size as u64, t)
-    };
+    let channel_run = || seal_open_in_place(&mut tx.sealer, &mut rx.opener, size, count);
     let (base, chan) = interleave(opts.runs, raw_run, channel_run);
     report.push(
         Row::new(
@@ -154,7 +142,27 @@ fn in_memory(opts: &Options, suite: Suite, size: usize, report: &mut Report) {
     );
 }
 
-fn tcp_pair() -> (TcpStream, TcpStream) {
+/// One sample of the channel in memory: `count` packets of `size` bytes sealed in place and opened, in GB/s of
+/// contents.
+pub fn seal_open_in_place(tx: &mut Sealer, rx: &mut Opener, size: usize, count: u64) -> f64 {
+    let (_, t) = timed(|| {
+        for _ in 0..count {
+            // Seal straight into the opener's receive buffer, where a socket read would put the bytes.
+            let spare = rx.spare();
+            let frame = &mut spare[..frame_len(size)];
+            tx.seal_frame(frame, 0).expect("seal");
+            rx.commit(frame_len(size));
+            match rx.next().expect("open") {
+                Some(ferry_channel::Packet::Data(d)) => assert_eq!(d.len(), size),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    });
+    gbps(count * size as u64, t)
+}
+
+/// A connected pair of loopback (127.0.0.1) TCP streams with Nagle off: (client, server).
+pub fn tcp_pair() -> (TcpStream, TcpStream) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let addr = listener.local_addr().expect("addr");
     let client = TcpStream::connect(addr).expect("connect loopback");
@@ -190,14 +198,17 @@ fn plain_tcp(bytes: u64) -> f64 {
 
 /// One sample through the secure channel: handshake included, 1 MiB packets sealed in place.
 fn channel_tcp(bytes: u64) -> f64 {
+    channel_tcp_with(bytes, Config::ferry(), || Auth::Code(b"bench".to_vec()))
+}
+
+/// One sample of `bytes` over loopback TCP through one channel with `config` and `auth` on both sides, in
+/// GB/s: handshake included, packets of the largest size `config` allows sealed in place, then a close.
+pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
     let (mut client, mut server) = tcp_pair();
     let start = Instant::now();
+    let client_config = config.clone();
     let sender = std::thread::spawn(move || {
-        let hs = Handshake::new(
-            Role::Initiator,
-            Config::ferry(),
-            Auth::Code(b"bench".to_vec()),
-        );
+        let hs = Handshake::new(Role::Initiator, client_config, auth());
         let est = blocking::handshake(&mut client, hs).expect("handshake");
         let mut w = SecureWriter::new(client, est.sealer);
         let max = w.max_payload();
@@ -210,11 +221,7 @@ fn channel_tcp(bytes: u64) -> f64 {
         }
         w.close().expect("close");
     });
-    let hs = Handshake::new(
-        Role::Responder,
-        Config::ferry(),
-        Auth::Code(b"bench".to_vec()),
-    );
+    let hs = Handshake::new(Role::Responder, config, auth());
     let est = blocking::handshake(&mut server, hs).expect("handshake");
     let mut r = SecureReader::new(server, est.opener);
     let mut got = 0u64;
@@ -274,6 +281,42 @@ pub fn mixed_sizes(count: usize) -> Vec<usize> {
         .collect()
 }
 
+/// One mixed-traffic sample in one thread: seal a packet of each of `sizes` (contents from `payload`) into
+/// `wire`, then open them all from 256 KiB "reads" fed to `rx`. Returns the time to seal and the time to open.
+pub fn mixed_sample(
+    tx: &mut Sealer,
+    rx: &mut Opener,
+    sizes: &[usize],
+    payload: &[u8],
+    wire: &mut Vec<u8>,
+) -> (Duration, Duration) {
+    wire.clear();
+    let (_, seal_t) = timed(|| {
+        for &s in sizes {
+            tx.seal_into(wire, 0, &payload[..s]).expect("seal");
+        }
+    });
+    let (opened, open_t) = timed(|| {
+        let mut opened = 0usize;
+        for chunk in wire.chunks(MIXED_READ) {
+            let mut rest = chunk;
+            while !rest.is_empty() {
+                let n = rx.feed(rest);
+                rest = &rest[n..];
+                while let Some(ferry_channel::Packet::Data(_)) = rx.next().expect("open") {
+                    opened += 1;
+                }
+            }
+        }
+        opened
+    });
+    assert_eq!(opened, sizes.len());
+    (seal_t, open_t)
+}
+
+/// Bytes per simulated socket read in the mixed-traffic case.
+pub const MIXED_READ: usize = 256 << 10;
+
 /// BIP324-style mixed traffic on ChaCha20-Poly1305 in one thread: seal every packet into a coalescing buffer,
 /// then open them all from 256 KiB "reads".
 fn mixed_traffic(opts: &Options, report: &mut Report) {
@@ -285,30 +328,8 @@ fn mixed_traffic(opts: &Options, report: &mut Report) {
     for _ in 0..opts.runs {
         let config = Config::bip324(ferry_channel::BITCOIN_MAINNET_MAGIC);
         let (mut tx, mut rx) = pair(config, || Auth::Unauthenticated);
-        wire.clear();
-        let (_, seal_t) = timed(|| {
-            for &s in &sizes {
-                tx.sealer
-                    .seal_into(&mut wire, 0, &payload[..s])
-                    .expect("seal");
-            }
-        });
-        let (opened, open_t) = timed(|| {
-            let mut opened = 0usize;
-            for chunk in wire.chunks(256 << 10) {
-                let mut rest = chunk;
-                while !rest.is_empty() {
-                    let n = rx.opener.feed(rest);
-                    rest = &rest[n..];
-                    while let Some(ferry_channel::Packet::Data(_)) = rx.opener.next().expect("open")
-                    {
-                        opened += 1;
-                    }
-                }
-            }
-            opened
-        });
-        assert_eq!(opened, sizes.len());
+        let (seal_t, open_t) =
+            mixed_sample(&mut tx.sealer, &mut rx.opener, &sizes, &payload, &mut wire);
         let n = sizes.len() as f64;
         seal_s.push(n / seal_t.as_secs_f64() / 1e6);
         open_s.push(n / open_t.as_secs_f64() / 1e6);
