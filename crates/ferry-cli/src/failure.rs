@@ -150,8 +150,10 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         if let Some(e) = cause.downcast_ref::<TransferError>() {
             return transfer_failure(e);
         }
-        if let Some(e) = cause.downcast_ref::<ferry_rendezvous::CodeError>() {
-            let _ = e;
+        if cause
+            .downcast_ref::<ferry_rendezvous::CodeError>()
+            .is_some()
+        {
             return Failure {
                 code: "bad-code",
                 exit: 2,
@@ -164,5 +166,95 @@ pub fn classify(err: &anyhow::Error) -> Failure {
     Failure {
         code: "error",
         exit: EXIT_ERROR,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(e: impl Into<anyhow::Error>) -> Failure {
+        classify(&e.into())
+    }
+
+    #[test]
+    fn causes_map_to_documented_codes_and_statuses() {
+        assert_eq!(
+            of(ChannelError::WrongCode),
+            Failure {
+                code: "wrong-code",
+                exit: 3
+            }
+        );
+        assert_eq!(
+            of(ChannelError::Truncated),
+            Failure {
+                code: "peer-gone",
+                exit: 4
+            }
+        );
+        assert_eq!(
+            of(ChannelError::Tampered),
+            Failure {
+                code: "tampered",
+                exit: 5
+            }
+        );
+        assert_eq!(
+            of(TransferError::DiskFull { path: "x".into() }),
+            Failure {
+                code: "disk-full",
+                exit: 6
+            }
+        );
+        assert_eq!(
+            of(TransferError::Conflict { path: "x".into() }),
+            Failure {
+                code: "conflict",
+                exit: 7
+            }
+        );
+        // A channel error wrapped in io::Error inside a transfer error keeps its class.
+        let wrapped = TransferError::Io(ChannelError::WrongCode.into_io());
+        assert_eq!(
+            of(wrapped),
+            Failure {
+                code: "wrong-code",
+                exit: 3
+            }
+        );
+        assert_eq!(
+            of(Interrupted),
+            Failure {
+                code: "interrupted",
+                exit: 130
+            }
+        );
+    }
+
+    #[test]
+    fn a_peers_error_code_is_untrusted_text() {
+        let known = TransferError::Remote {
+            code: "integrity".into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            of(known),
+            Failure {
+                code: "integrity",
+                exit: 5
+            }
+        );
+        let unknown = TransferError::Remote {
+            code: "\u{1b}[31mevil".into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            of(unknown),
+            Failure {
+                code: "remote",
+                exit: EXIT_ERROR
+            }
+        );
     }
 }
