@@ -9,7 +9,16 @@
 //! - **throughput**: [`BenchOptions::bytes`] from one peer to the other through the relay
 //!   (splice, then copy), against the same bytes over a direct loopback TCP connection,
 //!   interleaved per run (direct, splice, copy), medians over [`BenchOptions::runs`].
-//! - **CPU per GiB**: the relay thread's CPU for each relayed transfer, scaled to 1 GiB.
+//! - **CPU per GiB**: the relay thread's CPU for each relayed transfer, scaled to 1 GiB. On
+//!   loopback this figure is not the relay's own work alone: a loopback transmit runs the
+//!   receiving socket's whole TCP input path (and the ACKs it triggers, and the transmits those
+//!   ACKs release) in softirq on the sending thread. The relay thread therefore pays for part of
+//!   the peers' TCP work, and the peers' threads pay for part of the relay's.
+//! - **whole-process CPU per GiB and the marginal cost of relaying**: the CPU of every thread of
+//!   this process (sender, receiver and relay all live here) plus the kernel's `ksoftirqd`
+//!   threads, over the transfer, for the direct and for each relayed transfer. Relayed minus
+//!   direct is what relaying adds to the machine, however the kernel distributes it between
+//!   threads. (Whole-machine `/proc/stat` would also count the other tenants of a shared machine.)
 //! - **many sessions**: [`BenchOptions::sessions`] sessions held open at once (all senders
 //!   waiting, then all receivers paired, then each exchanges a small message both ways). Memory
 //!   is the whole process's (relay and clients share it), so it is an upper bound on the relay's.
@@ -64,43 +73,72 @@ fn row(case: impl Into<String>, value: f64, unit: &str, baseline: Option<f64>) -
 
 /// Runs every case and returns its rows. Sends traffic to 127.0.0.1 only.
 pub fn run(opts: &BenchOptions) -> io::Result<Vec<Row>> {
+    let per_gib = (1u64 << 30) as f64 / opts.bytes as f64;
     let mut direct = Vec::new();
-    let mut endpoint_cpu = Vec::new();
     let mut relayed = [Vec::new(), Vec::new()];
-    let mut cpu = [Vec::new(), Vec::new()];
     let modes = [Forwarding::Splice, Forwarding::Copy];
     for _ in 0..opts.runs.max(1) {
-        let (rate, secs) = direct_transfer(opts.bytes)?;
-        direct.push(rate);
-        endpoint_cpu.push(secs * (1u64 << 30) as f64 / opts.bytes as f64);
+        direct.push(direct_transfer(opts.bytes)?);
         for (i, mode) in modes.into_iter().enumerate() {
-            let (rate, secs) = relayed_transfer(opts.bytes, mode, opts.buffer_size)?;
-            relayed[i].push(rate);
-            cpu[i].push(secs * (1u64 << 30) as f64 / opts.bytes as f64);
+            relayed[i].push(relayed_transfer(opts.bytes, mode, opts.buffer_size)?);
         }
     }
-    let base = median(&mut direct);
+    // Medians per column; each sample scaled to 1 GiB.
+    let med =
+        |v: &[Sample], f: fn(&Sample) -> f64| median(&mut v.iter().map(f).collect::<Vec<_>>());
+    let base = med(&direct, |s| s.rate);
+    let base_total = med(&direct, |s| s.total_cpu) * per_gib;
+    let cc = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into());
     let mut rows = vec![
-        row("direct loopback TCP", base, "GB/s", None),
+        row(format!("direct loopback TCP (cc {cc})"), base, "GB/s", None),
         // What one loopback TCP hop costs both its ends (copies + stack), for scale: the relay
         // terminates one hop and originates another, minus the two copies.
         row(
             "direct: sender + receiver CPU per GiB (reference)",
-            median(&mut endpoint_cpu),
+            med(&direct, |s| s.endpoint_cpu) * per_gib,
+            "s/GiB",
+            None,
+        ),
+        row(
+            "direct: whole-process + ksoftirqd CPU per GiB",
+            base_total,
             "s/GiB",
             None,
         ),
     ];
     for (i, name) in ["splice", "copy"].into_iter().enumerate() {
+        let v = &relayed[i];
         rows.push(row(
             format!("through relay ({name})"),
-            median(&mut relayed[i]),
+            med(v, |s| s.rate),
             "GB/s",
             Some(base),
         ));
         rows.push(row(
-            format!("relay CPU per GiB ({name})"),
-            median(&mut cpu[i]),
+            format!("relay thread CPU per GiB ({name})"),
+            med(v, |s| s.relay_cpu) * per_gib,
+            "s/GiB",
+            None,
+        ));
+        rows.push(row(
+            format!("relayed: sender + receiver CPU per GiB ({name})"),
+            med(v, |s| s.endpoint_cpu) * per_gib,
+            "s/GiB",
+            None,
+        ));
+        rows.push(row(
+            format!("relayed: whole-process + ksoftirqd CPU per GiB ({name})"),
+            med(v, |s| s.total_cpu) * per_gib,
+            "s/GiB",
+            None,
+        ));
+        // Median of the per-run differences would pair runs arbitrarily; the difference of the
+        // medians is the plain reading of the two rows above.
+        rows.push(row(
+            format!("marginal CPU of relaying per GiB, relayed - direct ({name})"),
+            med(v, |s| s.total_cpu) * per_gib - base_total,
             "s/GiB",
             None,
         ));
@@ -147,12 +185,56 @@ impl BenchRelay {
 
 /// CPU seconds (user + system) of the calling thread.
 fn thread_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_THREAD)
+}
+
+/// CPU seconds (user + system) of every thread of this process plus the kernel's softirq
+/// threads: the whole cost of a transfer whose three parties all live in this process, as long
+/// as no other work of this process runs meanwhile.
+fn process_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_SELF) + ksoftirqd_cpu()
+}
+
+fn rusage_cpu(who: libc::c_int) -> f64 {
     // SAFETY: an all-zero rusage is a valid value of this plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage for the duration of the call.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// CPU seconds of all `ksoftirqd/N` threads (softirq work the kernel deferred off the threads
+/// that raised it), from `/proc/<pid>/stat`; 0 where unreadable. Clock-tick resolution.
+fn ksoftirqd_cpu() -> f64 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0.0;
+    };
+    let mut ticks = 0u64;
+    for entry in dir.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": fields after the comm's closing parenthesis.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        if !head.contains("(ksoftirqd/") {
+            continue;
+        }
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the comm.
+        if let (Some(u), Some(s)) = (f.get(11), f.get(12)) {
+            ticks += u.parse::<u64>().unwrap_or(0) + s.parse::<u64>().unwrap_or(0);
+        }
+    }
+    ticks as f64 / hz
 }
 
 fn bench_config(forwarding: Forwarding) -> RelayConfig {
@@ -194,8 +276,21 @@ fn drain(mut s: TcpStream) -> io::Result<(u64, f64)> {
     }
 }
 
-/// Returns (GB/s, sending + receiving threads' CPU seconds).
-fn timed_transfer(tx: TcpStream, rx: TcpStream, bytes: u64) -> io::Result<(f64, f64)> {
+/// One measured transfer.
+struct Sample {
+    /// GB/s.
+    rate: f64,
+    /// CPU seconds of the sending and receiving threads.
+    endpoint_cpu: f64,
+    /// CPU seconds of the whole process and ksoftirqd over the transfer.
+    total_cpu: f64,
+    /// CPU seconds of the relay's thread (0 for a direct transfer).
+    relay_cpu: f64,
+}
+
+/// Returns (GB/s, sending + receiving threads' CPU seconds, whole-process + ksoftirqd CPU).
+fn timed_transfer(tx: TcpStream, rx: TcpStream, bytes: u64) -> io::Result<(f64, f64, f64)> {
+    let p0 = process_cpu();
     let t0 = Instant::now();
     let sender = thread::spawn(move || pump(tx, bytes));
     let (got, rx_cpu) = drain(rx)?;
@@ -203,22 +298,28 @@ fn timed_transfer(tx: TcpStream, rx: TcpStream, bytes: u64) -> io::Result<(f64, 
     let cpu = sender
         .join()
         .map_err(|_| io::Error::other("sender panicked"))??;
+    let total = process_cpu() - p0;
     if got != bytes {
         return Err(io::Error::other(format!("received {got} of {bytes} bytes")));
     }
-    Ok((bytes as f64 / secs / 1e9, cpu + rx_cpu))
+    Ok((bytes as f64 / secs / 1e9, cpu + rx_cpu, total))
 }
 
-/// Returns (GB/s, sending + receiving threads' CPU seconds).
-fn direct_transfer(bytes: u64) -> io::Result<(f64, f64)> {
+fn direct_transfer(bytes: u64) -> io::Result<Sample> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let tx = TcpStream::connect(listener.local_addr()?)?;
     let (rx, _) = listener.accept()?;
-    timed_transfer(tx, rx, bytes)
+    let (rate, endpoint_cpu, total_cpu) = timed_transfer(tx, rx, bytes)?;
+    Ok(Sample {
+        rate,
+        endpoint_cpu,
+        total_cpu,
+        relay_cpu: 0.0,
+    })
 }
 
-/// One transfer through a fresh relay; returns (GB/s, relay CPU seconds).
-fn relayed_transfer(bytes: u64, mode: Forwarding, buffer_size: usize) -> io::Result<(f64, f64)> {
+/// One transfer through a fresh relay.
+fn relayed_transfer(bytes: u64, mode: Forwarding, buffer_size: usize) -> io::Result<Sample> {
     let relay = BenchRelay::start(RelayConfig {
         buffer_size,
         ..bench_config(mode)
@@ -232,12 +333,17 @@ fn relayed_transfer(bytes: u64, mode: Forwarding, buffer_size: usize) -> io::Res
         .join()
         .map_err(|_| io::Error::other("receiver panicked"))?
         .map_err(io::Error::other)?;
-    let (rate, _) = timed_transfer(tx, rx, bytes)?;
-    let (stats, cpu) = relay.stop()?;
+    let (rate, endpoint_cpu, total_cpu) = timed_transfer(tx, rx, bytes)?;
+    let (stats, relay_cpu) = relay.stop()?;
     if stats.bytes_forwarded != bytes {
         return Err(io::Error::other("relay byte count mismatch"));
     }
-    Ok((rate, cpu))
+    Ok(Sample {
+        rate,
+        endpoint_cpu,
+        total_cpu,
+        relay_cpu,
+    })
 }
 
 /// Async client hello for the many-sessions case (2,000 blocking threads would measure the
