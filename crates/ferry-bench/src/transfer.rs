@@ -236,6 +236,7 @@ fn size_name(bytes: u64) -> String {
 pub fn run(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
     large_file(opts, ferry, report)?;
     small_files(opts, ferry, report)?;
+    pipeline(opts, report)?;
     memory(opts, ferry, report)?;
     Ok(())
 }
@@ -285,6 +286,108 @@ fn small_files(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Re
         median(&mut cli),
         "files/s",
     ));
+    Ok(())
+}
+
+/// One run of the transfer engine in this process, sender on a thread, receiver here, over loopback TCP:
+/// through the secure channel (handshake included) or in plaintext. Returns seconds.
+fn engine_run(paths: &[PathBuf], s: &Scratch, encrypted: bool) -> std::io::Result<f64> {
+    use ferry_channel::blocking::{handshake, split_tcp};
+    use ferry_channel::{Auth, Config, Handshake, Role};
+    use ferry_transfer::plain::{PlainSink, PlainSource};
+    use ferry_transfer::secure::{ChannelSink, ChannelSource};
+    use ferry_transfer::{PacketSink, PacketSource, ReceiveOptions, SendOptions};
+
+    fn err(e: impl std::fmt::Display) -> std::io::Error {
+        std::io::Error::other(e.to_string())
+    }
+    fn halves(
+        mut stream: TcpStream,
+        role: Role,
+        encrypted: bool,
+    ) -> std::io::Result<(Box<dyn PacketSink + Send>, Box<dyn PacketSource + Send>)> {
+        stream.set_nodelay(true)?;
+        if !encrypted {
+            let sink = PlainSink::new(stream.try_clone()?);
+            return Ok((Box::new(sink), Box::new(PlainSource::new(stream))));
+        }
+        let hs = Handshake::new(role, Config::ferry(), Auth::Code(b"bench".to_vec()));
+        let est = handshake(&mut stream, hs).map_err(err)?;
+        let (r, w) = split_tcp(stream, est).map_err(err)?;
+        Ok((Box::new(ChannelSink(w)), Box::new(ChannelSource(r))))
+    }
+
+    let walked = ferry_transfer::walk(paths).map_err(err)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let start = Instant::now();
+    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+        let (conn, _) = listener.accept()?;
+        let (mut sink, mut source) = halves(conn, Role::Responder, encrypted)?;
+        ferry_transfer::send(
+            &mut sink.as_mut(),
+            &mut source.as_mut(),
+            &walked.manifest,
+            &SendOptions::default(),
+            &mut (),
+        )
+        .map_err(err)?;
+        Ok(())
+    });
+    let (mut sink, mut source) = halves(TcpStream::connect(addr)?, Role::Initiator, encrypted)?;
+    let mut ropts = ReceiveOptions::new(s.join("out"));
+    ropts.partial_dir = Some(s.join("cache"));
+    ferry_transfer::receive(
+        &mut source.as_mut(),
+        &mut sink.as_mut(),
+        &ropts,
+        &mut |_| true,
+        &mut (),
+    )
+    .map_err(err)?;
+    sender.join().expect("sender thread")?;
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// The same engine through the secure channel and in plaintext, interleaved: what encryption costs.
+fn pipeline(opts: &Options, report: &mut Report) -> std::io::Result<()> {
+    let s = Scratch::new(&opts.scratch, "pipeline")?;
+    let tree = s.join("src/tree");
+    write_small_tree(&tree, opts.small_files)?;
+    let big = s.join("src/big.bin");
+    write_random_file(&big, opts.file_bytes, 0xb16)?;
+    let cases: [(&Path, String, f64, &str); 2] = [
+        (
+            &tree,
+            format!(
+                "{} files, engine in-process: channel vs plaintext",
+                opts.small_files
+            ),
+            opts.small_files as f64,
+            "files/s",
+        ),
+        (
+            &big,
+            format!(
+                "{} file, engine in-process: channel vs plaintext",
+                size_name(opts.file_bytes)
+            ),
+            opts.file_bytes as f64 / 1e9,
+            "GB/s",
+        ),
+    ];
+    for (path, name, amount, unit) in cases {
+        let (mut plain, mut secure) = (Vec::new(), Vec::new());
+        for _ in 0..opts.runs {
+            s.clear_out()?;
+            plain.push(amount / engine_run(&[path.to_path_buf()], &s, false)?);
+            s.clear_out()?;
+            secure.push(amount / engine_run(&[path.to_path_buf()], &s, true)?);
+        }
+        report.push(
+            Row::new(BENCH, name, median(&mut secure), unit).with_baseline(median(&mut plain)),
+        );
+    }
     Ok(())
 }
 

@@ -69,9 +69,12 @@ pub fn ellswift_decode_x(encoded: &[u8; ELLSWIFT_LEN]) -> [u8; 32] {
     x
 }
 
-/// Fills `buf` from the operating system's CSPRNG.
+/// Fills `buf` from the operating system's CSPRNG (getrandom(2)).
+///
+/// Not aws-lc's RNG: its first use in a process seeds a jitter-entropy DRBG, which costs about 30 ms here,
+/// a tenth of a whole small transfer.
 pub fn fill_random(buf: &mut [u8]) {
-    aws_lc_rs::rand::fill(buf).expect("the system CSPRNG does not fail");
+    getrandom::fill(buf).expect("the system CSPRNG does not fail");
 }
 
 struct Len(usize);

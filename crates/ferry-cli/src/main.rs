@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
-mod channel_io;
 mod failure;
 mod peer;
 mod relay_cmd;

@@ -340,6 +340,7 @@ pub fn receiver_connect(
                 }
                 // This host's registry is private to the user: a failed PAKE there means the wrong code. A
                 // LAN announcement may be a spoofer's, whose failed PAKE must not stop us from looking on.
+                Err(e) if path != "lan" && opts.relay.is_none() => return Err(e.into()),
                 Err(ChannelError::WrongCode) if path != "lan" => {
                     return Err(ChannelError::WrongCode.into())
                 }

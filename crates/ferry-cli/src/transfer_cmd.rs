@@ -12,11 +12,11 @@ use ferry_rendezvous::{Code, NameplateHash};
 use ferry_transfer::{Offer, ReceiveOptions, SendOptions};
 use serde_json::json;
 
-use crate::channel_io::{ChannelSink, ChannelSource};
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
 use crate::ui::{human_bytes, Ui};
 use crate::upgrade;
+use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]

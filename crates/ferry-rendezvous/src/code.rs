@@ -71,7 +71,7 @@ fn random_below(n: u32) -> u32 {
     let zone = u32::MAX - (u32::MAX % n);
     loop {
         let mut b = [0u8; 4];
-        aws_lc_rs::rand::fill(&mut b).expect("the system CSPRNG does not fail");
+        getrandom::fill(&mut b).expect("the system CSPRNG does not fail");
         let v = u32::from_le_bytes(b);
         if v < zone {
             return v % n;

@@ -176,7 +176,7 @@ fn shut_down(daemon: &ServiceDaemon) {
 /// `N` random bytes in lowercase hex.
 fn random_hex<const N: usize>() -> String {
     let mut b = [0u8; N];
-    aws_lc_rs::rand::fill(&mut b).expect("the system CSPRNG does not fail");
+    getrandom::fill(&mut b).expect("the system CSPRNG does not fail");
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

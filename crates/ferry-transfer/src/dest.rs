@@ -22,6 +22,17 @@ pub(crate) struct Destination {
     cursor: DirCursor,
     overwrite: bool,
     temp: Vec<u8>,
+    /// The process umask, when known: a new file whose mode it leaves intact is created with its
+    /// final mode, which saves a `fchmod` per file.
+    umask: Option<u32>,
+}
+
+/// The process umask, read from `/proc/self/status` (setting it to read it would race with
+/// other threads creating files).
+fn read_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 fn is_not_dir(e: &io::Error) -> bool {
@@ -37,6 +48,7 @@ impl Destination {
             cursor: DirCursor::new(Dir::open(out).map_err(err)?),
             overwrite,
             temp: Vec::new(),
+            umask: read_umask(),
         })
     }
 
@@ -78,12 +90,21 @@ impl Destination {
         order: &[u32],
         ours: impl Fn(u32) -> bool,
     ) -> Result<(), TransferError> {
+        // A directory found missing: nothing below it can exist either, so its entries (often
+        // all of them, in a fresh destination) cost no system call.
+        let mut missing: Option<&[u8]> = None;
         for &i in order {
             let e = &entries[i as usize];
             let (parent, name) = split_parent(&e.path);
+            if missing.is_some_and(|m| crate::fsys::is_component_prefix(m, parent)) {
+                continue;
+            }
             let dir = match self.cursor.enter(parent) {
                 Ok(Some(d)) => d,
-                Ok(None) => continue,
+                Ok(None) => {
+                    missing = Some(parent);
+                    continue;
+                }
                 // Something that is not a directory where one must go: replaced later when
                 // overwriting, a conflict otherwise (reported at the entry itself).
                 Err(e) if is_not_dir(&e) && self.overwrite => continue,
@@ -138,6 +159,12 @@ impl Destination {
         }
     }
 
+    /// Whether a new temporary file for `e` is created with its final mode (see
+    /// [`Destination::finish_file`]).
+    pub(crate) fn created_with_mode(&self, e: &Entry) -> bool {
+        self.umask.is_some_and(|m| e.mode & m == 0)
+    }
+
     /// Opens the temporary file of entry `index`: a new one when `offset` is 0, else the kept
     /// partial file cut back to `offset`.
     pub(crate) fn open_temp(
@@ -146,6 +173,11 @@ impl Destination {
         index: u32,
         offset: u64,
     ) -> Result<File, TransferError> {
+        let mode = if self.created_with_mode(e) {
+            e.mode
+        } else {
+            0o600
+        };
         let (_, name) = split_parent(&e.path);
         let temp = self.temp_name(name, index).to_vec();
         let dir = self.parent(&e.path)?;
@@ -157,12 +189,12 @@ impl Destination {
             io::Seek::seek(&mut file, io::SeekFrom::Start(offset)).map_err(err)?;
             return Ok(file);
         }
-        match dir.create_new(&temp, 0o600) {
+        match dir.create_new(&temp, mode) {
             Ok(f) => Ok(f),
             Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
                 // A stale temporary file of ours (an earlier, unrecorded run): start over.
                 dir.unlink(&temp).map_err(err)?;
-                dir.create_new(&temp, 0o600).map_err(err)
+                dir.create_new(&temp, mode).map_err(err)
             }
             Err(x) => Err(err(x)),
         }
@@ -177,17 +209,21 @@ impl Destination {
         }
     }
 
-    /// Gives a verified temporary file its mode, times and final name.
+    /// Gives a verified temporary file its mode (unless `mode_set`: created new with it), times
+    /// and final name.
     pub(crate) fn finish_file(
         &mut self,
         e: &Entry,
         index: u32,
         file: File,
         replace: bool,
+        mode_set: bool,
     ) -> Result<(), TransferError> {
         let err = |err| TransferError::file(e.path_lossy(), err);
-        file.set_permissions(Permissions::from_mode(e.mode))
-            .map_err(err)?;
+        if !mode_set {
+            file.set_permissions(Permissions::from_mode(e.mode))
+                .map_err(err)?;
+        }
         set_file_times(&file, e.mtime, e.mtime_nsec).map_err(err)?;
         drop(file);
         let replace = replace || self.overwrite;

@@ -9,7 +9,7 @@ use crate::path::PathProblem;
 #[derive(Debug, thiserror::Error)]
 pub enum TransferError {
     /// An I/O error of the channel or of a local file that has no more specific variant.
-    #[error("i/o error: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     /// An I/O error on a named local file or directory.
     #[error("{path}: {source}")]

@@ -297,6 +297,6 @@ impl DirCursor {
 }
 
 /// Whether `prefix` is `path` or a chain of whole leading components of it.
-fn is_component_prefix(prefix: &[u8], path: &[u8]) -> bool {
+pub(crate) fn is_component_prefix(prefix: &[u8], path: &[u8]) -> bool {
     path.starts_with(prefix) && (path.len() == prefix.len() || path[prefix.len()] == b'/')
 }

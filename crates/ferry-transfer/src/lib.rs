@@ -6,7 +6,7 @@
 //! a hidden temporary name, verifies its BLAKE3 hash, and only then gives it its final name.
 //!
 //! Both sides talk through two small traits, [`PacketSink`] and [`PacketSource`]: the encrypted
-//! channel implements them in the CLI, and [`plain`] implements them over any `Read`/`Write` with a
+//! channel implements them in [`secure`], and [`plain`] implements them over any `Read`/`Write` with a
 //! 4-byte length prefix (for tests and for the plaintext benchmark).
 //!
 //! ```no_run
@@ -55,9 +55,11 @@ pub mod plain;
 mod progress;
 mod receive;
 pub mod resume;
+pub mod secure;
 mod send;
 mod walk;
 pub mod wire;
+mod writer;
 
 pub use error::TransferError;
 pub use manifest::{Entry, EntryKind, Manifest, Totals};

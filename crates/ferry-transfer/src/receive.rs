@@ -6,11 +6,10 @@ use crate::manifest::{check_tree, Entry, EntryKind, Totals};
 use crate::progress::{Progress, ProgressState};
 use crate::resume::{self, PartialState};
 use crate::wire::{self, OfferHeader, Put, Reader};
+use crate::writer::{self, FileWriter};
 use crate::{PacketSink, PacketSource, TransferError, CHUNK};
 use blake3::hazmat::ChainingValue;
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
 
 /// Default limit on the number of entries an offer may announce.
@@ -235,26 +234,36 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         }
     }
 
-    let mut rx = Incoming {
-        entries: &entries,
-        held,
-        dest: &mut dest,
-        state: state.as_mut(),
-        next_file: 0,
-        cur: None,
-        hasher: FileHasher::default(),
-        verified: 0,
-        report: ReceiveReport {
-            totals: header.totals,
-            ..Default::default()
-        },
-    };
-    let result = rx.data(source, progress, &mut pstate);
-    if let Err(e) = &result {
-        rx.abandon(e);
+    // The file-system work of many small files runs on a second thread, overlapping with
+    // reading, decrypting and hashing; large files are written straight from the packets.
+    let threaded = header.totals.files > 0
+        && header.totals.bytes / header.totals.files < writer::THREAD_BELOW_MEAN_SIZE;
+    let (report, done) = writer::with_writer(&mut dest, &entries, threaded, |writer| {
+        let mut rx = Incoming {
+            entries: &entries,
+            held,
+            writer,
+            state: state.as_mut(),
+            next_file: 0,
+            cur: None,
+            hasher: FileHasher::default(),
+            verified: 0,
+            report: ReceiveReport {
+                totals: header.totals,
+                ..Default::default()
+            },
+        };
+        let result = rx.data(source, progress, &mut pstate);
+        if let Err(e) = &result {
+            rx.abandon(e);
+        }
+        result.map(|()| rx.report)
+    })?;
+    pstate.bytes_done = report.bytes_received + report.bytes_resumed;
+    for i in done {
+        pstate.files_done += 1;
+        progress.file_done(&pstate, &entries[i as usize]);
     }
-    result?;
-    let report = rx.report;
 
     for &i in &order {
         let e = &entries[i as usize];
@@ -350,8 +359,9 @@ fn send_accept<K: PacketSink>(
 /// The file being received.
 struct Current {
     index: u32,
-    /// `None` when the sender confirmed a file finished in an earlier run.
-    file: Option<File>,
+    /// Whether a temporary file is being written (`false` when the sender confirmed a file
+    /// finished in an earlier run).
+    writing: bool,
     pos: u64,
     size: u64,
     /// An earlier run's final file is being replaced.
@@ -361,10 +371,10 @@ struct Current {
 }
 
 /// The data phase.
-struct Incoming<'a> {
+struct Incoming<'a, 'b> {
     entries: &'a [Entry],
     held: HashMap<u32, Held>,
-    dest: &'a mut Destination,
+    writer: &'a mut FileWriter<'b>,
     state: Option<&'a mut PartialState>,
     /// Position in `entries` from which the next file is searched.
     next_file: usize,
@@ -375,7 +385,7 @@ struct Incoming<'a> {
     report: ReceiveReport,
 }
 
-impl Incoming<'_> {
+impl Incoming<'_, '_> {
     fn data<S: PacketSource>(
         &mut self,
         source: &mut S,
@@ -399,12 +409,7 @@ impl Incoming<'_> {
                         self.write(data)?;
                     }
                     wire::REC_CHUNK => self.chunk(r.u32()?, &r.array()?)?,
-                    wire::REC_END => {
-                        self.end(&r.array()?)?;
-                        pstate.files_done += 1;
-                        pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
-                        progress.file_done(pstate, &self.entries[self.next_file - 1]);
-                    }
+                    wire::REC_END => self.end(&r.array()?)?,
                     wire::REC_FINISH => {
                         if self.cur.is_some() || self.next_file_index().is_some() {
                             return Err(TransferError::protocol(
@@ -415,6 +420,12 @@ impl Incoming<'_> {
                     }
                     t => return Err(TransferError::protocol(format!("unknown data record {t}"))),
                 }
+            }
+            self.writer.submit()?;
+            pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
+            for i in self.writer.take_done() {
+                pstate.files_done += 1;
+                progress.file_done(pstate, &self.entries[i as usize]);
             }
             if let Some(state) = self.state.as_deref_mut() {
                 state
@@ -456,11 +467,11 @@ impl Incoming<'_> {
             None => (&[][..], None),
         };
         let mut replace = false;
-        let file = if complete.is_some() && offset == e.size {
+        let writing = if complete.is_some() && offset == e.size {
             // The sender agrees that the earlier run's file is whole: nothing to hash or write;
             // its END must carry the hash this side verified.
             self.hasher.start(e.size, &[]);
-            None
+            false
         } else {
             // From the start, or from a chunk boundary within what this side kept.
             let k = if offset == 0 {
@@ -486,14 +497,15 @@ impl Incoming<'_> {
                 }
             }
             self.hasher.start(e.size, &kept[..k]);
-            Some(self.dest.open_temp(e, index, offset)?)
+            self.writer.open(index, offset)?;
+            true
         };
         self.report.bytes_resumed += offset;
         self.verified = self.hasher.chunk_hashes().len();
-        let confirm = if file.is_none() { complete } else { None };
+        let confirm = if writing { None } else { complete };
         self.cur = Some(Current {
             index,
-            file,
+            writing,
             pos: offset,
             size: e.size,
             replace,
@@ -517,12 +529,10 @@ impl Incoming<'_> {
                 more: true,
             });
         }
-        let file = cur
-            .file
-            .as_mut()
-            .ok_or_else(|| TransferError::protocol("data for a finished file"))?;
-        file.write_all(data)
-            .map_err(|err| TransferError::file(e.path_lossy(), err))?;
+        if !cur.writing {
+            return Err(TransferError::protocol("data for a finished file"));
+        }
+        self.writer.write(data)?;
         self.hasher.update(data);
         cur.pos = end;
         self.report.bytes_received += data.len() as u64;
@@ -580,8 +590,10 @@ impl Incoming<'_> {
             });
         }
         let cur = self.cur.take().expect("checked above");
-        if let Some(file) = cur.file {
-            self.dest.finish_file(e, cur.index, file, cur.replace)?;
+        if cur.writing {
+            self.writer.finish(cur.index, cur.replace)?;
+        } else {
+            self.writer.done(cur.index)?;
         }
         if let Some(state) = self.state.as_deref_mut() {
             state.log_done(cur.index, hash);
@@ -593,16 +605,14 @@ impl Incoming<'_> {
     /// it when its data was wrong.
     fn abandon(&mut self, err: &TransferError) {
         if let Some(cur) = self.cur.take() {
-            let e = &self.entries[cur.index as usize];
             let bad_data = matches!(
                 err,
                 TransferError::SizeMismatch { .. }
                     | TransferError::Integrity { .. }
                     | TransferError::Protocol(_)
             );
-            if bad_data && cur.file.is_some() {
-                drop(cur.file);
-                self.dest.remove_temp(e, cur.index);
+            if bad_data && cur.writing {
+                self.writer.remove(cur.index);
                 if let Some(state) = self.state.as_deref_mut() {
                     state.log_start(cur.index, 0);
                 }

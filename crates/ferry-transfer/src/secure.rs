@@ -1,11 +1,11 @@
-//! The secure channel as the transfer engine's packet transport.
+//! The secure channel ([`ferry_channel`]) as the engine's packet transport.
 
 use std::io;
 use std::net::TcpStream;
 
+use crate::{PacketSink, PacketSource};
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
-use ferry_transfer::{PacketSink, PacketSource};
 
 /// The sending half of an established channel over TCP.
 pub struct ChannelSink(pub SecureWriter<TcpStream>);

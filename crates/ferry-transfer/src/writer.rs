@@ -1,0 +1,298 @@
+//! The receiver's file work (create, write, mode and times, rename), done either on the receiving
+//! thread or on a second thread.
+//!
+//! On the second thread ([`Mode::Queued`]), the file-system work of many small files overlaps
+//! with reading, decrypting, parsing and hashing the next packet: the receiving thread describes
+//! each packet's file work as one [`Batch`] (the file bytes copied out of the packet plus the
+//! operations on them, in stream order) and queues it; the writer runs the operations in order
+//! and hands the batch back for reuse, which also tells the receiving thread which files are now
+//! under their final name. At most [`IN_FLIGHT`] batches exist, so memory stays bounded by a few
+//! packets. The first error stops the writer; the receiving thread notices when it next hands
+//! over work, and the writer's error is the one reported.
+//!
+//! For large files the copy into the batch costs more than the overlap gains (measured: the two
+//! processes of a transfer already keep both cores of a small machine busy, so total CPU time
+//! decides), and the work is done in place ([`Mode::Inline`]), writing straight from the packet.
+
+use crate::dest::Destination;
+use crate::{Entry, TransferError};
+use std::fs::File;
+use std::io::Write;
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
+
+/// Batches allocated at most (each holds at most one packet of file data).
+const IN_FLIGHT: usize = 4;
+
+/// Offers whose files average less than this many bytes get a writer thread.
+pub(crate) const THREAD_BELOW_MEAN_SIZE: u64 = 256 << 10;
+
+/// One file-system operation, in stream order.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    /// Open the temporary file of entry `index` from `offset` (see [`Destination::open_temp`]).
+    Open { index: u32, offset: u64 },
+    /// Append the next `len` bytes of the batch's data to the open file.
+    Write { len: usize },
+    /// The open file is verified: give it its mode, times and final name.
+    Finish { index: u32, replace: bool },
+    /// Entry `index` is complete without any file work (kept from an earlier run).
+    Done { index: u32 },
+    /// The open file's data was wrong: close and remove it.
+    Remove { index: u32 },
+}
+
+/// The file work of one packet.
+#[derive(Default)]
+struct Batch {
+    data: Vec<u8>,
+    ops: Vec<Op>,
+}
+
+/// The file being written: its entry, the file, and whether it was created with its final mode.
+type OpenFile = (u32, File, bool);
+
+/// Runs one operation; `data` is the bytes of a [`Op::Write`].
+fn apply(
+    dest: &mut Destination,
+    entries: &[Entry],
+    open: &mut Option<OpenFile>,
+    op: Op,
+    data: &[u8],
+) -> Result<(), TransferError> {
+    match op {
+        Op::Open { index, offset } => {
+            let e = &entries[index as usize];
+            let file = dest.open_temp(e, index, offset)?;
+            *open = Some((index, file, offset == 0 && dest.created_with_mode(e)));
+        }
+        Op::Write { .. } => {
+            let (index, file, _) = open.as_mut().expect("writes follow an open");
+            file.write_all(data)
+                .map_err(|err| TransferError::file(entries[*index as usize].path_lossy(), err))?;
+        }
+        Op::Finish { index, replace } => {
+            let (_, file, mode_set) = open.take().expect("finish follows an open");
+            dest.finish_file(&entries[index as usize], index, file, replace, mode_set)?;
+        }
+        Op::Remove { index } => {
+            drop(open.take());
+            dest.remove_temp(&entries[index as usize], index);
+        }
+        Op::Done { .. } => {}
+    }
+    Ok(())
+}
+
+/// Where the work is done.
+enum Mode<'a> {
+    /// Right away, on the receiving thread.
+    Inline {
+        dest: &'a mut Destination,
+        entries: &'a [Entry],
+        open: Option<OpenFile>,
+    },
+    /// On the writer thread.
+    Queued {
+        jobs: Option<SyncSender<Batch>>,
+        back: Receiver<Batch>,
+        spare: Vec<Batch>,
+        allocated: usize,
+        cur: Batch,
+    },
+}
+
+/// The receiving thread's handle on the file work.
+pub(crate) struct FileWriter<'a> {
+    mode: Mode<'a>,
+    /// Files completed, not yet taken by [`FileWriter::take_done`].
+    done: Vec<u32>,
+}
+
+/// Runs `body` with a [`FileWriter`] working on `dest`, on a second thread if `threaded`, then
+/// waits for everything queued to be done. Returns `body`'s value and the files completed since
+/// its last [`FileWriter::take_done`], in order. The writer thread's error, if any, wins over
+/// `body`'s (it concerns earlier data).
+pub(crate) fn with_writer<T>(
+    dest: &mut Destination,
+    entries: &[Entry],
+    threaded: bool,
+    body: impl FnOnce(&mut FileWriter<'_>) -> Result<T, TransferError>,
+) -> Result<(T, Vec<u32>), TransferError> {
+    if !threaded {
+        let mut w = FileWriter {
+            mode: Mode::Inline {
+                dest,
+                entries,
+                open: None,
+            },
+            done: Vec::new(),
+        };
+        let result = body(&mut w)?;
+        return Ok((result, w.done));
+    }
+    std::thread::scope(|s| {
+        let (jobs, jobs_rx) = mpsc::sync_channel::<Batch>(IN_FLIGHT);
+        let (back_tx, back) = mpsc::channel::<Batch>();
+        let handle = std::thread::Builder::new()
+            .name("ferry-writer".into())
+            .spawn_scoped(s, move || run(dest, entries, jobs_rx, back_tx))
+            .map_err(TransferError::Io)?;
+        let mut w = FileWriter {
+            mode: Mode::Queued {
+                jobs: Some(jobs),
+                back,
+                spare: Vec::new(),
+                allocated: 1,
+                cur: Batch::default(),
+            },
+            done: Vec::new(),
+        };
+        let result = body(&mut w);
+        // Whatever is still queued (a removal after an error, say) goes out before the end.
+        let _ = w.submit();
+        let Mode::Queued { jobs, back, .. } = &mut w.mode else {
+            unreachable!("queued above")
+        };
+        *jobs = None;
+        let written = match handle.join() {
+            Ok(r) => r,
+            Err(panic) => std::panic::resume_unwind(panic),
+        };
+        while let Ok(batch) = back.try_recv() {
+            report(&batch, &mut w.done);
+        }
+        written?;
+        Ok((result?, w.done))
+    })
+}
+
+fn report(batch: &Batch, done: &mut Vec<u32>) {
+    for op in &batch.ops {
+        if let Op::Finish { index, .. } | Op::Done { index } = *op {
+            done.push(index);
+        }
+    }
+}
+
+impl FileWriter<'_> {
+    fn push(&mut self, op: Op, data: &[u8]) -> Result<(), TransferError> {
+        match &mut self.mode {
+            Mode::Inline {
+                dest,
+                entries,
+                open,
+            } => {
+                apply(dest, entries, open, op, data)?;
+                if let Op::Finish { index, .. } | Op::Done { index } = op {
+                    self.done.push(index);
+                }
+            }
+            Mode::Queued { cur, .. } => {
+                cur.data.extend_from_slice(data);
+                match (cur.ops.last_mut(), op) {
+                    (Some(Op::Write { len }), Op::Write { len: more }) => *len += more,
+                    _ => cur.ops.push(op),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the temporary file of entry `index` from `offset`.
+    pub(crate) fn open(&mut self, index: u32, offset: u64) -> Result<(), TransferError> {
+        self.push(Op::Open { index, offset }, &[])
+    }
+
+    /// Appends `data` to the open file.
+    pub(crate) fn write(&mut self, data: &[u8]) -> Result<(), TransferError> {
+        self.push(Op::Write { len: data.len() }, data)
+    }
+
+    /// Gives the open, verified file of entry `index` its final name.
+    pub(crate) fn finish(&mut self, index: u32, replace: bool) -> Result<(), TransferError> {
+        self.push(Op::Finish { index, replace }, &[])
+    }
+
+    /// Notes that entry `index` is complete without file work (reported in order with the rest).
+    pub(crate) fn done(&mut self, index: u32) -> Result<(), TransferError> {
+        self.push(Op::Done { index }, &[])
+    }
+
+    /// Removes the open temporary file of entry `index`.
+    pub(crate) fn remove(&mut self, index: u32) {
+        let _ = self.push(Op::Remove { index }, &[]);
+    }
+
+    /// Files completed so far (under their final name), in order.
+    pub(crate) fn take_done(&mut self) -> std::vec::Drain<'_, u32> {
+        self.done.drain(..)
+    }
+
+    /// Hands the queued work to the writer thread and starts a new batch, waiting for one to
+    /// come back if [`IN_FLIGHT`] are out. Fails if the writer stopped (after an error, which
+    /// [`with_writer`] returns).
+    pub(crate) fn submit(&mut self) -> Result<(), TransferError> {
+        let Mode::Queued {
+            jobs,
+            back,
+            spare,
+            allocated,
+            cur,
+        } = &mut self.mode
+        else {
+            return Ok(());
+        };
+        if cur.ops.is_empty() {
+            return Ok(());
+        }
+        let gone = || TransferError::Io(std::io::Error::other("the file writer stopped"));
+        let jobs = jobs.as_ref().ok_or_else(gone)?;
+        let next = loop {
+            match back.try_recv() {
+                Ok(mut b) => {
+                    report(&b, &mut self.done);
+                    b.data.clear();
+                    b.ops.clear();
+                    spare.push(b);
+                }
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return Err(gone()),
+            }
+            if let Some(b) = spare.pop() {
+                break b;
+            }
+            if *allocated < IN_FLIGHT {
+                *allocated += 1;
+                break Batch::default();
+            }
+            let mut b = back.recv().map_err(|_| gone())?;
+            report(&b, &mut self.done);
+            b.data.clear();
+            b.ops.clear();
+            spare.push(b);
+        };
+        let batch = std::mem::replace(cur, next);
+        jobs.send(batch).map_err(|_| gone())
+    }
+}
+
+/// The writer thread: runs every batch's operations in order until the queue closes.
+fn run(
+    dest: &mut Destination,
+    entries: &[Entry],
+    jobs: Receiver<Batch>,
+    back: Sender<Batch>,
+) -> Result<(), TransferError> {
+    let mut open = None;
+    for batch in jobs {
+        let mut at = 0;
+        for &op in &batch.ops {
+            let len = if let Op::Write { len } = op { len } else { 0 };
+            apply(dest, entries, &mut open, op, &batch.data[at..at + len])?;
+            at += len;
+        }
+        // The receiving thread may be gone already (after its own error); keep writing.
+        let _ = back.send(batch);
+    }
+    Ok(())
+}
