@@ -148,6 +148,7 @@ pub fn seal_open_in_place(tx: &mut Sealer, rx: &mut Opener, size: usize, count: 
     let (_, t) = timed(|| {
         for _ in 0..count {
             // Seal straight into the opener's receive buffer, where a socket read would put the bytes.
+            rx.reserve(frame_len(size));
             let spare = rx.spare();
             let frame = &mut spare[..frame_len(size)];
             tx.seal_frame(frame, 0).expect("seal");

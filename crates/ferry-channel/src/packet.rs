@@ -21,6 +21,8 @@ pub const MAX_ENCODABLE: usize = (1 << 24) - 1;
 pub const HEADER_DECOY: u8 = 0x80;
 /// Header bit: the authenticated end of stream (a ferry extension; BIP324 leaves it reserved).
 pub const HEADER_CLOSE: u8 = 0x01;
+/// What an opener's receive buffer starts at, before any large packet.
+const INITIAL_BUFFER: usize = 64 << 10;
 /// Default maximum contents per packet: 1 MiB.
 pub const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
 
@@ -233,9 +235,10 @@ pub struct Opener {
 
 impl Opener {
     pub(crate) fn new(reader: PacketReader, leftover: &[u8]) -> Self {
-        // Room for one largest frame plus slack, so large reads can also take the start of the next frame.
-        let cap = frame_len(reader.max_payload) + (64 << 10);
-        let mut buf = vec![0u8; cap.max(leftover.len())];
+        // Start small; the buffer grows once, to one largest frame plus slack, when a large packet comes.
+        // (Zeroing a 1 MiB buffer that small-packet sessions never use costs more than the whole key
+        // agreement.)
+        let mut buf = vec![0u8; INITIAL_BUFFER.max(leftover.len())];
         buf[..leftover.len()].copy_from_slice(leftover);
         Opener {
             reader,
@@ -244,6 +247,12 @@ impl Opener {
             end: leftover.len(),
             closed: false,
         }
+    }
+
+    /// The most the buffer grows to: one largest frame plus slack, so large reads can also take the
+    /// start of the next frame.
+    fn capacity(&self) -> usize {
+        frame_len(self.reader.max_payload) + (64 << 10)
     }
 
     /// The largest contents one packet may carry.
@@ -269,6 +278,10 @@ impl Opener {
             Some(frame) => s.start + frame,
             None => s.buf.len(),
         };
+        let cap = self.capacity();
+        if (want(self) > self.buf.len() || self.end == self.buf.len()) && self.buf.len() < cap {
+            self.buf.resize(cap, 0);
+        }
         if want(self) > self.buf.len() || self.end == self.buf.len() {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
@@ -276,6 +289,15 @@ impl Opener {
         }
         let limit = want(self).min(self.buf.len()).max(self.end);
         &mut self.buf[self.end..limit]
+    }
+
+    /// Grows the buffer to its full size if fewer than `n` bytes are free, so the next [`Opener::spare`]
+    /// can offer a whole large frame (for callers that seal straight into it, like the benchmark).
+    pub fn reserve(&mut self, n: usize) {
+        if self.buf.len() - self.end < n && self.buf.len() < self.capacity() {
+            let cap = self.capacity();
+            self.buf.resize(cap, 0);
+        }
     }
 
     /// Records that `n` bytes were read into [`Opener::spare`].
