@@ -309,6 +309,7 @@ impl Opener {
     /// Copies bytes in (the sans-IO entry point); returns how many fit. Call [`Opener::next`] until it returns
     /// `Ok(None)` before feeding more.
     pub fn feed(&mut self, data: &[u8]) -> usize {
+        self.reserve(data.len());
         let spare = self.spare();
         let n = spare.len().min(data.len());
         spare[..n].copy_from_slice(&data[..n]);
