@@ -22,12 +22,12 @@
 mod common;
 
 use std::fs::{self, File};
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -321,43 +321,14 @@ fn own_namespace_snapshot() -> (Vec<String>, String, String) {
 }
 
 /// A `ferry relay` child in a namespace, killed on drop.
-struct RelayProcess {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_relay(w: &World, ns: &Netns, listen: SocketAddr) -> RelayProcess {
     let mut cmd = w.cmd();
     ns.inside(&mut cmd)
         .arg("relay")
         .arg("--listen")
         .arg(listen.to_string())
-        .args(["--stats-interval", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn ferry relay");
-    let mut lines = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    lines.read_line(&mut line).expect("relay banner");
-    let addr = line.trim().rsplit(' ').next().and_then(|a| a.parse().ok());
-    let Some(addr) = addr else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("unexpected relay banner {line:?}");
-    };
-    // Keep draining stderr so the relay never blocks on it.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = lines.read_to_string(&mut sink);
-    });
-    RelayProcess { child, addr }
+        .args(["--stats-interval", "0"]);
+    RelayProcess::spawn(cmd)
 }
 
 /// How the peers look for each other besides the relay.

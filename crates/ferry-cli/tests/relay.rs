@@ -5,51 +5,19 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use common::*;
 
-/// A `ferry relay` child, killed on drop.
-struct RelayProcess {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn start_relay(w: &World, listen: &str, extra: &[&str]) -> RelayProcess {
-    let mut child = w
-        .cmd()
-        .args(["relay", "--listen", listen, "--stats-interval", "0"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry relay");
-    let mut lines = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    lines.read_line(&mut line).expect("relay banner");
-    let addr = line
-        .trim()
-        .rsplit(' ')
-        .next()
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("unexpected relay banner {line:?}"));
-    // Keep draining stderr so the relay never blocks on it.
-    std::thread::spawn(move || {
-        let mut sink = String::new();
-        let _ = lines.read_to_string(&mut sink);
-    });
-    RelayProcess { child, addr }
+    let mut cmd = w.cmd();
+    cmd.args(["relay", "--listen", listen, "--stats-interval", "0"])
+        .args(extra);
+    RelayProcess::spawn(cmd)
 }
 
 /// Sends `paths` and receives into `out`, both with `--force-relay` through `relay`.

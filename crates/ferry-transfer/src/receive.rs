@@ -88,16 +88,7 @@ pub fn receive<S: PacketSource, K: PacketSink>(
     progress: &mut dyn Progress,
 ) -> Result<ReceiveReport, TransferError> {
     let result = receive_inner(source, sink, opts, accept, progress);
-    if let Err(e) = &result {
-        if !matches!(
-            e,
-            TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)
-        ) {
-            let mut msg = Vec::new();
-            wire::encode_error(e, &mut msg);
-            let _ = sink.send(&msg).and_then(|_| sink.flush());
-        }
-    }
+    wire::report_failure(&result, sink);
     result
 }
 

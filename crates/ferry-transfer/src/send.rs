@@ -58,16 +58,7 @@ pub fn send<K: PacketSink, S: PacketSource>(
     progress: &mut dyn Progress,
 ) -> Result<SendReport, TransferError> {
     let result = send_inner(sink, source, manifest, opts, progress);
-    if let Err(e) = &result {
-        if !matches!(
-            e,
-            TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)
-        ) {
-            let mut msg = Vec::new();
-            wire::encode_error(e, &mut msg);
-            let _ = sink.send(&msg).and_then(|_| sink.flush());
-        }
-    }
+    wire::report_failure(&result, sink);
     result
 }
 

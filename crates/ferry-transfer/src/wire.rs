@@ -276,6 +276,24 @@ pub fn encode_error(err: &TransferError, out: &mut Vec<u8>) {
     out.put(&msg.as_bytes()[..end]);
 }
 
+/// Tells the peer why this side failed, best effort, unless the failure came from the peer or the
+/// channel itself (then there is nobody to tell or nothing new to say).
+pub(crate) fn report_failure<T, K: crate::PacketSink>(
+    result: &Result<T, TransferError>,
+    sink: &mut K,
+) {
+    if let Err(e) = result {
+        if !matches!(
+            e,
+            TransferError::Remote { .. } | TransferError::Declined | TransferError::Io(_)
+        ) {
+            let mut msg = Vec::new();
+            encode_error(e, &mut msg);
+            let _ = sink.send(&msg).and_then(|_| sink.flush());
+        }
+    }
+}
+
 /// Decodes the body of an error message (after its type byte) into [`TransferError::Remote`].
 pub fn decode_error_body(r: &mut Reader<'_>) -> TransferError {
     let mut parse = || -> Result<TransferError, TransferError> {

@@ -476,3 +476,39 @@ impl Watched {
         out
     }
 }
+
+/// A `ferry relay` child, killed on drop.
+pub struct RelayProcess {
+    pub child: Child,
+    pub addr: std::net::SocketAddr,
+}
+
+impl RelayProcess {
+    /// Spawns `cmd` (a prepared `ferry relay ...` command), reads the address from its banner, and keeps
+    /// draining its stderr so it never blocks.
+    pub fn spawn(mut cmd: Command) -> RelayProcess {
+        use std::io::Read;
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn ferry relay");
+        let mut lines = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        lines.read_line(&mut line).expect("relay banner");
+        let Some(addr) = line.trim().rsplit(' ').next().and_then(|a| a.parse().ok()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("unexpected relay banner {line:?}");
+        };
+        std::thread::spawn(move || {
+            let mut sink = String::new();
+            let _ = lines.read_to_string(&mut sink);
+        });
+        RelayProcess { child, addr }
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
