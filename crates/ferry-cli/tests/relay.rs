@@ -8,7 +8,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -20,16 +20,10 @@ fn start_relay(w: &World, listen: &str, extra: &[&str]) -> RelayProcess {
     RelayProcess::spawn(cmd)
 }
 
-/// Sends `paths` and receives into `out`, both with `--force-relay` through `relay`.
-fn relayed(
-    w: &World,
-    relay: &str,
-    code: &str,
-    paths: &[&Path],
-    out: &Path,
-) -> (std::process::Output, std::process::Output) {
-    let mut send = w.cmd();
-    send.args([
+/// `ferry send --json --force-relay --relay RELAY --code CODE PATHS...`, output piped.
+fn relay_send(w: &World, relay: &str, code: &str, paths: &[&Path]) -> Child {
+    let mut cmd = w.cmd();
+    cmd.args([
         "send",
         "--json",
         "--force-relay",
@@ -41,25 +35,32 @@ fn relayed(
     .args(paths)
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    let send = finish_in_background(send.spawn().unwrap());
-    let recv = w
-        .cmd()
-        .args([
-            "receive",
-            "--json",
-            "--yes",
-            "--force-relay",
-            "--relay",
-            relay,
-            code,
-            "--out",
-        ])
-        .arg(out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let recv = finish(recv);
+    cmd.spawn().expect("spawn ferry send")
+}
+
+/// `ferry receive --json --yes --force-relay --relay RELAY CODE --out OUT`, output piped.
+fn relay_receive(w: &World, relay: &str, code: &str, out: &Path) -> Child {
+    let mut cmd = w.cmd();
+    cmd.args([
+        "receive",
+        "--json",
+        "--yes",
+        "--force-relay",
+        "--relay",
+        relay,
+        code,
+        "--out",
+    ])
+    .arg(out)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    cmd.spawn().expect("spawn ferry receive")
+}
+
+/// Sends `paths` and receives into `out`, both with `--force-relay` through `relay`.
+fn relayed(w: &World, relay: &str, code: &str, paths: &[&Path], out: &Path) -> (Output, Output) {
+    let send = finish_in_background(relay_send(w, relay, code, paths));
+    let recv = finish(relay_receive(w, relay, code, out));
     (send.join().unwrap(), recv)
 }
 
@@ -175,38 +176,9 @@ fn the_relay_path_carries_no_plaintext_and_looks_random() {
     }
     let code = "52-oxygen-harbor-velvet";
     // The receiver reaches the relay through the recording proxy; the sender directly.
-    let mut send = w.cmd();
-    send.args([
-        "send",
-        "--json",
-        "--force-relay",
-        "--relay",
-        &relay.addr.to_string(),
-        "--code",
-        code,
-    ])
-    .arg(&dir)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let send = finish_in_background(send.spawn().unwrap());
-    let recv = finish(
-        w.cmd()
-            .args([
-                "receive",
-                "--json",
-                "--yes",
-                "--force-relay",
-                "--relay",
-                &proxy.to_string(),
-                code,
-                "--out",
-            ])
-            .arg(w.out())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let relay_addr = relay.addr.to_string();
+    let send = finish_in_background(relay_send(&w, &relay_addr, code, &[&dir]));
+    let recv = finish(relay_receive(&w, &proxy.to_string(), code, &w.out()));
     assert_success("receive", &recv);
     assert_success("send", &send.join().unwrap());
     assert_same_tree(&dir, &w.out().join("Quarterly Report Folder"));
@@ -257,23 +229,7 @@ fn relay_rate_limit_is_a_clear_client_error() {
     let f = w.src().join("x");
     fs::write(&f, b"x").unwrap();
     let relay_addr = relay.addr.to_string();
-    let spawn_sender = |code: &str| {
-        w.cmd()
-            .args([
-                "send",
-                "--json",
-                "--force-relay",
-                "--relay",
-                &relay_addr,
-                "--code",
-                code,
-            ])
-            .arg(&f)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let spawn_sender = |code: &str| relay_send(&w, &relay_addr, code, &[&f]);
     let mut waiting = vec![
         spawn_sender("61-apple-orbit-violin"),
         spawn_sender("62-apple-orbit-violin"),
@@ -315,37 +271,8 @@ fn a_relay_restart_during_a_transfer_resumes() {
     let size = 256u64 << 20;
     fs::write(&f, pseudo_random(size as usize, 12)).unwrap();
     let code = "53-apple-orbit-violin";
-    let mut send = w.cmd();
-    send.args([
-        "send",
-        "--json",
-        "--force-relay",
-        "--relay",
-        &listen,
-        "--code",
-        code,
-    ])
-    .arg(&f)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let send = finish_in_background(send.spawn().unwrap());
-    let mut recv = w
-        .cmd()
-        .args([
-            "receive",
-            "--json",
-            "--yes",
-            "--force-relay",
-            "--relay",
-            &listen,
-            code,
-            "--out",
-        ])
-        .arg(w.out())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let send = finish_in_background(relay_send(&w, &listen, code, &[&f]));
+    let mut recv = relay_receive(&w, &listen, code, &w.out());
     let _events = wait_for_event(recv.stdout.take().unwrap(), |e| {
         e["event"] == "progress" && e["bytes_done"].as_u64().unwrap_or(0) >= size / 3
     });
