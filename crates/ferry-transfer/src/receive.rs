@@ -239,6 +239,7 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             cur: None,
             hasher: FileHasher::default(),
             verified: 0,
+            unlogged_done: HashMap::new(),
             report: ReceiveReport {
                 totals: header.totals,
                 ..Default::default()
@@ -373,6 +374,9 @@ struct Incoming<'a, 'b> {
     hasher: FileHasher,
     /// Chunk hashes of the current file confirmed by the sender (or kept).
     verified: usize,
+    /// Hashes of verified files whose DONE record waits until the writer has renamed them, so the
+    /// resume log never claims what is not on disk yet.
+    unlogged_done: HashMap<u32, [u8; 32]>,
     report: ReceiveReport,
 }
 
@@ -415,6 +419,11 @@ impl Incoming<'_, '_> {
             self.writer.submit()?;
             pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
             for i in self.writer.take_done() {
+                if let (Some(state), Some(hash)) =
+                    (self.state.as_deref_mut(), self.unlogged_done.remove(&i))
+                {
+                    state.log_done(i, &hash);
+                }
                 pstate.files_done += 1;
                 progress.file_done(pstate, &self.entries[i as usize]);
             }
@@ -545,7 +554,13 @@ impl Incoming<'_, '_> {
             });
         }
         self.verified += 1;
-        if let Some(state) = self.state.as_deref_mut() {
+        // With the writer on another thread the chunk may not be written yet: not logged (small
+        // files only; a resume re-sends them).
+        if let Some(state) = self
+            .state
+            .as_deref_mut()
+            .filter(|_| !self.writer.is_threaded())
+        {
             state.log_chunk(cur.index, chunk, cv);
         }
         Ok(())
@@ -586,8 +601,8 @@ impl Incoming<'_, '_> {
         } else {
             self.writer.done(cur.index)?;
         }
-        if let Some(state) = self.state.as_deref_mut() {
-            state.log_done(cur.index, hash);
+        if self.state.is_some() {
+            self.unlogged_done.insert(cur.index, *hash);
         }
         Ok(())
     }

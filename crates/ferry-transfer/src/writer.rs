@@ -223,6 +223,11 @@ impl FileWriter<'_> {
         let _ = self.push(Op::Remove { index }, &[]);
     }
 
+    /// True when the file work runs on the writer thread, behind the receiving thread.
+    pub(crate) fn is_threaded(&self) -> bool {
+        matches!(self.mode, Mode::Queued { .. })
+    }
+
     /// Files completed so far (under their final name), in order.
     pub(crate) fn take_done(&mut self) -> std::vec::Drain<'_, u32> {
         self.done.drain(..)
