@@ -135,7 +135,6 @@ fn report_upgrade(ui: &Ui, peer: &str) {
 
 /// Runs `ferry send`.
 pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let walked = ferry_transfer::walk(&args.paths)?;
     let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
     let code = match &args.code {
         Some(c) => c.parse::<Code>()?,
@@ -144,7 +143,9 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             Code::generate(|n| !registry.is_taken(&NameplateHash::of(n)))
         }
     };
+    // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
     let rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
+    let walked = ferry_transfer::walk(&args.paths)?;
 
     let totals = walked.manifest.totals();
     ui.event(
