@@ -6,7 +6,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::report::{gbps, median, Report, Row};
@@ -152,8 +152,9 @@ fn cli_run(
     let mut send = cmd(&["send", "--code", &code]);
     send.args(paths);
     let send = send.spawn()?;
+    let send_hwm = watch_peak_rss(send.id());
     let out = s.join("out");
-    let recv = cmd(&[
+    let mut recv = cmd(&[
         "receive",
         &code,
         "--yes",
@@ -161,34 +162,44 @@ fn cli_run(
         out.to_str().expect("utf-8 scratch path"),
     ])
     .spawn()?;
-    let (recv_ok, recv_rss) = wait_rusage(recv)?;
+    let recv_hwm = watch_peak_rss(recv.id());
+    let recv_ok = recv.wait()?.success();
     let secs = start.elapsed().as_secs_f64();
-    let (send_ok, send_rss) = wait_rusage(send)?;
+    let mut send = send;
+    let send_ok = send.wait()?.success();
     if !(recv_ok && send_ok) {
         return Err(std::io::Error::other(
             "ferry send/receive failed during the benchmark",
         ));
     }
+    let (send_rss, recv_rss) = (send_hwm.join().unwrap_or(0), recv_hwm.join().unwrap_or(0));
     Ok((secs, send_rss, recv_rss))
 }
 
-/// Waits for a child and returns (success, peak RSS in KiB) from wait4's rusage.
-fn wait_rusage(child: Child) -> std::io::Result<(bool, u64)> {
-    let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is plain data; zero is a valid value for every field.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: wait4 on our own child with valid pointers to `status` and `usage`.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // The Child handle must not wait again; it has no destructor that waits, so just forget it.
-    std::mem::forget(child);
-    Ok((
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        usage.ru_maxrss as u64,
-    ))
+/// Follows a child's peak RSS (`VmHWM` in /proc/PID/status, KiB) until it exits.
+///
+/// Not wait4's `ru_maxrss`: a child started with vfork/posix_spawn inherits the parent's high-water
+/// mark across exec, which would report this benchmark's own memory for both sides.
+fn watch_peak_rss(pid: u32) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let path = format!("/proc/{pid}/status");
+        let mut peak = 0;
+        loop {
+            let Ok(text) = fs::read_to_string(&path) else {
+                return peak;
+            };
+            let hwm = text
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+            match hwm {
+                Some(v) => peak = peak.max(v),
+                // A zombie has no memory lines any more: the peak is final.
+                None => return peak,
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    })
 }
 
 /// The plaintext baseline: the same file copied file → TCP → file over loopback by two threads with 1 MiB
