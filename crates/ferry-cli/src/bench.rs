@@ -23,7 +23,7 @@ pub struct BenchArgs {
 /// Runs the selected layers.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let layers = if args.layers.is_empty() {
-        vec!["channel".to_string()]
+        ["channel", "transfer", "relay"].map(String::from).to_vec()
     } else {
         args.layers
     };
