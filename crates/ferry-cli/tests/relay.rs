@@ -364,3 +364,56 @@ fn a_session_that_met_at_the_relay_moves_to_a_direct_path_when_one_works() {
         );
     }
 }
+
+#[test]
+fn the_relay_can_come_from_the_config_file() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let config = w.path("config/ferry");
+    fs::create_dir_all(&config).unwrap();
+    fs::write(
+        config.join("config.toml"),
+        format!("relay = \"{}\"\n", relay.addr),
+    )
+    .unwrap();
+    let f = w.src().join("configured.bin");
+    fs::write(&f, pseudo_random(1 << 20, 14)).unwrap();
+    let code = "55-apple-orbit-violin";
+    let mut send = w.cmd();
+    send.args(["send", "--json", "--force-relay", "--code", code])
+        .arg(&f)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let send = finish_in_background(send.spawn().unwrap());
+    let mut recv = w.cmd();
+    recv.args(["receive", "--json", "--yes", "--force-relay", code, "--out"])
+        .arg(w.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let recv = finish(recv.spawn().unwrap());
+    let send = send.join().unwrap();
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    assert_same_tree(&f, &w.out().join("configured.bin"));
+    let connected = event(&events(&recv.stdout), "connected").cloned().unwrap();
+    assert_eq!(connected["path"], "relay");
+    assert_eq!(connected["peer"], relay.addr.to_string());
+
+    // A broken config file is a clear error, not silently ignored.
+    fs::write(config.join("config.toml"), "relay = 7\n").unwrap();
+    let out = finish(
+        w.cmd()
+            .args(["receive", "--json", "--yes", "--force-relay", code, "--out"])
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = event(&events(&out.stdout), "error").cloned().unwrap();
+    assert!(
+        err["message"].as_str().unwrap().contains("config.toml"),
+        "{err}"
+    );
+}

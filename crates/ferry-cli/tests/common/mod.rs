@@ -61,6 +61,8 @@ impl World {
         let mut c = Command::new(ferry());
         c.env("XDG_RUNTIME_DIR", self.path("runtime"))
             .env("XDG_CACHE_HOME", self.path("cache"))
+            .env("XDG_CONFIG_HOME", self.path("config"))
+            .env_remove("FERRY_RELAY")
             .env("FERRY_NO_DISCOVERY", "1")
             .env("FERRY_PROGRESS_MS", "1")
             .stdin(Stdio::null());
