@@ -402,6 +402,18 @@ fn pipeline(opts: &Options, report: &mut Report) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Peak RSS rows of both sides (KiB in, MiB out).
+fn push_rss(report: &mut Report, what: &str, send_kib: u64, recv_kib: u64) {
+    for (side, kib) in [("sender", send_kib), ("receiver", recv_kib)] {
+        report.push(Row::new(
+            BENCH,
+            format!("peak RSS, {side}, {what}"),
+            kib as f64 / 1024.0,
+            "MiB",
+        ));
+    }
+}
+
 fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
     {
         let s = Scratch::new(&opts.scratch, "rss-file")?;
@@ -409,18 +421,7 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
         fs::File::create(&src)?.set_len(opts.rss_file_bytes)?;
         let (t, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&src), 300)?;
         let name = size_name(opts.rss_file_bytes);
-        report.push(Row::new(
-            BENCH,
-            format!("peak RSS, sender, {name} file"),
-            send_rss as f64 / 1024.0,
-            "MiB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("peak RSS, receiver, {name} file"),
-            recv_rss as f64 / 1024.0,
-            "MiB",
-        ));
+        push_rss(report, &format!("{name} file"), send_rss, recv_rss);
         report.push(Row::new(
             BENCH,
             format!("{name} file (sparse source), ferry send+receive"),
@@ -432,18 +433,11 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
     let root = s.join("src/many");
     write_small_tree(&root, opts.rss_files)?;
     let (_, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&root), 301)?;
-    let n = opts.rss_files;
-    report.push(Row::new(
-        BENCH,
-        format!("peak RSS, sender, {n} files"),
-        send_rss as f64 / 1024.0,
-        "MiB",
-    ));
-    report.push(Row::new(
-        BENCH,
-        format!("peak RSS, receiver, {n} files"),
-        recv_rss as f64 / 1024.0,
-        "MiB",
-    ));
+    push_rss(
+        report,
+        &format!("{} files", opts.rss_files),
+        send_rss,
+        recv_rss,
+    );
     Ok(())
 }
