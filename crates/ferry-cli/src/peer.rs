@@ -257,7 +257,7 @@ fn find_local(hash: &NameplateHash, wait: Duration) -> anyhow::Result<Option<Soc
             return Ok(None);
         }
         std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
+        pause = (pause * 2).min(Duration::from_millis(5));
     }
 }
 

@@ -155,6 +155,17 @@ impl Dir {
         )?))
     }
 
+    /// Opens a file to send, non-blocking (a FIFO fails instead of hanging); when `no_follow`,
+    /// never through a symlink.
+    pub(crate) fn open_source(&self, name: &[u8], no_follow: bool) -> io::Result<File> {
+        let follow = if no_follow { libc::O_NOFOLLOW } else { 0 };
+        Ok(File::from(self.openat(
+            name,
+            libc::O_RDONLY | libc::O_NONBLOCK | follow,
+            0,
+        )?))
+    }
+
     /// Opens an existing regular file (never through a symlink) for reading, or reading and writing.
     pub(crate) fn open_file(&self, name: &[u8], write: bool) -> io::Result<File> {
         let access = if write { libc::O_RDWR } else { libc::O_RDONLY };

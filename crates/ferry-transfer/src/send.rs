@@ -1,5 +1,6 @@
 //! The sending side: offer, read the receiver's answer, stream every file, wait for `Done`.
 
+use crate::fsys::Dir;
 use crate::hash::{chunk_count, has_chunks, FileHasher};
 use crate::manifest::{EntryKind, Manifest};
 use crate::progress::{Progress, ProgressState};
@@ -9,6 +10,7 @@ use blake3::hazmat::ChainingValue;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 /// Options of [`send`].
 #[derive(Debug, Clone)]
@@ -107,6 +109,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         hasher: FileHasher::default(),
         emitted: 0,
         scratch: Vec::new(),
+        dirs: SourceDirs::default(),
         finished: false,
         report: SendReport::default(),
         completed: Vec::new(),
@@ -273,6 +276,7 @@ struct Stream<'m> {
     /// Chunk hashes of the current file already sent (or kept by the receiver).
     emitted: usize,
     scratch: Vec<u8>,
+    dirs: SourceDirs,
     finished: bool,
     report: SendReport,
     completed: Vec<usize>,
@@ -293,16 +297,26 @@ impl Stream<'_> {
         let size = entry.size;
         let manifest = self.manifest;
         let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
-        let mut file = File::open(&self.manifest.sources[index]).map_err(err)?;
-        let meta = file.metadata().map_err(err)?;
-        if !meta.is_file() || meta.len() != size {
-            return Err(TransferError::SourceChanged {
-                path: self.path(index),
-            });
+        // Inside a directory the walk saw a regular file: a symlink there now is not followed.
+        let inside = entry.path.contains(&b'/');
+        let mut file = self
+            .dirs
+            .open(&manifest.sources[index], inside)
+            .map_err(err)?;
+        let claim = self.claims.remove(&(index as u32));
+        // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
+        // stat per file; a resume reads from the middle, so it checks first.
+        if claim.is_some() || size == 0 {
+            let meta = file.metadata().map_err(err)?;
+            if !meta.is_file() || meta.len() != size {
+                return Err(TransferError::SourceChanged {
+                    path: self.path(index),
+                });
+            }
         }
         self.hasher.start(size, &[]);
         let mut pos = 0;
-        match self.claims.remove(&(index as u32)) {
+        match claim {
             None => {}
             Some(Claim::Complete(hash)) => {
                 self.hash_prefix(&mut file, size, index)?;
@@ -415,18 +429,25 @@ impl Stream<'_> {
                 }
                 c.put_u8(wire::REC_DATA);
                 c.put_u32(n as u32);
-                let data = &mut c.buf[c.pos..c.pos + n];
                 let file = cur.file.as_mut().expect("open while data remains");
-                if let Err(e) = file.read_exact(data) {
+                // The last piece asks for one byte more when the packet has room for it: getting
+                // it means the file grew, getting less than the piece that it shrank (or is no
+                // longer a regular file), all in the one read the piece needs anyway.
+                let probe = usize::from(n as u64 == remaining && c.room() > n);
+                let got = match read_full(file, &mut c.buf[c.pos..c.pos + n + probe]) {
+                    Ok(got) => got,
+                    Err(e) => {
+                        let index = cur.index;
+                        return Err(TransferError::file(self.path(index), e));
+                    }
+                };
+                if got != n {
                     let index = cur.index;
-                    return Err(if e.kind() == io::ErrorKind::UnexpectedEof {
-                        TransferError::SourceChanged {
-                            path: self.path(index),
-                        }
-                    } else {
-                        TransferError::file(self.path(index), e)
+                    return Err(TransferError::SourceChanged {
+                        path: self.path(index),
                     });
                 }
+                let data = &c.buf[c.pos..c.pos + n];
                 self.hasher.update(data);
                 c.pos += n;
                 cur.pos += n as u64;
@@ -442,5 +463,53 @@ impl Stream<'_> {
             self.completed.push(cur.index);
             self.cur = None;
         }
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read. On a regular file one
+/// `read` does it: the kernel returns less than asked only at the end of the file.
+fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(k) => got += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+        // A short read of a regular file means its end: asking again would cost a system call
+        // only to learn that.
+        if got < buf.len() && got > 0 {
+            break;
+        }
+    }
+    Ok(got)
+}
+
+/// The directory of the last source file opened: the next file of the same directory is opened
+/// relative to it rather than by walking its whole path again.
+#[derive(Default)]
+struct SourceDirs {
+    path: PathBuf,
+    dir: Option<Dir>,
+}
+
+impl SourceDirs {
+    /// Opens the source file at `path` for reading; when `no_follow`, a symlink there is an error.
+    /// Non-blocking, so that a FIFO put in a file's place fails rather than hangs.
+    fn open(&mut self, path: &Path, no_follow: bool) -> io::Result<File> {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return File::open(path);
+        };
+        if parent.as_os_str().is_empty() {
+            return File::open(path);
+        }
+        if self.dir.is_none() || self.path != parent {
+            self.dir = None;
+            self.dir = Some(Dir::open(parent)?);
+            self.path = parent.to_path_buf();
+        }
+        let dir = self.dir.as_ref().expect("opened above");
+        dir.open_source(name.as_encoded_bytes(), no_follow)
     }
 }

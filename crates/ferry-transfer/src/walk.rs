@@ -171,7 +171,9 @@ fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), Transfe
             rel.truncate(base);
             continue;
         }
-        let meta = fs::symlink_metadata(&path)
+        // Relative to the open directory (no walk of the whole path); never follows a symlink.
+        let meta = child
+            .metadata()
             .map_err(|e| TransferError::file(path.display().to_string(), e))?;
         let ft = meta.file_type();
         if ft.is_dir() {

@@ -305,3 +305,50 @@ fn declined_offer_writes_nothing() {
     ));
     assert!(listing(&out).is_empty());
 }
+
+/// A source file that changes between the walk and its turn to be sent stops the transfer with
+/// `SourceChanged`, and nothing of it reaches a final name.
+#[test]
+fn source_changed_after_walk_is_refused() {
+    type Change = fn(&Path, &Path);
+    let cases: [(&str, Change); 4] = [
+        ("grew", |f, _| {
+            fs::write(f, data(5000, 9)).unwrap();
+        }),
+        ("shrank", |f, _| {
+            fs::write(f, data(100, 9)).unwrap();
+        }),
+        ("emptied", |f, _| {
+            fs::write(f, b"").unwrap();
+        }),
+        ("became a symlink", |f, outside| {
+            fs::remove_file(f).unwrap();
+            std::os::unix::fs::symlink(outside, f).unwrap();
+        }),
+    ];
+    for (what, change) in cases {
+        let t = TempDir::new("changed");
+        let root = t.join("tree");
+        fs::create_dir_all(root.join("sub")).unwrap();
+        fs::write(root.join("sub/a"), data(1000, 1)).unwrap();
+        fs::write(root.join("sub/b"), data(4096, 2)).unwrap();
+        let outside = t.join("secret");
+        fs::write(&outside, data(4096, 3)).unwrap();
+        let walked = ferry_transfer::walk(&[&root]).unwrap();
+        change(&root.join("sub/b"), &outside);
+        let out = t.join("out");
+        let (s, r) = run_walked(walked, &opts(&out, &t.join("cache")), None);
+        match s {
+            Err(TransferError::SourceChanged { path }) => {
+                assert!(path.ends_with("sub/b"), "{what}: {path}")
+            }
+            Err(TransferError::File { .. }) if what == "became a symlink" => {}
+            other => panic!("{what}: sender gave {other:?}"),
+        }
+        assert!(r.is_err(), "{what}: the receiver must not succeed");
+        assert!(
+            !out.join("tree/sub/b").exists(),
+            "{what}: a changed file reached its final name"
+        );
+    }
+}

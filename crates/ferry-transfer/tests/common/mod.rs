@@ -4,6 +4,7 @@
 use ferry_transfer::plain::{PlainSink, PlainSource};
 use ferry_transfer::{
     receive, send, walk, ReceiveOptions, ReceiveReport, SendOptions, SendReport, TransferError,
+    Walk,
 };
 use std::io::{self, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -98,8 +99,20 @@ pub fn run_cut(
     Result<SendReport, TransferError>,
     Result<ReceiveReport, TransferError>,
 ) {
+    run_walked(walk(paths).unwrap(), ropts, cut)
+}
+
+/// Sends what `walked` lists (walked earlier: the files may have changed since) to a receiver with
+/// `ropts`; the sender's connection is cut after `cut` bytes.
+pub fn run_walked(
+    walked: Walk,
+    ropts: &ReceiveOptions,
+    cut: Option<usize>,
+) -> (
+    Result<SendReport, TransferError>,
+    Result<ReceiveReport, TransferError>,
+) {
     let (a, b) = tcp_pair();
-    let walked = walk(paths).unwrap();
     let sender = std::thread::spawn(move || {
         let mut source = PlainSource::new(a.try_clone().unwrap());
         let r = match cut {
