@@ -5,6 +5,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod channel;
+pub mod create;
 pub mod relay;
 pub mod report;
 pub mod transfer;

@@ -247,6 +247,9 @@ fn size_name(bytes: u64) -> String {
 pub fn run(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
     large_file(opts, ferry, report)?;
     small_files(opts, ferry, report)?;
+    // The receiver's file creation alone, io_uring against its system calls: only with `uring`.
+    #[cfg(feature = "uring")]
+    crate::create::run(opts.small_files, opts.runs, &opts.scratch, report)?;
     pipeline(opts, report)?;
     memory(opts, ferry, report)?;
     Ok(())
