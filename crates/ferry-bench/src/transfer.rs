@@ -128,14 +128,60 @@ fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
     Ok(total)
 }
 
-/// One `ferry send` + `ferry receive` run; returns seconds from the sender's start to the receiver's exit
-/// and both processes' peak RSS in KiB.
+/// What one `ferry send` + `ferry receive` run took.
+struct CliRun {
+    /// Seconds from the sender's start to the receiver's exit.
+    secs: f64,
+    /// Peak RSS of each side, KiB.
+    send_rss: u64,
+    recv_rss: u64,
+    /// CPU seconds (user + system, all threads) of each side.
+    send_cpu: f64,
+    recv_cpu: f64,
+}
+
+/// Waits for `child` with wait4(2): whether it exited with 0, and its CPU seconds (user + system).
+fn wait_with_cpu(child: std::process::Child) -> std::io::Result<(bool, f64)> {
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `pid` is our unreaped child (the `Child` is consumed, so nobody else waits for it);
+        // `status` and `ru` are writable.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut ru) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    Ok((ok, timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)))
+}
+
+fn timeval_secs(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 * 1e-6
+}
+
+/// CPU seconds (user + system) of the calling thread so far.
+fn thread_cpu() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is writable.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)
+}
+
+/// One `ferry send` + `ferry receive` run.
 fn cli_run(
     ferry: &Path,
     s: &Scratch,
     paths: &[PathBuf],
     nameplate: u32,
-) -> std::io::Result<(f64, u64, u64)> {
+) -> std::io::Result<CliRun> {
     let code = format!("{nameplate}-apple-orbit-violin");
     let cmd = |args: &[&str]| {
         let mut c = Command::new(ferry);
@@ -154,7 +200,7 @@ fn cli_run(
     let send = send.spawn()?;
     let send_hwm = watch_peak_rss(send.id());
     let out = s.join("out");
-    let mut recv = cmd(&[
+    let recv = cmd(&[
         "receive",
         &code,
         "--yes",
@@ -163,17 +209,22 @@ fn cli_run(
     ])
     .spawn()?;
     let recv_hwm = watch_peak_rss(recv.id());
-    let recv_ok = recv.wait()?.success();
+    let (recv_ok, recv_cpu) = wait_with_cpu(recv)?;
     let secs = start.elapsed().as_secs_f64();
-    let mut send = send;
-    let send_ok = send.wait()?.success();
+    let (send_ok, send_cpu) = wait_with_cpu(send)?;
     if !(recv_ok && send_ok) {
         return Err(std::io::Error::other(
             "ferry send/receive failed during the benchmark",
         ));
     }
     let (send_rss, recv_rss) = (send_hwm.join().unwrap_or(0), recv_hwm.join().unwrap_or(0));
-    Ok((secs, send_rss, recv_rss))
+    Ok(CliRun {
+        secs,
+        send_rss,
+        recv_rss,
+        send_cpu,
+        recv_cpu,
+    })
 }
 
 /// Follows a child's peak RSS (`VmHWM` in /proc/PID/status, KiB) until it exits.
@@ -203,24 +254,27 @@ fn watch_peak_rss(pid: u32) -> std::thread::JoinHandle<u64> {
 }
 
 /// The plaintext baseline: the same file copied file → TCP → file over loopback by two threads with 1 MiB
-/// buffers and no encryption or hashing (what the fastest plaintext tools do).
-fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<f64> {
+/// buffers and no encryption or hashing (what the fastest plaintext tools do). Returns seconds and the CPU
+/// seconds of both threads.
+fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<(f64, f64)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let src = src.to_path_buf();
     let start = Instant::now();
-    let sender = std::thread::spawn(move || -> std::io::Result<()> {
+    let sender = std::thread::spawn(move || -> std::io::Result<f64> {
+        let cpu = thread_cpu();
         let mut sock = TcpStream::connect(addr)?;
         let mut f = fs::File::open(src)?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
             let n = f.read(&mut buf)?;
             if n == 0 {
-                return Ok(());
+                return Ok(thread_cpu() - cpu);
             }
             sock.write_all(&buf[..n])?;
         }
     });
+    let cpu = thread_cpu();
     let (mut sock, _) = listener.accept()?;
     let mut out = fs::File::create(dst)?;
     let mut buf = vec![0u8; 1 << 20];
@@ -231,8 +285,9 @@ fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<f64> {
         }
         out.write_all(&buf[..n])?;
     }
-    sender.join().expect("copy thread")?;
-    Ok(start.elapsed().as_secs_f64())
+    let recv_cpu = thread_cpu() - cpu;
+    let send_cpu = sender.join().expect("copy thread")?;
+    Ok((start.elapsed().as_secs_f64(), send_cpu + recv_cpu))
 }
 
 fn size_name(bytes: u64) -> String {
@@ -260,15 +315,21 @@ fn large_file(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Res
     let src = s.join("src/big.bin");
     write_random_file(&src, opts.file_bytes, 0x5eed)?;
     let (mut plain, mut cli) = (Vec::new(), Vec::new());
+    let (mut plain_cpu, mut send_cpu, mut recv_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let gib = opts.file_bytes as f64 / (1u64 << 30) as f64;
     for i in 0..opts.runs {
         s.clear_out()?;
-        let t = plain_copy(&src, &s.join("out/copy.bin"))?;
+        let (t, cpu) = plain_copy(&src, &s.join("out/copy.bin"))?;
         plain.push(opts.file_bytes as f64 / t / 1e9);
+        plain_cpu.push(cpu / gib);
         s.clear_out()?;
-        let (t, _, _) = cli_run(ferry, &s, std::slice::from_ref(&src), 100 + i as u32)?;
-        cli.push(opts.file_bytes as f64 / t / 1e9);
+        let run = cli_run(ferry, &s, std::slice::from_ref(&src), 100 + i as u32)?;
+        cli.push(opts.file_bytes as f64 / run.secs / 1e9);
+        send_cpu.push(run.send_cpu / gib);
+        recv_cpu.push(run.recv_cpu / gib);
     }
     let (plain, cli) = (median(&mut plain), median(&mut cli));
+    let (send_cpu, recv_cpu) = (median(&mut send_cpu), median(&mut recv_cpu));
     report.push(
         Row::new(
             BENCH,
@@ -281,6 +342,40 @@ fn large_file(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Res
         )
         .with_baseline(plain),
     );
+    // Where the time goes: CPU seconds per GiB of each side, against the plaintext copy's two threads.
+    // With every core busy, a machine moves at most (cores / CPU seconds per GB) GB/s.
+    report.push(Row::new(
+        BENCH,
+        "ferry send, CPU seconds per GiB (user + system)",
+        send_cpu,
+        "s",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "ferry receive, CPU seconds per GiB (user + system)",
+        recv_cpu,
+        "s",
+    ));
+    let plain_cpu = median(&mut plain_cpu);
+    report.push(
+        Row::new(
+            BENCH,
+            "both sides, CPU seconds per GiB: ferry vs plaintext copy",
+            send_cpu + recv_cpu,
+            "s",
+        )
+        .with_baseline(plain_cpu),
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    report.push(
+        Row::new(
+            BENCH,
+            format!("ceiling with all {cores} cores busy: ferry vs plaintext copy"),
+            cores * (1u64 << 30) as f64 / (send_cpu + recv_cpu) / 1e9,
+            "GB/s",
+        )
+        .with_baseline(cores * (1u64 << 30) as f64 / plain_cpu / 1e9),
+    );
     Ok(())
 }
 
@@ -288,17 +383,24 @@ fn small_files(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Re
     let s = Scratch::new(&opts.scratch, "small")?;
     let root = s.join("src/tree");
     write_small_tree(&root, opts.small_files)?;
-    let mut cli = Vec::new();
+    let (mut cli, mut cpu) = (Vec::new(), Vec::new());
     for i in 0..opts.runs {
         s.clear_out()?;
-        let (t, _, _) = cli_run(ferry, &s, std::slice::from_ref(&root), 200 + i as u32)?;
-        cli.push(opts.small_files as f64 / t);
+        let run = cli_run(ferry, &s, std::slice::from_ref(&root), 200 + i as u32)?;
+        cli.push(opts.small_files as f64 / run.secs);
+        cpu.push((run.send_cpu + run.recv_cpu) / opts.small_files as f64 * 1e6);
     }
     report.push(Row::new(
         BENCH,
         format!("{} files of 4-8 KiB, ferry send+receive", opts.small_files),
         median(&mut cli),
         "files/s",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "small files, CPU per file, both sides (user + system)",
+        median(&mut cpu),
+        "µs",
     ));
     Ok(())
 }
@@ -422,7 +524,12 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
         let s = Scratch::new(&opts.scratch, "rss-file")?;
         let src = s.join("src/sparse.bin");
         fs::File::create(&src)?.set_len(opts.rss_file_bytes)?;
-        let (t, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&src), 300)?;
+        let CliRun {
+            secs: t,
+            send_rss,
+            recv_rss,
+            ..
+        } = cli_run(ferry, &s, std::slice::from_ref(&src), 300)?;
         let name = size_name(opts.rss_file_bytes);
         push_rss(report, &format!("{name} file"), send_rss, recv_rss);
         report.push(Row::new(
@@ -435,7 +542,9 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
     let s = Scratch::new(&opts.scratch, "rss-files")?;
     let root = s.join("src/many");
     write_small_tree(&root, opts.rss_files)?;
-    let (_, send_rss, recv_rss) = cli_run(ferry, &s, std::slice::from_ref(&root), 301)?;
+    let CliRun {
+        send_rss, recv_rss, ..
+    } = cli_run(ferry, &s, std::slice::from_ref(&root), 301)?;
     push_rss(
         report,
         &format!("{} files", opts.rss_files),
