@@ -77,23 +77,35 @@ impl LocalRegistry {
     /// Announces `addr` under `hash`. Fails with `AlreadyExists` while another live sender holds the nameplate.
     pub fn announce(&self, hash: &NameplateHash, addr: SocketAddr) -> io::Result<Announcement> {
         let path = self.entry(hash);
+        // The entry is written whole under a private name, then linked into place: a reader never
+        // sees half an entry (which another sender would take for a stale one), and the link fails
+        // if the nameplate is taken, as an exclusive create would.
+        let pid = std::process::id();
+        let staged = self.dir.join(format!(".{}.{pid}", hash.to_hex()));
+        let _ = fs::remove_file(&staged);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&staged)?;
+        let written = f.write_all(format!("{addr}\n{pid}\n").as_bytes());
+        drop(f);
+        let result = written.and_then(|()| self.publish(&staged, &path));
+        let _ = fs::remove_file(&staged);
+        result.map(|()| Announcement { path })
+    }
+
+    /// Links `staged` to `path`, taking over a stale entry once.
+    fn publish(&self, staged: &Path, path: &Path) -> io::Result<()> {
         for _ in 0..2 {
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    writeln!(f, "{addr}\n{}", std::process::id())?;
-                    return Ok(Announcement { path });
-                }
+            match fs::hard_link(staged, path) {
+                Ok(()) => return Ok(()),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    if self.read_entry(&path)?.is_some() {
+                    if self.read_entry(path)?.is_some() {
                         return Err(e);
                     }
                     // A stale entry from a sender that died: take it over.
-                    let _ = fs::remove_file(&path);
+                    let _ = fs::remove_file(path);
                 }
                 Err(e) => return Err(e),
             }
@@ -152,6 +164,16 @@ mod tests {
         assert_eq!(
             reg.announce(&h, addr).unwrap_err().kind(),
             io::ErrorKind::AlreadyExists
+        );
+        // Only the entry itself is left: the staging file of each attempt is gone.
+        let names: Vec<_> = fs::read_dir(&reg.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names, vec![h.to_hex()]);
+        assert_eq!(
+            fs::read_to_string(reg.entry(&h)).unwrap(),
+            format!("{addr}\n{}\n", std::process::id())
         );
         drop(ann);
         assert_eq!(reg.lookup(&h).unwrap(), None);
