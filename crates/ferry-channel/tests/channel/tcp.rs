@@ -153,6 +153,46 @@ fn blocking_adapter_reports_truncation_when_the_peer_drops_the_socket() {
     assert!(matches!(rb.recv(), Err(ChannelError::Truncated)));
 }
 
+/// The blocking reader sleeps through large packets (`SO_RCVLOWAT`), yet a small packet after a large
+/// one, from a peer that then waits for an answer, is delivered at once: a read never waits for bytes
+/// the peer does not owe. A reader that did would hang here, and the test fails on its deadline.
+#[test]
+fn blocking_reader_waking_in_bulk_delivers_a_small_packet_after_a_large_one() {
+    let ((sa, a), (sb, b)) = connected(blocking_handshake);
+    let (mut ra, mut wa) = blocking::split_tcp(sa, a).unwrap();
+    let (mut rb, mut wb) = blocking::split_tcp(sb, b).unwrap();
+    const ROUNDS: usize = 8;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let ping = thread::spawn(move || {
+        for round in 0..ROUNDS {
+            let big = payload(round, DEFAULT_MAX_PAYLOAD - round);
+            wa.send(&big).unwrap();
+            wa.send(format!("ping {round}").as_bytes()).unwrap();
+            wa.flush().unwrap();
+            let answer = ra.recv().unwrap().map(|d| d.to_vec());
+            assert_eq!(answer, Some(format!("pong {round}").into_bytes()));
+        }
+        wa.close().unwrap();
+    });
+    let pong = thread::spawn(move || {
+        for round in 0..ROUNDS {
+            let big = rb.recv().unwrap().map(|d| d.to_vec());
+            assert_eq!(big, Some(payload(round, DEFAULT_MAX_PAYLOAD - round)));
+            let small = rb.recv().unwrap().map(|d| d.to_vec());
+            assert_eq!(small, Some(format!("ping {round}").into_bytes()));
+            wb.send(format!("pong {round}").as_bytes()).unwrap();
+            wb.flush().unwrap();
+        }
+        assert!(rb.recv().unwrap().is_none(), "then the authenticated close");
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .expect("every round trip completed (no read waited for bytes never owed)");
+    ping.join().unwrap();
+    pong.join().unwrap();
+}
+
 /// Runs the async side of one TCP connection on a runtime of its own: the handshake, then `f`.
 fn tokio_side<T, F: Future<Output = T>>(
     stream: TcpStream,
