@@ -225,8 +225,6 @@ pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
     let hs = Handshake::new(Role::Responder, config, auth());
     let est = blocking::handshake(&mut server, hs).expect("handshake");
     let mut r = SecureReader::new(server, est.opener);
-    // As `split_tcp` sets it up for ferry's own transfers.
-    r.wake_in_bulk();
     let mut got = 0u64;
     while let Some(p) = r.recv().expect("recv") {
         got += p.len() as u64;

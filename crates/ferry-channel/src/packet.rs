@@ -260,14 +260,6 @@ impl Opener {
         self.reader.max_payload
     }
 
-    /// Bytes still missing of the packet being received, once its length is known (`None` before:
-    /// the next read may end anywhere). The peer must send them before anything else can be opened.
-    pub fn missing(&self) -> Option<usize> {
-        self.reader
-            .pending_frame()
-            .map(|frame| (self.start + frame).saturating_sub(self.end))
-    }
-
     /// True once the authenticated end of stream arrived.
     pub fn is_closed(&self) -> bool {
         self.closed

@@ -153,11 +153,12 @@ fn blocking_adapter_reports_truncation_when_the_peer_drops_the_socket() {
     assert!(matches!(rb.recv(), Err(ChannelError::Truncated)));
 }
 
-/// The blocking reader sleeps through large packets (`SO_RCVLOWAT`), yet a small packet after a large
-/// one, from a peer that then waits for an answer, is delivered at once: a read never waits for bytes
-/// the peer does not owe. A reader that did would hang here, and the test fails on its deadline.
+/// A small packet after a large one, from a peer that then waits for an answer, is delivered at once:
+/// no read waits for bytes the peer does not owe. A reader that did (say, one that raised the socket's
+/// `SO_RCVLOWAT` to save wake-ups, as was tried and dropped: see BENCHMARKS.md) would hang here, and
+/// the test fails on its deadline.
 #[test]
-fn blocking_reader_waking_in_bulk_delivers_a_small_packet_after_a_large_one() {
+fn blocking_reader_delivers_a_small_packet_after_a_large_one_at_once() {
     let ((sa, a), (sb, b)) = connected(blocking_handshake);
     let (mut ra, mut wa) = blocking::split_tcp(sa, a).unwrap();
     let (mut rb, mut wb) = blocking::split_tcp(sb, b).unwrap();
