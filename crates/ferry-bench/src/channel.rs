@@ -10,7 +10,7 @@ use ferry_channel::{
     frame_len, Auth, Config, Established, Handshake, IdentityKey, Opener, Role, Sealer, Suite,
 };
 
-use crate::report::{gbps, interleave, median, timed, Report, Row};
+use crate::report::{gbps, interleave, median, thread_cpu, timed, Report, Row};
 
 /// What to run and how long.
 #[derive(Clone, Debug)]
@@ -173,11 +173,13 @@ pub fn tcp_pair() -> (TcpStream, TcpStream) {
     (client, server)
 }
 
-/// One sample of plain TCP: `bytes` in 1 MiB writes from one thread to another.
-fn plain_tcp(bytes: u64) -> f64 {
+/// One sample of plain TCP: `bytes` in 1 MiB writes from one thread to another. Returns GB/s and the CPU
+/// seconds of both threads.
+fn plain_tcp(bytes: u64) -> (f64, f64) {
     let (mut tx, mut rx) = tcp_pair();
     let start = Instant::now();
     let sender = std::thread::spawn(move || {
+        let cpu = thread_cpu();
         let buf = vec![0x42u8; 1 << 20];
         let mut left = bytes;
         while left > 0 {
@@ -185,7 +187,9 @@ fn plain_tcp(bytes: u64) -> f64 {
             tx.write_all(&buf[..n]).expect("write");
             left -= n as u64;
         }
+        thread_cpu() - cpu
     });
+    let cpu = thread_cpu();
     let mut buf = vec![0u8; 1 << 20];
     let mut got = 0u64;
     while got < bytes {
@@ -193,22 +197,30 @@ fn plain_tcp(bytes: u64) -> f64 {
         assert!(n > 0, "plain TCP ended early");
         got += n as u64;
     }
-    sender.join().expect("sender");
-    gbps(bytes, start.elapsed())
+    let recv_cpu = thread_cpu() - cpu;
+    let send_cpu = sender.join().expect("sender");
+    (gbps(bytes, start.elapsed()), send_cpu + recv_cpu)
 }
 
-/// One sample through the secure channel: handshake included, 1 MiB packets sealed in place.
-fn channel_tcp(bytes: u64) -> f64 {
-    channel_tcp_with(bytes, Config::ferry(), || Auth::Code(b"bench".to_vec()))
+/// One sample through the secure channel: handshake included, 1 MiB packets sealed in place. Returns GB/s
+/// and the CPU seconds of both threads.
+fn channel_tcp(bytes: u64) -> (f64, f64) {
+    channel_tcp_measured(bytes, Config::ferry(), || Auth::Code(b"bench".to_vec()))
 }
 
 /// One sample of `bytes` over loopback TCP through one channel with `config` and `auth` on both sides, in
 /// GB/s: handshake included, packets of the largest size `config` allows sealed in place, then a close.
 pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
+    channel_tcp_measured(bytes, config, auth).0
+}
+
+/// [`channel_tcp_with`], also returning the CPU seconds of both threads.
+fn channel_tcp_measured(bytes: u64, config: Config, auth: fn() -> Auth) -> (f64, f64) {
     let (mut client, mut server) = tcp_pair();
     let start = Instant::now();
     let client_config = config.clone();
     let sender = std::thread::spawn(move || {
+        let cpu = thread_cpu();
         let hs = Handshake::new(Role::Initiator, client_config, auth());
         let est = blocking::handshake(&mut client, hs).expect("handshake");
         let mut w = SecureWriter::new(client, est.sealer);
@@ -221,7 +233,9 @@ pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
             left -= n as u64;
         }
         w.close().expect("close");
+        thread_cpu() - cpu
     });
+    let cpu = thread_cpu();
     let hs = Handshake::new(Role::Responder, config, auth());
     let est = blocking::handshake(&mut server, hs).expect("handshake");
     let mut r = SecureReader::new(server, est.opener);
@@ -230,15 +244,26 @@ pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
         got += p.len() as u64;
     }
     assert_eq!(got, bytes);
-    sender.join().expect("sender");
-    gbps(bytes, start.elapsed())
+    let recv_cpu = thread_cpu() - cpu;
+    let send_cpu = sender.join().expect("sender");
+    (gbps(bytes, start.elapsed()), send_cpu + recv_cpu)
 }
 
 fn loopback_tcp(opts: &Options, report: &mut Report) {
+    let (mut plain_cpu, mut chan_cpu) = (Vec::new(), Vec::new());
+    let gib = opts.tcp_bytes as f64 / (1u64 << 30) as f64;
     let (plain, chan) = interleave(
         opts.runs,
-        || plain_tcp(opts.tcp_bytes),
-        || channel_tcp(opts.tcp_bytes),
+        || {
+            let (rate, cpu) = plain_tcp(opts.tcp_bytes);
+            plain_cpu.push(cpu / gib);
+            rate
+        },
+        || {
+            let (rate, cpu) = channel_tcp(opts.tcp_bytes);
+            chan_cpu.push(cpu / gib);
+            rate
+        },
     );
     let suite = if ferry_channel::has_aes_hardware() {
         "aes-256-gcm"
@@ -256,6 +281,16 @@ fn loopback_tcp(opts: &Options, report: &mut Report) {
             "GB/s",
         )
         .with_baseline(plain),
+    );
+    // Where the time goes: with one core per side, the ratio cannot beat the CPU ratio.
+    report.push(
+        Row::new(
+            BENCH,
+            "loopback TCP, CPU seconds per GiB, both threads: channel vs plain TCP",
+            median(&mut chan_cpu),
+            "s",
+        )
+        .with_baseline(median(&mut plain_cpu)),
     );
 }
 

@@ -152,6 +152,20 @@ pub fn interleave(
     (median(&mut b), median(&mut c))
 }
 
+/// CPU seconds (user + system) the calling thread used so far.
+pub fn thread_cpu() -> f64 {
+    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is writable.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)
+}
+
+/// A `timeval` in seconds.
+pub fn timeval_secs(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 * 1e-6
+}
+
 /// Bytes per second of `bytes` moved in `elapsed`, in GB/s (10^9).
 pub fn gbps(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / elapsed.as_secs_f64() / 1e9

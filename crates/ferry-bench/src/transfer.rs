@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::report::{gbps, median, Report, Row};
+use crate::report::{gbps, median, thread_cpu, timeval_secs, Report, Row};
 
 const BENCH: &str = "transfer";
 
@@ -160,19 +160,6 @@ fn wait_with_cpu(child: std::process::Child) -> std::io::Result<(bool, f64)> {
     }
     let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
     Ok((ok, timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)))
-}
-
-fn timeval_secs(t: libc::timeval) -> f64 {
-    t.tv_sec as f64 + t.tv_usec as f64 * 1e-6
-}
-
-/// CPU seconds (user + system) of the calling thread so far.
-fn thread_cpu() -> f64 {
-    // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is writable.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)
 }
 
 /// One `ferry send` + `ferry receive` run.
