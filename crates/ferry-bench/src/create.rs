@@ -223,6 +223,11 @@ fn create_one(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
     // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
     check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
     drop(file);
+    rename_into_place(dir, f)
+}
+
+/// Gives `f` its final name in `dir`, never replacing an existing file (the receiver's last step).
+fn rename_into_place(dir: RawFd, f: &FileSpec) -> io::Result<()> {
     // SAFETY: valid dir fd and NUL-terminated names.
     check(unsafe {
         libc::renameat2(
@@ -332,7 +337,7 @@ pub mod uring {
 
     use io_uring::{opcode, squeue, types, IoUring};
 
-    use super::{check, FileSpec, Plan, Tree, MODE};
+    use super::{check, rename_into_place, FileSpec, Plan, Tree, MODE};
 
     /// How the mtime is set, which io_uring cannot do.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -520,16 +525,7 @@ pub mod uring {
                     unsafe { ring.submission().push(&rename) }.map_err(io::Error::other)?;
                     in_flight += 1;
                 } else {
-                    // SAFETY: valid dir fd and NUL-terminated names.
-                    check(unsafe {
-                        libc::renameat2(
-                            dir,
-                            f.temp.as_ptr(),
-                            dir,
-                            f.name.as_ptr(),
-                            libc::RENAME_NOREPLACE,
-                        )
-                    })?;
+                    rename_into_place(dir, f)?;
                 }
             }
         }
