@@ -299,10 +299,16 @@ impl Stream<'_> {
         let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
         // Inside a directory the walk saw a regular file: a symlink there now is not followed.
         let inside = entry.path.contains(&b'/');
-        let mut file = self
-            .dirs
-            .open(&manifest.sources[index], inside)
-            .map_err(err)?;
+        let mut file = match self.dirs.open(&manifest.sources[index], inside) {
+            Ok(f) => f,
+            // A symlink where the walk saw a regular file.
+            Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(TransferError::SourceChanged {
+                    path: self.path(index),
+                })
+            }
+            Err(e) => return Err(err(e)),
+        };
         let claim = self.claims.remove(&(index as u32));
         // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
         // stat per file; a resume reads from the middle, so it checks first.
