@@ -440,7 +440,7 @@ impl Stream<'_> {
                 // it means the file grew, getting less than the piece that it shrank (or is no
                 // longer a regular file), all in the one read the piece needs anyway.
                 let probe = usize::from(n as u64 == remaining && c.room() > n);
-                let got = match read_full(file, &mut c.buf[c.pos..c.pos + n + probe]) {
+                let got = match read_piece(file, &mut c.buf[c.pos..c.pos + n + probe], n) {
                     Ok(got) => got,
                     Err(e) => {
                         let index = cur.index;
@@ -472,21 +472,17 @@ impl Stream<'_> {
     }
 }
 
-/// Reads until `buf` is full or the file ends; returns the bytes read. On a regular file one
-/// `read` does it: the kernel returns less than asked only at the end of the file.
-fn read_full(file: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+/// Reads at least `n` bytes into `buf` (which is `n` or `n + 1` long) unless the file ends first;
+/// returns the bytes read. Each read asks for all of `buf`, so the probe byte of a last piece costs
+/// no extra system call: a read that stops short of it, having delivered the piece, met the end.
+fn read_piece(file: &mut File, buf: &mut [u8], n: usize) -> io::Result<usize> {
     let mut got = 0;
-    while got < buf.len() {
+    while got < n {
         match file.read(&mut buf[got..]) {
             Ok(0) => break,
             Ok(k) => got += k,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
-        }
-        // A short read of a regular file means its end: asking again would cost a system call
-        // only to learn that.
-        if got < buf.len() && got > 0 {
-            break;
         }
     }
     Ok(got)
