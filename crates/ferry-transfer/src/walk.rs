@@ -110,7 +110,7 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
                 Vec::new(),
                 arg,
             );
-            walk_dir(arg, &mut rel, &mut out)?;
+            walk_dir(arg, &mut rel, &mut out, spare_threads())?;
         } else if meta.is_file() {
             push(
                 &mut out.manifest,
@@ -153,13 +153,73 @@ fn push(
     m.sources.push(src.to_owned());
 }
 
-fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), TransferError> {
+/// Directories with at least this many entries may be split between two threads.
+const SPLIT_AT: usize = 64;
+
+/// Threads the walk may add to the calling one: while the walk runs, the receiver only waits for the
+/// offer, so the other cores are free. (10,000 files in 100 directories: ~19 ms on one thread.)
+fn spare_threads() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get() - 1)
+}
+
+impl Walk {
+    /// Appends `later`, walked after everything in `self`.
+    fn append(&mut self, mut later: Walk) {
+        self.manifest.entries.append(&mut later.manifest.entries);
+        self.manifest.sources.append(&mut later.manifest.sources);
+        self.warnings.append(&mut later.warnings);
+    }
+}
+
+/// Walks the contents of `dir` (named `rel` in the manifest), sorted by name. A large directory is
+/// cut in two halves walked at once when `spare` threads remain; the second half's entries are
+/// appended after the first's, so the manifest is the same as a walk on one thread.
+fn walk_dir(
+    dir: &Path,
+    rel: &mut Vec<u8>,
+    out: &mut Walk,
+    spare: usize,
+) -> Result<(), TransferError> {
     let err = |e| TransferError::file(dir.display().to_string(), e);
     let mut children: Vec<_> = fs::read_dir(dir)
         .map_err(err)?
         .collect::<Result<_, _>>()
         .map_err(err)?;
     children.sort_by_key(|c| c.file_name());
+    if spare == 0 || children.len() < SPLIT_AT {
+        return walk_children(children, rel, out, spare);
+    }
+    let second = children.split_off(children.len() / 2);
+    // The spare threads left: one goes to the second half, the rest are shared.
+    let (mine, theirs) = ((spare - 1) / 2, (spare - 1) - (spare - 1) / 2);
+    let mut rel_b = rel.clone();
+    let (a, b) = std::thread::scope(|s| {
+        let other = std::thread::Builder::new()
+            .name("ferry-walk".into())
+            .spawn_scoped(s, move || {
+                let mut w = Walk::default();
+                walk_children(second, &mut rel_b, &mut w, theirs).map(|()| w)
+            });
+        let a = walk_children(children, rel, out, mine);
+        let b = match other {
+            Ok(h) => h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            Err(e) => Err(TransferError::Io(e)),
+        };
+        (a, b)
+    });
+    // The first half's error comes first, as on one thread.
+    a?;
+    out.append(b?);
+    Ok(())
+}
+
+/// Walks `children` (entries of one directory named `rel`, in order) into `out`.
+fn walk_children(
+    children: Vec<fs::DirEntry>,
+    rel: &mut Vec<u8>,
+    out: &mut Walk,
+    spare: usize,
+) -> Result<(), TransferError> {
     for child in children {
         let path = child.path();
         let name = child.file_name();
@@ -185,7 +245,7 @@ fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), Transfe
                 Vec::new(),
                 &path,
             );
-            walk_dir(&path, rel, out)?;
+            walk_dir(&path, rel, out, spare)?;
         } else if ft.is_file() {
             push(
                 &mut out.manifest,
@@ -219,4 +279,53 @@ fn walk_dir(dir: &Path, rel: &mut Vec<u8>, out: &mut Walk) -> Result<(), Transfe
         rel.truncate(base);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Walking with spare threads (large directories cut in halves walked at once) gives exactly the
+    /// manifest and warnings of a walk on one thread.
+    #[test]
+    fn split_walk_equals_walk_on_one_thread() {
+        let root = std::env::temp_dir().join(format!("ferry-walk-split-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        for d in 0..3 * SPLIT_AT {
+            let dir = root.join(format!("d{d:03}"));
+            fs::create_dir_all(&dir).unwrap();
+            for f in 0..(d % 5) {
+                fs::write(dir.join(format!("f{f}")), vec![d as u8; f]).unwrap();
+            }
+            if d % 7 == 0 {
+                std::os::unix::fs::symlink("/etc/passwd", dir.join("out")).unwrap();
+                std::os::unix::fs::symlink("f1", dir.join("in")).unwrap();
+            }
+        }
+        for f in 0..2 * SPLIT_AT {
+            fs::write(root.join(format!("top{f:03}")), b"x").unwrap();
+        }
+        let walk_with = |spare| {
+            let mut out = Walk::default();
+            let mut rel = b"root".to_vec();
+            walk_dir(&root, &mut rel, &mut out, spare).unwrap();
+            out
+        };
+        let one = walk_with(0);
+        assert!(one.manifest.entries.len() > 4 * SPLIT_AT);
+        assert!(!one.warnings.is_empty());
+        for spare in [1, 2, 3, 7] {
+            let split = walk_with(spare);
+            assert_eq!(
+                split.manifest.entries, one.manifest.entries,
+                "spare {spare}"
+            );
+            assert_eq!(
+                split.manifest.sources, one.manifest.sources,
+                "spare {spare}"
+            );
+            assert_eq!(split.warnings, one.warnings, "spare {spare}");
+        }
+        fs::remove_dir_all(&root).unwrap();
+    }
 }
