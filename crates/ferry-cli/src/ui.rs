@@ -131,7 +131,7 @@ impl Progress for Ui {
     }
 
     fn progress(&mut self, state: &ProgressState, current: &Entry) {
-        if let Some(bar) = &self.bar {
+        if let Some(bar) = self.bar.as_ref().filter(|b| !b.is_hidden()) {
             bar.set_position(state.bytes_done);
             bar.set_message(format!("{}/{} files", state.files_done, state.totals.files));
         }
@@ -159,14 +159,18 @@ impl Progress for Ui {
     }
 
     fn file_done(&mut self, state: &ProgressState, entry: &Entry) {
-        if let Some(bar) = &self.bar {
+        // Called once per file, tens of thousands of times a second for small files: nothing is
+        // formatted that nobody will see.
+        if let Some(bar) = self.bar.as_ref().filter(|b| !b.is_hidden()) {
             bar.set_position(state.bytes_done);
             bar.set_message(format!("{}/{} files", state.files_done, state.totals.files));
         }
-        self.event(
-            "file-done",
-            json!({ "path": entry.path_lossy(), "bytes": entry.size, "files_done": state.files_done }),
-        );
+        if self.json {
+            self.event(
+                "file-done",
+                json!({ "path": entry.path_lossy(), "bytes": entry.size, "files_done": state.files_done }),
+            );
+        }
     }
 
     fn done(&mut self, state: &ProgressState) {
