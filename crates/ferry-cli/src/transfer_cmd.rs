@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
-use crate::ui::{human_bytes, Ui};
+use crate::ui::{count, human_bytes, Ui};
 use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
@@ -156,10 +156,10 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.warn(&w.to_string());
     }
     ui.info(&format!(
-        "Sending {} files, {} ({} directories).\nCode: {code}\nOn the other side run:  ferry receive {code}",
-        totals.files,
+        "Sending {}, {} ({}).\nCode: {code}\nOn the other side run:  ferry receive {code}",
+        count(totals.files, "file", "files"),
         human_bytes(totals.bytes),
-        totals.dirs,
+        count(totals.dirs, "directory", "directories"),
     ));
     if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
         ui.info(&format!(
@@ -234,9 +234,9 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool) -> bool {
         String::new()
     };
     let summary = format!(
-        "Offer: {} files, {} directories, {}{resumable}",
-        t.files,
-        t.dirs,
+        "Offer: {}, {}, {}{resumable}",
+        count(t.files, "file", "files"),
+        count(t.dirs, "directory", "directories"),
         human_bytes(t.bytes)
     );
     if yes || offer.resumable_bytes > 0 {

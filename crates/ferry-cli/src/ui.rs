@@ -29,6 +29,11 @@ pub struct Ui {
     started: Instant,
 }
 
+/// `n` and the noun, plural unless `n` is 1: "1 file", "0 files", "2 directories".
+pub fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Human-readable bytes (binary units).
 pub fn human_bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
@@ -199,12 +204,24 @@ impl Progress for Ui {
                 String::new()
             };
             eprintln!(
-                "done: {} {} files, {}{resumed} in {secs:.2} s ({}/s), verified",
+                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified",
                 self.verb,
-                state.totals.files,
+                count(state.totals.files, "file", "files"),
                 human_bytes(state.totals.bytes),
                 human_bytes(rate as u64),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count;
+
+    #[test]
+    fn counts_read_as_english() {
+        assert_eq!(count(1, "file", "files"), "1 file");
+        assert_eq!(count(0, "file", "files"), "0 files");
+        assert_eq!(count(2, "directory", "directories"), "2 directories");
     }
 }
