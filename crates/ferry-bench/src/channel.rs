@@ -10,7 +10,7 @@ use ferry_channel::{
     frame_len, Auth, Config, Established, Handshake, IdentityKey, Opener, Role, Sealer, Suite,
 };
 
-use crate::report::{gbps, interleave, median, thread_cpu, timed, Report, Row};
+use crate::report::{gbps, interleave, median, thread_cpu, timed, xorshift, Report, Row};
 
 /// What to run and how long.
 #[derive(Clone, Debug)]
@@ -298,12 +298,7 @@ fn loopback_tcp(opts: &Options, report: &mut Report) {
 /// uniform in 1..=100 KB, drawn from a fixed-seed xorshift so every run sees the same sizes. Mean ≈ 290 B.
 pub fn mixed_sizes(count: usize) -> Vec<usize> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = move || xorshift(&mut state);
     (0..count)
         .map(|_| {
             let r = next();

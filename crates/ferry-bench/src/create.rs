@@ -22,7 +22,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::report::{interleave, Report, Row};
+use crate::report::{interleave, xorshift, Report, Row};
 
 const MODE: libc::mode_t = 0o644;
 const POOL: usize = 64 << 10;
@@ -58,13 +58,6 @@ impl FileSpec {
         };
         [t, t]
     }
-}
-
-fn xorshift(seed: &mut u64) -> u64 {
-    *seed ^= *seed << 13;
-    *seed ^= *seed >> 7;
-    *seed ^= *seed << 17;
-    *seed
 }
 
 impl Plan {

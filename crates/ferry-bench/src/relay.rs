@@ -33,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use ferry_relay::protocol::Hello;
 use ferry_relay::{connect, Forwarding, Relay, RelayConfig, RelayHandle, Role, Stats};
 
-use crate::report::{median, Row};
+use crate::report::{median, rusage_cpu, thread_cpu, Row};
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -183,25 +183,11 @@ impl BenchRelay {
     }
 }
 
-/// CPU seconds (user + system) of the calling thread.
-fn thread_cpu() -> f64 {
-    rusage_cpu(libc::RUSAGE_THREAD)
-}
-
 /// CPU seconds (user + system) of every thread of this process plus the kernel's softirq
 /// threads: the whole cost of a transfer whose three parties all live in this process, as long
 /// as no other work of this process runs meanwhile.
 fn process_cpu() -> f64 {
     rusage_cpu(libc::RUSAGE_SELF) + ksoftirqd_cpu()
-}
-
-fn rusage_cpu(who: libc::c_int) -> f64 {
-    // SAFETY: an all-zero rusage is a valid value of this plain C struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage for the duration of the call.
-    unsafe { libc::getrusage(who, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// CPU seconds of all `ksoftirqd/N` threads (softirq work the kernel deferred off the threads

@@ -152,12 +152,25 @@ pub fn interleave(
     (median(&mut b), median(&mut c))
 }
 
+/// The next value of a xorshift64 generator: fixed-seed, reproducible data and sizes for the benchmarks.
+pub fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
 /// CPU seconds (user + system) the calling thread used so far.
 pub fn thread_cpu() -> f64 {
+    rusage_cpu(libc::RUSAGE_THREAD)
+}
+
+/// CPU seconds (user + system) from `getrusage(who)`: `RUSAGE_THREAD`, `RUSAGE_SELF`, ...
+pub fn rusage_cpu(who: libc::c_int) -> f64 {
     // SAFETY: an all-zero `rusage` is a valid value of this plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is writable.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    unsafe { libc::getrusage(who, &mut ru) };
     timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)
 }
 

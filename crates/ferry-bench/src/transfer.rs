@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::report::{gbps, median, thread_cpu, timeval_secs, Report, Row};
+use crate::report::{gbps, median, thread_cpu, timeval_secs, xorshift, Report, Row};
 
 const BENCH: &str = "transfer";
 
@@ -89,11 +89,7 @@ impl Drop for Scratch {
 
 fn fill_random(buf: &mut [u8], seed: &mut u64) {
     for chunk in buf.chunks_mut(8) {
-        *seed ^= *seed << 13;
-        *seed ^= *seed >> 7;
-        *seed ^= *seed << 17;
-        let b = seed.to_le_bytes();
-        chunk.copy_from_slice(&b[..chunk.len()]);
+        chunk.copy_from_slice(&xorshift(seed).to_le_bytes()[..chunk.len()]);
     }
 }
 
