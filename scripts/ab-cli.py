@@ -25,6 +25,7 @@ def main():
     scratch = tempfile.mkdtemp(prefix="ferry-ab-", dir="/dev/shm")
     env = dict(os.environ, XDG_RUNTIME_DIR=f"{scratch}/rt", XDG_CACHE_HOME=f"{scratch}/cache",
                XDG_CONFIG_HOME=f"{scratch}/config", FERRY_NO_DISCOVERY="1")
+    env.pop("FERRY_RELAY", None)  # loopback only: no relay from the caller's environment
     os.makedirs(f"{scratch}/rt", mode=0o700)
     bins = [("base", base), ("new", new)]
     rates = {"base": [], "new": []}

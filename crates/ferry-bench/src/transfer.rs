@@ -171,6 +171,9 @@ fn cli_run(
         c.args(args)
             .env("XDG_RUNTIME_DIR", s.join("runtime"))
             .env("XDG_CACHE_HOME", s.join("cache"))
+            // No relay or other setting from the user's config file: loopback only.
+            .env("XDG_CONFIG_HOME", s.join("config"))
+            .env_remove("FERRY_RELAY")
             .env("FERRY_NO_DISCOVERY", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
