@@ -2,12 +2,17 @@
 //! them, with one system call per step (what the receiver does) and, with the `uring` feature,
 //! batched through io_uring.
 //!
-//! Per file the receiver (`ferry-transfer`'s `Destination::open_temp` and `finish_file`) does
-//! `openat(dirfd, ".NAME.ferry-part", O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, mode)`,
-//! `write` of all bytes, `futimens` (after the last write, or the write would move the mtime),
-//! `close`, then `renameat2(dirfd, temp, dirfd, NAME, RENAME_NOREPLACE)`. On tmpfs nearly all of
-//! that is kernel time, so the question is whether submitting many files per system call wins.
-//! io_uring has no `utimensat`, so the times are always set by a plain system call.
+//! Per small file the receiver (`ferry-transfer`'s `Destination::open_temp` and `finish_file`)
+//! does `openat(dirfd, ".", O_WRONLY|O_TMPFILE|O_CLOEXEC, mode)`, `write` of all bytes,
+//! `futimens` (after the last write, or the write would move the mtime), then
+//! `linkat(fd, "", dirfd, NAME, AT_EMPTY_PATH)` and `close`: the "std" variant. Before that it
+//! used a named temporary file: `openat(dirfd, ".NAME.ferry-part",
+//! O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC, mode)`, `write`, `futimens`, `close`, then
+//! `renameat2(dirfd, temp, dirfd, NAME, RENAME_NOREPLACE)`: the "renamed" variant, which it still
+//! uses for files larger than one chunk and which the io_uring variants batch. On tmpfs nearly
+//! all of that is kernel time, so the questions are which sequence is cheaper and whether
+//! submitting many files per system call wins. io_uring has no `utimensat`, so the times are
+//! always set by a plain system call.
 //!
 //! Every run is checked afterwards (each file's size, bytes and mtime, and that no temporary
 //! name is left), so a variant that skips work cannot win.
@@ -181,12 +186,14 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 /// How the files are made.
 #[derive(Clone, Copy, Debug)]
 pub enum Variant {
-    /// The receiver's system calls, one file after the other, on `threads` threads (each takes
-    /// whole directories).
+    /// The receiver's system calls for a small file (unnamed, then linked), one file after the
+    /// other, on `threads` threads (each takes whole directories).
     Std {
         /// Threads.
         threads: usize,
     },
+    /// The named temporary file and the rename, on one thread.
+    Renamed,
     /// Batched through io_uring.
     #[cfg(feature = "uring")]
     Uring(uring::Config),
@@ -197,14 +204,40 @@ impl std::fmt::Display for Variant {
         match self {
             Variant::Std { threads: 1 } => write!(f, "std"),
             Variant::Std { threads } => write!(f, "std {threads} threads"),
+            Variant::Renamed => write!(f, "renamed"),
             #[cfg(feature = "uring")]
             Variant::Uring(c) => write!(f, "{c}"),
         }
     }
 }
 
-/// The receiver's sequence for one file.
+/// The receiver's sequence for one small file: unnamed, then linked under its name.
 fn create_one(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
+    let dir = tree.dir(f);
+    let flags = libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC;
+    // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
+    let fd = check(unsafe { libc::openat(dir, c".".as_ptr(), flags, MODE as libc::c_uint) })?;
+    // SAFETY: `fd` was just opened and is owned by nobody else.
+    let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(f.data(&plan.pool))?;
+    let times = f.times();
+    // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
+    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    // SAFETY: valid fds, an empty and a NUL-terminated name.
+    check(unsafe {
+        libc::linkat(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            dir,
+            f.name.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
+/// The earlier sequence: a named temporary file, renamed into place.
+fn create_renamed(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
     let dir = tree.dir(f);
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
@@ -265,6 +298,10 @@ pub fn create_run(plan: &Plan, root: &Path, variant: Variant) -> io::Result<f64>
     let start = Instant::now();
     match variant {
         Variant::Std { threads } => create_std(plan, &tree, threads)?,
+        Variant::Renamed => plan
+            .files
+            .iter()
+            .try_for_each(|f| create_renamed(plan, &tree, f))?,
         #[cfg(feature = "uring")]
         Variant::Uring(config) => uring::create(plan, &tree, &config)?,
     }
@@ -296,23 +333,24 @@ pub fn compare(
 }
 
 /// The file-creation case of `ferry bench transfer`: `files` files of 4-8 KiB in 100 directories
-/// under `scratch`, io_uring against the receiver's system calls, and two threads against one
-/// for reference.
+/// under `scratch`: the receiver's unnamed files against named ones renamed into place,
+/// io_uring against the renamed sequence it batches, and two threads against one for reference.
 pub fn run(files: usize, runs: usize, scratch: &Path, report: &mut Report) -> io::Result<()> {
     let plan = Plan::new(files, 100);
     let root = scratch.join(format!("ferry-bench-create-{}", std::process::id()));
     let one = Variant::Std { threads: 1 };
     let cases = [
+        (Variant::Renamed, one),
         #[cfg(feature = "uring")]
-        Variant::Uring(uring::Config::BEST),
-        Variant::Std { threads: 2 },
+        (Variant::Renamed, Variant::Uring(uring::Config::BEST)),
+        (one, Variant::Std { threads: 2 }),
     ];
-    for candidate in cases {
-        let (base, value) = compare(&plan, &root, runs, one, candidate)?;
+    for (baseline, candidate) in cases {
+        let (base, value) = compare(&plan, &root, runs, baseline, candidate)?;
         report.push(
             Row::new(
                 "transfer",
-                format!("{files} files, create: {candidate} vs std"),
+                format!("{files} files, create: {candidate} vs {baseline}"),
                 value,
                 "files/s",
             )
@@ -617,6 +655,7 @@ mod tests {
     fn std_variant_makes_the_planned_tree() {
         makes_and_checks(Variant::Std { threads: 1 }, "std1");
         makes_and_checks(Variant::Std { threads: 3 }, "std3");
+        makes_and_checks(Variant::Renamed, "renamed");
     }
 
     #[cfg(feature = "uring")]

@@ -155,6 +155,54 @@ impl Dir {
         )?))
     }
 
+    /// Creates an unnamed regular file in this directory (`O_TMPFILE`), for writing; it gets a
+    /// name only through [`Dir::link_unnamed`], so until then no crash can leave it behind.
+    pub(crate) fn create_unnamed(&self, mode: u32) -> io::Result<File> {
+        Ok(File::from(self.openat(
+            b".",
+            libc::O_WRONLY | libc::O_TMPFILE,
+            mode as libc::mode_t,
+        )?))
+    }
+
+    /// Gives the unnamed file `file` (from [`Dir::create_unnamed`]) the name `name` in this
+    /// directory; fails with EEXIST rather than replace anything. Where the kernel refuses
+    /// `AT_EMPTY_PATH` to this process (before Linux 6.10 without CAP_DAC_READ_SEARCH: ENOENT),
+    /// links through `/proc/self/fd`, as open(2) documents for `O_TMPFILE`.
+    pub(crate) fn link_unnamed(&self, file: &File, name: &[u8]) -> io::Result<()> {
+        with_cstr(name, |c| {
+            // SAFETY: valid fds, an empty and a NUL-terminated name.
+            let ret = unsafe {
+                libc::linkat(
+                    file.as_raw_fd(),
+                    c"".as_ptr(),
+                    self.raw(),
+                    c.as_ptr(),
+                    libc::AT_EMPTY_PATH,
+                )
+            };
+            if ret == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::EPERM)) {
+                return Err(e);
+            }
+            let proc_path = format!("/proc/self/fd/{}\0", file.as_raw_fd());
+            // SAFETY: NUL-terminated paths and a valid dir fd.
+            check(unsafe {
+                libc::linkat(
+                    libc::AT_FDCWD,
+                    proc_path.as_ptr().cast(),
+                    self.raw(),
+                    c.as_ptr(),
+                    libc::AT_SYMLINK_FOLLOW,
+                )
+            })?;
+            Ok(())
+        })
+    }
+
     /// Opens a file to send, non-blocking (a FIFO fails instead of hanging); when `no_follow`,
     /// never through a symlink.
     pub(crate) fn open_source(&self, name: &[u8], no_follow: bool) -> io::Result<File> {

@@ -14,9 +14,8 @@
 //! processes of a transfer already keep both cores of a small machine busy, so total CPU time
 //! decides), and the work is done in place ([`Mode::Inline`]), writing straight from the packet.
 
-use crate::dest::Destination;
+use crate::dest::{Destination, TempFile};
 use crate::{Entry, TransferError};
-use std::fs::File;
 use std::io::Write;
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 
@@ -48,8 +47,8 @@ struct Batch {
     ops: Vec<Op>,
 }
 
-/// The file being written: its entry, the file, and whether it was created with its final mode.
-type OpenFile = (u32, File, bool);
+/// The file being written, and its entry.
+type OpenFile = (u32, TempFile);
 
 /// Runs one operation; `data` is the bytes of a [`Op::Write`].
 fn apply(
@@ -62,21 +61,22 @@ fn apply(
     match op {
         Op::Open { index, offset } => {
             let e = &entries[index as usize];
-            let file = dest.open_temp(e, index, offset)?;
-            *open = Some((index, file, offset == 0 && dest.created_with_mode(e)));
+            *open = Some((index, dest.open_temp(e, index, offset)?));
         }
         Op::Write { .. } => {
-            let (index, file, _) = open.as_mut().expect("writes follow an open");
-            file.write_all(data)
+            let (index, temp) = open.as_mut().expect("writes follow an open");
+            temp.file()
+                .write_all(data)
                 .map_err(|err| TransferError::file(entries[*index as usize].path_lossy(), err))?;
         }
         Op::Finish { index, replace } => {
-            let (_, file, mode_set) = open.take().expect("finish follows an open");
-            dest.finish_file(&entries[index as usize], index, file, replace, mode_set)?;
+            let (_, temp) = open.take().expect("finish follows an open");
+            dest.finish_file(&entries[index as usize], index, temp, replace)?;
         }
         Op::Remove { index } => {
-            drop(open.take());
-            dest.remove_temp(&entries[index as usize], index);
+            if let Some((_, temp)) = open.take() {
+                dest.remove_temp(&entries[index as usize], index, temp);
+            }
         }
         Op::Done { .. } => {}
     }
