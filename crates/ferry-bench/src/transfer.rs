@@ -158,12 +158,23 @@ fn wait_with_cpu(child: std::process::Child) -> std::io::Result<(bool, f64)> {
     Ok((ok, timeval_secs(ru.ru_utime) + timeval_secs(ru.ru_stime)))
 }
 
-/// One `ferry send` + `ferry receive` run.
+/// When the clock starts in [`cli_run`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Both commands start together; the clock starts with the sender (its start-up and walk count).
+    Together,
+    /// The receiver starts once the sender has printed its code, as when a person types it: the
+    /// clock starts with the receiver.
+    AfterCode,
+}
+
+/// One `ferry send` + `ferry receive` run; `secs` runs from the [`Start`] to the receiver's exit.
 fn cli_run(
     ferry: &Path,
     s: &Scratch,
     paths: &[PathBuf],
     nameplate: u32,
+    when: Start,
 ) -> std::io::Result<CliRun> {
     let code = format!("{nameplate}-apple-orbit-violin");
     let cmd = |args: &[&str]| {
@@ -180,11 +191,28 @@ fn cli_run(
             .stderr(Stdio::null());
         c
     };
-    let start = Instant::now();
+    let mut start = Instant::now();
     let mut send = cmd(&["send", "--code", &code]);
+    if when == Start::AfterCode {
+        // Text mode, as a person runs it: the line telling what to run on the other side.
+        send.stderr(Stdio::piped());
+    }
     send.args(paths);
-    let send = send.spawn()?;
+    let mut send = send.spawn()?;
     let send_hwm = watch_peak_rss(send.id());
+    if let Some(err) = send.stderr.take() {
+        let mut lines = std::io::BufReader::new(err);
+        let mut line = String::new();
+        while !line.contains("ferry receive") {
+            line.clear();
+            if std::io::BufRead::read_line(&mut lines, &mut line)? == 0 {
+                return Err(std::io::Error::other("ferry send ended before its code"));
+            }
+        }
+        // The rest is drained, so the sender never blocks on a full pipe.
+        std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
+        start = Instant::now();
+    }
     let out = s.join("out");
     let recv = cmd(&[
         "receive",
@@ -288,8 +316,7 @@ fn size_name(bytes: u64) -> String {
 pub fn run(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<()> {
     large_file(opts, ferry, report)?;
     small_files(opts, ferry, report)?;
-    // The receiver's file creation alone, io_uring against its system calls: only with `uring`.
-    #[cfg(feature = "uring")]
+    // The receiver's file creation alone: unnamed vs renamed files, and (with `uring`) io_uring.
     crate::create::run(opts.small_files, opts.runs, &opts.scratch, report)?;
     pipeline(opts, report)?;
     memory(opts, ferry, report)?;
@@ -309,7 +336,13 @@ fn large_file(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Res
         plain.push(opts.file_bytes as f64 / t / 1e9);
         plain_cpu.push(cpu / gib);
         s.clear_out()?;
-        let run = cli_run(ferry, &s, std::slice::from_ref(&src), 100 + i as u32)?;
+        let run = cli_run(
+            ferry,
+            &s,
+            std::slice::from_ref(&src),
+            100 + i as u32,
+            Start::Together,
+        )?;
         cli.push(opts.file_bytes as f64 / run.secs / 1e9);
         send_cpu.push(run.send_cpu / gib);
         recv_cpu.push(run.recv_cpu / gib);
@@ -369,17 +402,38 @@ fn small_files(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Re
     let s = Scratch::new(&opts.scratch, "small")?;
     let root = s.join("src/tree");
     write_small_tree(&root, opts.small_files)?;
-    let (mut cli, mut cpu) = (Vec::new(), Vec::new());
+    let (mut cli, mut typed, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..opts.runs {
-        s.clear_out()?;
-        let run = cli_run(ferry, &s, std::slice::from_ref(&root), 200 + i as u32)?;
-        cli.push(opts.small_files as f64 / run.secs);
-        cpu.push((run.send_cpu + run.recv_cpu) / opts.small_files as f64 * 1e6);
+        // Interleaved: the two ways of starting share the machine's state.
+        for when in [Start::Together, Start::AfterCode] {
+            s.clear_out()?;
+            let nameplate = 200 + 2 * i as u32 + (when == Start::AfterCode) as u32;
+            let run = cli_run(ferry, &s, std::slice::from_ref(&root), nameplate, when)?;
+            let rate = opts.small_files as f64 / run.secs;
+            if when == Start::Together {
+                cli.push(rate);
+                cpu.push((run.send_cpu + run.recv_cpu) / opts.small_files as f64 * 1e6);
+            } else {
+                typed.push(rate);
+            }
+        }
     }
     report.push(Row::new(
         BENCH,
-        format!("{} files of 4-8 KiB, ferry send+receive", opts.small_files),
+        format!(
+            "{} files of 4-8 KiB, ferry send+receive started together",
+            opts.small_files
+        ),
         median(&mut cli),
+        "files/s",
+    ));
+    report.push(Row::new(
+        BENCH,
+        format!(
+            "{} files of 4-8 KiB, ferry receive after the sender's code",
+            opts.small_files
+        ),
+        median(&mut typed),
         "files/s",
     ));
     report.push(Row::new(
@@ -515,7 +569,7 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
             send_rss,
             recv_rss,
             ..
-        } = cli_run(ferry, &s, std::slice::from_ref(&src), 300)?;
+        } = cli_run(ferry, &s, std::slice::from_ref(&src), 300, Start::Together)?;
         let name = size_name(opts.rss_file_bytes);
         push_rss(report, &format!("{name} file"), send_rss, recv_rss);
         report.push(Row::new(
@@ -530,7 +584,7 @@ fn memory(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Result<
     write_small_tree(&root, opts.rss_files)?;
     let CliRun {
         send_rss, recv_rss, ..
-    } = cli_run(ferry, &s, std::slice::from_ref(&root), 301)?;
+    } = cli_run(ferry, &s, std::slice::from_ref(&root), 301, Start::Together)?;
     push_rss(
         report,
         &format!("{} files", opts.rss_files),
