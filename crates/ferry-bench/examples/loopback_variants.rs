@@ -106,11 +106,26 @@ fn main() {
     type Variant = (&'static str, Box<dyn Fn() -> f64>);
     let variants: Vec<Variant> = vec![
         ("plain TCP, 1 MiB writes", Box::new(plain)),
-        ("channel, 1 MiB packets (ferry)", Box::new(|| channel(1 << 20, false))),
-        ("channel, 256 KiB packets", Box::new(|| channel(256 << 10, false))),
-        ("channel, 2 MiB packets", Box::new(|| channel(2 << 20, false))),
-        ("channel, 4 MiB packets", Box::new(|| channel(4 << 20, false))),
-        ("channel, 1 MiB, seal and write on two threads", Box::new(|| channel(1 << 20, true))),
+        (
+            "channel, 1 MiB packets (ferry)",
+            Box::new(|| channel(1 << 20, false)),
+        ),
+        (
+            "channel, 256 KiB packets",
+            Box::new(|| channel(256 << 10, false)),
+        ),
+        (
+            "channel, 2 MiB packets",
+            Box::new(|| channel(2 << 20, false)),
+        ),
+        (
+            "channel, 4 MiB packets",
+            Box::new(|| channel(4 << 20, false)),
+        ),
+        (
+            "channel, 1 MiB, seal and write on two threads",
+            Box::new(|| channel(1 << 20, true)),
+        ),
     ];
     let mut samples = vec![Vec::new(); variants.len()];
     for _ in 0..runs {
