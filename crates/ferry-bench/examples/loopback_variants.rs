@@ -13,58 +13,34 @@
 //! receive processing); the question is whether moving the sealing off it helps when the receiver
 //! already occupies the other core.
 
-use ferry_bench::channel::{pair, tcp_pair};
+use ferry_bench::channel::{channel_tcp_with, pair, plain_tcp, tcp_pair};
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::{frame_len, Auth, Config, CONTENTS_OFFSET};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::sync::mpsc;
 use std::time::Instant;
 
 const BYTES: u64 = 4 << 30;
 
-fn gbps(start: Instant) -> f64 {
-    BYTES as f64 / start.elapsed().as_secs_f64() / 1e9
+fn auth() -> Auth {
+    Auth::Code(b"variants".to_vec())
 }
 
-fn plain() -> f64 {
-    let (mut tx, mut rx) = tcp_pair();
-    let start = Instant::now();
-    let sender = std::thread::spawn(move || {
-        let buf = vec![0x42u8; 1 << 20];
-        for _ in 0..(BYTES >> 20) {
-            tx.write_all(&buf).expect("write");
-        }
-    });
-    let mut buf = vec![0u8; 1 << 20];
-    let mut got = 0;
-    while got < BYTES {
-        let n = rx.read(&mut buf).expect("read");
-        assert!(n > 0, "plain TCP ended early");
-        got += n as u64;
-    }
-    sender.join().expect("sender");
-    gbps(start)
-}
-
-/// `BYTES` through one channel in packets of `size`, sealed on the writing thread or (`pipelined`)
-/// on a thread of their own.
-fn channel(size: usize, pipelined: bool) -> f64 {
+/// `BYTES` through one channel in packets of `size`, as `ferry bench channel` runs it.
+fn channel(size: usize) -> f64 {
     let mut config = Config::ferry();
     config.max_payload = size;
-    let (a, b) = pair(config, || Auth::Code(b"variants".to_vec()));
+    channel_tcp_with(BYTES, config, auth)
+}
+
+/// `BYTES` through one channel in 1 MiB packets, sealed on one thread and written on another.
+fn channel_pipelined() -> f64 {
+    let size = 1 << 20;
+    let (a, b) = pair(Config::ferry(), auth);
     let (mut tx, rx) = tcp_pair();
     let start = Instant::now();
     let count = BYTES / size as u64;
     let sender = std::thread::spawn(move || {
-        if !pipelined {
-            let mut w = SecureWriter::new(tx, a.sealer);
-            for _ in 0..count {
-                w.payload_buf(size).expect("buf");
-                w.send_payload_buf(size).expect("send");
-            }
-            w.close().expect("close");
-            return;
-        }
         let mut sealer = a.sealer;
         let (to_writer, sealed) = mpsc::sync_channel::<Vec<u8>>(2);
         let (give_back, returned) = mpsc::channel::<Vec<u8>>();
@@ -95,7 +71,7 @@ fn channel(size: usize, pipelined: bool) -> f64 {
     }
     assert_eq!(got, count * size as u64);
     sender.join().expect("sender");
-    gbps(start)
+    BYTES as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
 fn main() {
@@ -105,26 +81,17 @@ fn main() {
         .unwrap_or(7);
     type Variant = (&'static str, Box<dyn Fn() -> f64>);
     let variants: Vec<Variant> = vec![
-        ("plain TCP, 1 MiB writes", Box::new(plain)),
+        ("plain TCP, 1 MiB writes", Box::new(|| plain_tcp(BYTES).0)),
         (
             "channel, 1 MiB packets (ferry)",
-            Box::new(|| channel(1 << 20, false)),
+            Box::new(|| channel(1 << 20)),
         ),
-        (
-            "channel, 256 KiB packets",
-            Box::new(|| channel(256 << 10, false)),
-        ),
-        (
-            "channel, 2 MiB packets",
-            Box::new(|| channel(2 << 20, false)),
-        ),
-        (
-            "channel, 4 MiB packets",
-            Box::new(|| channel(4 << 20, false)),
-        ),
+        ("channel, 256 KiB packets", Box::new(|| channel(256 << 10))),
+        ("channel, 2 MiB packets", Box::new(|| channel(2 << 20))),
+        ("channel, 4 MiB packets", Box::new(|| channel(4 << 20))),
         (
             "channel, 1 MiB, seal and write on two threads",
-            Box::new(|| channel(1 << 20, true)),
+            Box::new(channel_pipelined),
         ),
     ];
     let mut samples = vec![Vec::new(); variants.len()];

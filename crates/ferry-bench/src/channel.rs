@@ -175,7 +175,7 @@ pub fn tcp_pair() -> (TcpStream, TcpStream) {
 
 /// One sample of plain TCP: `bytes` in 1 MiB writes from one thread to another. Returns GB/s and the CPU
 /// seconds of both threads.
-fn plain_tcp(bytes: u64) -> (f64, f64) {
+pub fn plain_tcp(bytes: u64) -> (f64, f64) {
     let (mut tx, mut rx) = tcp_pair();
     let start = Instant::now();
     let sender = std::thread::spawn(move || {

@@ -211,18 +211,31 @@ impl std::fmt::Display for Variant {
     }
 }
 
-/// The receiver's sequence for one small file: unnamed, then linked under its name.
-fn create_one(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
-    let dir = tree.dir(f);
-    let flags = libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC;
+/// Opens `name` in `dir` with `flags` and writes `f`'s bytes and times (after the last write, or
+/// the write would move the mtime): the steps both sequences share.
+fn open_and_fill(
+    plan: &Plan,
+    dir: RawFd,
+    name: &std::ffi::CStr,
+    flags: libc::c_int,
+    f: &FileSpec,
+) -> io::Result<fs::File> {
     // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
-    let fd = check(unsafe { libc::openat(dir, c".".as_ptr(), flags, MODE as libc::c_uint) })?;
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, MODE as libc::c_uint) })?;
     // SAFETY: `fd` was just opened and is owned by nobody else.
     let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
     file.write_all(f.data(&plan.pool))?;
     let times = f.times();
     // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
     check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
+    Ok(file)
+}
+
+/// The receiver's sequence for one small file: unnamed, then linked under its name.
+fn create_one(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
+    let dir = tree.dir(f);
+    let flags = libc::O_WRONLY | libc::O_TMPFILE | libc::O_CLOEXEC;
+    let file = open_and_fill(plan, dir, c".", flags, f)?;
     // SAFETY: valid fds, an empty and a NUL-terminated name.
     check(unsafe {
         libc::linkat(
@@ -240,15 +253,7 @@ fn create_one(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
 fn create_renamed(plan: &Plan, tree: &Tree, f: &FileSpec) -> io::Result<()> {
     let dir = tree.dir(f);
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-    // SAFETY: valid dir fd and NUL-terminated name; the returned fd is checked and owned.
-    let fd = check(unsafe { libc::openat(dir, f.temp.as_ptr(), flags, MODE as libc::c_uint) })?;
-    // SAFETY: `fd` was just opened and is owned by nobody else.
-    let mut file = fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.write_all(f.data(&plan.pool))?;
-    let times = f.times();
-    // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
-    check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
-    drop(file);
+    drop(open_and_fill(plan, dir, &f.temp, flags, f)?);
     rename_into_place(dir, f)
 }
 

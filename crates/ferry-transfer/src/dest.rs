@@ -298,12 +298,13 @@ impl Destination {
         set_file_times(&file, e.mtime, e.mtime_nsec).map_err(err)?;
         let replace = replace || self.overwrite;
         let (_, name) = split_parent(&e.path);
+        if unnamed && !replace {
+            let dir = self.parent(&e.path)?;
+            return dir.link_unnamed(&file, name).map_err(|x| conflict_or(e, x));
+        }
         let temp = self.temp_name(name, index).to_vec();
         let dir = self.parent(&e.path)?;
         if unnamed {
-            if !replace {
-                return dir.link_unnamed(&file, name).map_err(|x| conflict_or(e, x));
-            }
             // Linking never replaces: an earlier run's file is replaced by linking under the
             // temporary name, then renaming over it.
             match dir.link_unnamed(&file, &temp) {
@@ -315,16 +316,12 @@ impl Destination {
             }
         }
         drop(file);
-        match dir.rename(&temp, name, replace) {
-            Ok(()) => Ok(()),
-            Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
+        dir.rename(&temp, name, replace).map_err(|x| {
+            if x.raw_os_error() == Some(libc::EEXIST) {
                 let _ = dir.unlink(&temp);
-                Err(TransferError::Conflict {
-                    path: e.path_lossy(),
-                })
             }
-            Err(x) => Err(err(x)),
-        }
+            conflict_or(e, x)
+        })
     }
 
     /// Creates symlink `e` (after every file and directory), replacing only when overwriting.
