@@ -4,6 +4,8 @@
 //! hash (session id, both key shares, both version packets), so a man in the middle, who necessarily has a
 //! different session id on each side, and an edited suite offer both make authentication fail.
 
+use std::sync::{Arc, Mutex};
+
 use aws_lc_rs::hmac;
 use aws_lc_rs::signature::{self, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
 use spake2::{Ed25519Group, Identity, Password, Spake2};
@@ -14,6 +16,9 @@ use crate::Role;
 const MSG_SPAKE: u8 = 1;
 const MSG_CONFIRM: u8 = 2;
 const MSG_IDENTITY: u8 = 3;
+/// The responder's answer to a confirmation that did not verify: "wrong code", so the initiator fails with the
+/// same cause instead of a cut connection. It carries nothing a guess could be checked against.
+const MSG_REJECT: u8 = 4;
 const SPAKE_MSG_LEN: usize = 33;
 const CONFIRM_LEN: usize = 32;
 /// Length of an Ed25519 public key.
@@ -69,6 +74,122 @@ pub enum Auth {
     },
 }
 
+/// The failed-attempt budget of one code, shared by every handshake that uses it (concurrent ones included).
+///
+/// An attempt is charged when the peer's SPAKE2 message arrives: from then on the peer holds a PAKE state for
+/// its guess. An attempt that does not complete (a wrong confirmation, a hang-up, a timeout, any error) counts
+/// as failed; after `limit` failures the code is dead and every later attempt fails with
+/// [`ChannelError::WrongCode`] before any PAKE work. With [`CodeAttempts::one_guess`], a confirmation that does
+/// not verify kills the code at once. Confirmations are checked one at a time under a lock, so concurrent
+/// handshakes can never check more guesses than the budget allows.
+#[derive(Debug)]
+pub struct CodeAttempts {
+    state: Mutex<AttemptState>,
+    limit: u32,
+    wrong_is_fatal: bool,
+}
+
+#[derive(Debug, Default)]
+struct AttemptState {
+    failed: u32,
+    dead: bool,
+}
+
+/// How many attempts on one code may fail before it is dead (the sender's and the receiver's default).
+pub const MAX_FAILED_ATTEMPTS: u32 = 3;
+
+impl CodeAttempts {
+    /// The side that checks the first confirmation (the responder, ferry's sender): one wrong confirmation
+    /// ends the code, and so do `limit` attempts that reached the PAKE and did not finish.
+    pub fn one_guess(limit: u32) -> Arc<Self> {
+        Arc::new(CodeAttempts {
+            state: Mutex::default(),
+            limit: limit.max(1),
+            wrong_is_fatal: true,
+        })
+    }
+
+    /// The side that confirms first (the initiator, ferry's receiver): `limit` failed attempts of any kind,
+    /// wrong confirmations included, end the code. Each one gave its peer one guess to check.
+    pub fn at_most(limit: u32) -> Arc<Self> {
+        Arc::new(CodeAttempts {
+            state: Mutex::default(),
+            limit: limit.max(1),
+            wrong_is_fatal: false,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AttemptState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True once the code may not be used again.
+    pub fn is_dead(&self) -> bool {
+        self.lock().dead
+    }
+
+    /// Attempts that failed so far.
+    pub fn failed(&self) -> u32 {
+        self.lock().failed
+    }
+
+    /// The limit of failed attempts.
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    fn begin(self: &Arc<Self>) -> Result<Charge, ChannelError> {
+        if self.is_dead() {
+            return Err(ChannelError::WrongCode);
+        }
+        Ok(Charge(Some(Arc::clone(self))))
+    }
+
+    fn record_failure(&self, state: &mut AttemptState, wrong: bool) {
+        state.failed += 1;
+        if state.failed >= self.limit || (wrong && self.wrong_is_fatal) {
+            state.dead = true;
+        }
+    }
+}
+
+/// One charged attempt: counted as failed when dropped before [`Charge::settle`].
+#[derive(Debug)]
+pub(crate) struct Charge(Option<Arc<CodeAttempts>>);
+
+impl Charge {
+    /// Runs the confirmation check under the budget's lock: a dead code checks nothing; a check that fails is
+    /// counted here. Settles the charge either way.
+    fn verify(&mut self, check: impl FnOnce() -> bool) -> Result<(), ChannelError> {
+        let Some(attempts) = self.0.take() else {
+            return if check() {
+                Ok(())
+            } else {
+                Err(ChannelError::WrongCode)
+            };
+        };
+        let mut state = attempts.lock();
+        if state.dead {
+            return Err(ChannelError::WrongCode);
+        }
+        if check() {
+            Ok(())
+        } else {
+            attempts.record_failure(&mut state, true);
+            Err(ChannelError::WrongCode)
+        }
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some(attempts) = self.0.take() {
+            let mut state = attempts.lock();
+            attempts.record_failure(&mut state, false);
+        }
+    }
+}
+
 /// What an authentication exchange does, driven by the handshake.
 pub(crate) enum AuthState {
     Done,
@@ -76,6 +197,10 @@ pub(crate) enum AuthState {
         pending: Option<Box<Spake2<Ed25519Group>>>,
         password: Vec<u8>,
         confirm_key: Option<Box<hmac::Key>>,
+        /// The shared failed-attempt budget, if any.
+        attempts: Option<Arc<CodeAttempts>>,
+        /// This attempt, charged once the peer's PAKE message arrived.
+        charge: Option<Charge>,
     },
     Identity {
         key: Box<IdentityKey>,
@@ -102,6 +227,17 @@ fn identity_message(role: Role, transcript: &[u8; 32]) -> Vec<u8> {
     m
 }
 
+/// What the responder sends when a confirmation did not verify (see [`MSG_REJECT`]).
+pub(crate) fn reject_message() -> Vec<u8> {
+    vec![MSG_REJECT]
+}
+
+fn confirm_message(key: &hmac::Key, role: Role, transcript: &[u8; 32]) -> Vec<u8> {
+    let mut out = vec![MSG_CONFIRM];
+    out.extend_from_slice(hmac::sign(key, &confirm_data(role, transcript)).as_ref());
+    out
+}
+
 fn confirm_data(role: Role, transcript: &[u8; 32]) -> Vec<u8> {
     let mut data = b"ferry/confirm/v1/".to_vec();
     data.extend_from_slice(role_name(role));
@@ -117,12 +253,32 @@ impl AuthState {
                 pending: None,
                 password,
                 confirm_key: None,
+                attempts: None,
+                charge: None,
             },
             Auth::Identity { key, pinned } => AuthState::Identity {
                 key: Box::new(key),
                 pinned,
             },
         }
+    }
+
+    /// Shares a failed-attempt budget with other handshakes on the same code. No effect without a code.
+    pub(crate) fn set_attempts(&mut self, budget: Arc<CodeAttempts>) {
+        if let AuthState::Spake { attempts, .. } = self {
+            *attempts = Some(budget);
+        }
+    }
+
+    /// True once the peer's PAKE message arrived and the attempt is not settled.
+    pub(crate) fn charged(&self) -> bool {
+        matches!(
+            self,
+            AuthState::Spake {
+                charge: Some(_),
+                ..
+            }
+        )
     }
 
     /// The first messages we send, once the transcript is fixed.
@@ -179,6 +335,8 @@ impl AuthState {
                 AuthState::Spake {
                     pending,
                     confirm_key,
+                    attempts,
+                    charge,
                     ..
                 },
                 Some((&MSG_SPAKE, body)),
@@ -189,31 +347,62 @@ impl AuthState {
                 if body.len() != SPAKE_MSG_LEN {
                     return Err(ChannelError::AuthProtocol("PAKE message of wrong length"));
                 }
+                // From here on the peer holds a PAKE state for its guess: the attempt counts.
+                let this = match attempts {
+                    Some(budget) => budget.begin()?,
+                    None => Charge(None),
+                };
                 let secret = state
                     .finish(body)
                     .map_err(|_| ChannelError::AuthProtocol("bad PAKE message"))?;
                 let key = hmac::Key::new(hmac::HMAC_SHA256, &secret);
-                let mut out = vec![MSG_CONFIRM];
-                out.extend_from_slice(hmac::sign(&key, &confirm_data(role, transcript)).as_ref());
+                // Only the initiator confirms first. The responder answers only after it verified the
+                // initiator's confirmation, so a peer that guesses a code and hangs up never receives anything
+                // it could check its guess against offline.
+                let out = match role {
+                    Role::Initiator => vec![confirm_message(&key, role, transcript)],
+                    Role::Responder => Vec::new(),
+                };
                 *confirm_key = Some(Box::new(key));
-                Ok((vec![out], None))
+                *charge = Some(this);
+                Ok((out, None))
             }
-            (AuthState::Spake { confirm_key, .. }, Some((&MSG_CONFIRM, body))) => {
+            (
+                AuthState::Spake {
+                    confirm_key,
+                    charge,
+                    ..
+                },
+                Some((&MSG_CONFIRM, body)),
+            ) => {
                 let key = confirm_key.as_ref().ok_or(ChannelError::AuthProtocol(
                     "confirmation before PAKE message",
                 ))?;
                 if body.len() != CONFIRM_LEN {
                     return Err(ChannelError::AuthProtocol("confirmation of wrong length"));
                 }
-                hmac::verify(key, &confirm_data(peer, transcript), body)
-                    .map_err(|_| ChannelError::WrongCode)?;
+                let mut this = charge.take().unwrap_or(Charge(None));
+                let verified = this
+                    .verify(|| hmac::verify(key, &confirm_data(peer, transcript), body).is_ok());
+                verified?;
+                let out = match role {
+                    Role::Responder => vec![confirm_message(key, role, transcript)],
+                    Role::Initiator => Vec::new(),
+                };
                 *self = AuthState::Done;
                 Ok((
-                    Vec::new(),
+                    out,
                     Some(AuthOutcome {
                         peer_identity: None,
                     }),
                 ))
+            }
+            (AuthState::Spake { charge, .. }, Some((&MSG_REJECT, []))) => {
+                // The responder says our confirmation did not verify: a wrong guess, counted as such.
+                if let Some(mut this) = charge.take() {
+                    let _ = this.verify(|| false);
+                }
+                Err(ChannelError::WrongCode)
             }
             (AuthState::Identity { pinned, .. }, Some((&MSG_IDENTITY, body))) => {
                 if body.len() != PUBLIC_KEY_LEN + SIGNATURE_LEN {

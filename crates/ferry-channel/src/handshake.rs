@@ -2,9 +2,11 @@
 //! authentication. Sans-IO: bytes go in through [`Handshake::feed`], bytes to send come out of
 //! [`Handshake::take_output`]; no sockets, no clocks.
 
+use std::sync::Arc;
+
 use aws_lc_rs::digest;
 
-use crate::auth::{Auth, AuthState};
+use crate::auth::{Auth, AuthState, CodeAttempts};
 use crate::error::ChannelError;
 use crate::keys::{fill_random, EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
 use crate::packet::{
@@ -218,6 +220,19 @@ impl Handshake {
         }
     }
 
+    /// Shares a failed-attempt budget with every other handshake on the same code (see [`CodeAttempts`]).
+    /// Without it, each handshake is one attempt on its own. No effect unless authenticating with a code.
+    pub fn with_attempts(mut self, attempts: Arc<CodeAttempts>) -> Self {
+        self.auth.set_attempts(attempts);
+        self
+    }
+
+    /// True once the peer's PAKE message arrived and the attempt is not yet settled: if the handshake ends now,
+    /// the attempt counts as a failed guess.
+    pub fn attempt_charged(&self) -> bool {
+        self.auth.charged()
+    }
+
     /// Bytes to send now.
     pub fn take_output(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.out)
@@ -417,9 +432,16 @@ impl Handshake {
     }
 
     fn on_auth(&mut self, contents: &[u8]) -> Result<(), ChannelError> {
-        let (messages, outcome) = self
-            .auth
-            .on_message(self.role, &self.transcript, contents)?;
+        let (messages, outcome) = match self.auth.on_message(self.role, &self.transcript, contents)
+        {
+            Ok(step) => step,
+            Err(ChannelError::WrongCode) if self.role == Role::Responder => {
+                // Tell the initiator why, so it reports a wrong code rather than a cut connection.
+                self.send_handshake_messages(vec![crate::auth::reject_message()])?;
+                return Err(ChannelError::WrongCode);
+            }
+            Err(e) => return Err(e),
+        };
         self.send_handshake_messages(messages)?;
         if let Some(outcome) = outcome {
             self.peer_identity = outcome.peer_identity;

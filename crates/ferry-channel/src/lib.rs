@@ -39,7 +39,7 @@ mod suite;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;
 
-pub use auth::{Auth, IdentityKey, PUBLIC_KEY_LEN};
+pub use auth::{Auth, CodeAttempts, IdentityKey, MAX_FAILED_ATTEMPTS, PUBLIC_KEY_LEN};
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;
 pub use handshake::{

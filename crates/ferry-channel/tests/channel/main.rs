@@ -6,6 +6,7 @@
 mod chunking;
 mod common;
 mod failures;
+mod guesses;
 mod mitm;
 mod records;
 mod roundtrip;
