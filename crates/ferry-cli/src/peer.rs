@@ -228,7 +228,7 @@ impl SenderRendezvous {
                 vec![listen]
             };
         }
-        crate::upgrade::interface_addresses()
+        crate::netif::interface_addresses()
             .into_iter()
             .filter(|ip| ip.is_ipv4() == listen.is_ipv4() || listen.is_ipv6())
             .map(|ip| SocketAddr::new(ip, listen.port()))

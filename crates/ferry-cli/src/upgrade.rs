@@ -30,58 +30,6 @@ const TRY_TIMEOUT: Duration = Duration::from_secs(3);
 /// The two halves of a channel over TCP.
 pub type Halves = (SecureReader<TcpStream>, SecureWriter<TcpStream>);
 
-/// Non-loopback, non-link-local addresses of this machine's interfaces.
-pub fn interface_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return out;
-    }
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, valid until freeifaddrs.
-        let ifa = unsafe { &*cur };
-        if !ifa.ifa_addr.is_null() {
-            // SAFETY: ifa_addr points to a sockaddr whose family says which struct it is.
-            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-            let ip = match family {
-                libc::AF_INET => {
-                    // SAFETY: the family is AF_INET, so this is a sockaddr_in.
-                    let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                    Some(IpAddr::from(
-                        u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
-                    ))
-                }
-                libc::AF_INET6 => {
-                    // SAFETY: the family is AF_INET6, so this is a sockaddr_in6.
-                    let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                    Some(IpAddr::from(sin6.sin6_addr.s6_addr))
-                }
-                _ => None,
-            };
-            if let Some(ip) = ip.filter(usable) {
-                if !out.contains(&ip) {
-                    out.push(ip);
-                }
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: `head` came from getifaddrs and is freed once.
-    unsafe { libc::freeifaddrs(head) };
-    out
-}
-
-fn usable(ip: &IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified(),
-        IpAddr::V6(v6) => {
-            !v6.is_loopback() && !v6.is_unspecified() && (v6.segments()[0] & 0xffc0) != 0xfe80
-        }
-    }
-}
-
 fn encode_candidates(addrs: &[SocketAddr]) -> Vec<u8> {
     let addrs = &addrs[..addrs.len().min(MAX_CANDIDATES)];
     let mut out = vec![MSG_CANDIDATES, addrs.len() as u8];
@@ -232,14 +180,5 @@ mod tests {
         assert!(decode_candidates(&[MSG_CANDIDATES, 0, 9]).is_err());
         assert!(decode_candidates(&[MSG_STAY]).is_err());
         assert_eq!(decode_candidates(&[MSG_CANDIDATES, 0]).unwrap(), vec![]);
-    }
-
-    #[test]
-    fn loopback_and_link_local_are_not_candidates() {
-        assert!(!usable(&"127.0.0.1".parse().unwrap()));
-        assert!(!usable(&"::1".parse().unwrap()));
-        assert!(!usable(&"fe80::1".parse().unwrap()));
-        assert!(!usable(&"169.254.1.1".parse().unwrap()));
-        assert!(usable(&"192.0.2.1".parse().unwrap()));
     }
 }
