@@ -1,7 +1,8 @@
 //! A thin blocking adapter over `std::io` streams (for example `std::net::TcpStream`).
 
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::time::Instant;
 
 use crate::error::ChannelError;
 use crate::handshake::{Established, Handshake};
@@ -38,6 +39,66 @@ pub fn handshake<S: Read + Write>(
             let _ = stream.write_all(&hs.take_output());
             return Err(e);
         }
+    }
+}
+
+/// Runs a handshake over a TCP stream that must finish by `deadline`, whatever the peer does: every read and
+/// write gets only the time that is left, so a peer that trickles a byte at a time cannot stretch it. Read and
+/// write timeouts are cleared again on success.
+pub fn handshake_until(
+    stream: &mut TcpStream,
+    hs: Handshake,
+    deadline: Instant,
+) -> Result<Established, ChannelError> {
+    let est = handshake(&mut Deadline { stream, deadline }, hs)?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(est)
+}
+
+/// A TCP stream whose reads and writes give up at a fixed instant.
+struct Deadline<'a> {
+    stream: &'a mut TcpStream,
+    deadline: Instant,
+}
+
+impl Deadline<'_> {
+    fn left(&self) -> io::Result<std::time::Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the handshake took too long",
+            ));
+        }
+        Ok(left)
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.set_read_timeout(Some(self.left()?))?;
+        self.stream.read(buf).map_err(timed_out)
+    }
+}
+
+impl Write for Deadline<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.set_write_timeout(Some(self.left()?))?;
+        self.stream.write(buf).map_err(timed_out)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// A socket timeout reads as `WouldBlock` on Linux; name it for what it is.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "the handshake took too long")
+    } else {
+        e
     }
 }
 

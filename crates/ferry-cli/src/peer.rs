@@ -3,28 +3,39 @@
 //! Direct paths come first; the relay is the fallback (or the only path with `--force-relay`). Whatever the
 //! path, the PAKE decides who the peer is: a path only proposes a connection.
 
-use std::collections::HashSet;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc;
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use ferry_channel::blocking;
-use ferry_channel::{Auth, ChannelError, Config, Established, Handshake, Role};
+use ferry_channel::{
+    Auth, ChannelError, CodeAttempts, Config, Established, Handshake, Role, MAX_FAILED_ATTEMPTS,
+};
 use ferry_rendezvous::local::{Announcement, LocalRegistry};
 use ferry_rendezvous::mdns;
 use ferry_rendezvous::{Code, NameplateHash};
 
 use crate::failure::PeerNotFound;
+use crate::netif;
 use crate::ui::Ui;
 
-/// How long a handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one handshake may take in all, whatever the peer does (each read and write gets only what is left).
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(15);
+/// How long the receiver waits for a TCP connection to a candidate.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most handshakes the sender runs at once; a connection beyond it is closed at once.
+const MAX_HANDSHAKES: usize = 16;
+/// Most handshakes at once from one source address, so one host cannot take every slot.
+const MAX_HANDSHAKES_PER_SOURCE: usize = 4;
 /// How long a receiver looks for its sender on this host when there is no other way to find it.
 const FIND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a receiver looks on this host before trying other paths.
 const FIND_BRIEFLY: Duration = Duration::from_millis(500);
 /// How long one mDNS browse listens for the sender.
 const BROWSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most LAN (mDNS) candidates one receive dials.
+const MAX_LAN_CANDIDATES: usize = 8;
 /// How long either side waits at the relay for the other.
 const RELAY_WAIT: Duration = Duration::from_secs(600);
 
@@ -51,38 +62,123 @@ pub struct Connected {
     pub peer: String,
 }
 
-fn handshake(
-    stream: TcpStream,
-    role: Role,
-    code: &Code,
-) -> Result<(TcpStream, Established), ChannelError> {
-    handshake_with(stream, role, code.password(), HANDSHAKE_TIMEOUT)
-}
-
-/// The handshake with any PAKE password (the code, or a one-time secret for a path upgrade).
+/// The handshake with any PAKE password (the code, or a one-time secret for a path upgrade), finished by
+/// `deadline` or failed, and charged to `attempts` when the password is the code.
 pub fn handshake_with(
     mut stream: TcpStream,
     role: Role,
     password: Vec<u8>,
-    timeout: Duration,
+    attempts: Option<&Arc<CodeAttempts>>,
+    deadline: Instant,
 ) -> Result<(TcpStream, Established), ChannelError> {
     stream.set_nodelay(true).ok();
-    stream.set_read_timeout(Some(timeout))?;
-    let hs = Handshake::new(role, Config::ferry(), Auth::Code(password));
-    let est = blocking::handshake(&mut stream, hs)?;
-    stream.set_read_timeout(None)?;
+    let mut hs = Handshake::new(role, Config::ferry(), Auth::Code(password));
+    if let Some(attempts) = attempts {
+        hs = hs.with_attempts(Arc::clone(attempts));
+    }
+    let est = blocking::handshake_until(&mut stream, hs, deadline)?;
     Ok((stream, est))
 }
 
-/// A connection offered to the sender, from its listener or from the relay.
-enum Offered {
-    Stream(TcpStream, &'static str, String),
+/// What a handshake is for: the code (the first connection) or a path upgrade's one-time secret.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Authenticated by the code.
+    Code,
+    /// Authenticated by a path upgrade's secret.
+    Upgrade,
+}
+
+/// A handshake that ended, one way or the other.
+pub struct Finished {
+    id: u64,
+    purpose: Purpose,
+    path: &'static str,
+    peer: String,
+    result: Result<(TcpStream, Established), ChannelError>,
+}
+
+/// What reaches the sender's waiting loop: a connection from its listener or the relay, or a handshake's end.
+enum Event {
+    Offered(TcpStream, &'static str, String),
     RelayFailed(ferry_relay::RelayError),
+    Finished(Finished),
+}
+
+/// Handshakes running side by side, each on its own thread and each bounded by [`HANDSHAKE_DEADLINE`], so one
+/// slow or hostile connection never holds up the real peer.
+struct Handshakes {
+    tx: mpsc::Sender<Event>,
+    /// Running handshakes: their source address and a handle to close them.
+    running: HashMap<u64, (Option<IpAddr>, TcpStream)>,
+    next_id: u64,
+}
+
+impl Handshakes {
+    /// Starts a handshake on its own thread; refuses (closes) the connection when too many run already, in
+    /// all or from its source address.
+    fn start(
+        &mut self,
+        stream: TcpStream,
+        path: &'static str,
+        peer: String,
+        purpose: Purpose,
+        password: Vec<u8>,
+        attempts: Option<Arc<CodeAttempts>>,
+    ) -> Result<(), String> {
+        let source = stream.peer_addr().ok().map(|a| a.ip().to_canonical());
+        let from_source = self
+            .running
+            .values()
+            .filter(|(s, _)| source.is_some() && *s == source)
+            .count();
+        if self.running.len() >= MAX_HANDSHAKES {
+            return Err(format!("{MAX_HANDSHAKES} handshakes are running already"));
+        }
+        // The relay's connections all come from the relay: only direct ones are limited per source.
+        if path != "relay" && from_source >= MAX_HANDSHAKES_PER_SOURCE {
+            return Err(format!(
+                "{MAX_HANDSHAKES_PER_SOURCE} handshakes from that address are running already"
+            ));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        if let Ok(handle) = stream.try_clone() {
+            self.running.insert(id, (source, handle));
+        }
+        let tx = self.tx.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + HANDSHAKE_DEADLINE;
+            let role = Role::Responder;
+            let result = handshake_with(stream, role, password, attempts.as_ref(), deadline);
+            let _ = tx.send(Event::Finished(Finished {
+                id,
+                purpose,
+                path,
+                peer,
+                result,
+            }));
+        });
+        Ok(())
+    }
+
+    fn finished(&mut self, id: u64) {
+        self.running.remove(&id);
+    }
+
+    /// Ends every running handshake: their threads fail at once and report, and their connections close.
+    fn stop_all(&mut self) {
+        for (_, (_, stream)) in self.running.drain() {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+        }
+    }
 }
 
 /// What the sender keeps alive while it waits: its announcement and listener.
 pub struct SenderRendezvous {
-    rx: mpsc::Receiver<Offered>,
+    rx: mpsc::Receiver<Event>,
+    handshakes: Handshakes,
+    attempts: Arc<CodeAttempts>,
     _announcement: Option<Announcement>,
     _advertisement: Option<mdns::Advertisement>,
     /// Where the sender listens, if it does.
@@ -93,6 +189,10 @@ pub struct SenderRendezvous {
 
 impl SenderRendezvous {
     /// Starts listening (unless `--force-relay`), announces on this host, and registers at the relay.
+    ///
+    /// Where it listens: `--listen ADDR` when given (every source accepted: the user chose the address);
+    /// otherwise loopback with `--no-discovery`, and with discovery every interface, accepting connections only
+    /// from this host and from directly attached networks (where mDNS reaches), never from a routed address.
     pub fn start(
         code: &Code,
         opts: &PeerOptions,
@@ -130,15 +230,22 @@ impl SenderRendezvous {
                 advertisement = Some(mdns::advertise(&code.nameplate_hash(), bound.port())?);
             }
             local = Some(bound);
+            let only_on_link = listen.is_none();
             let tx = tx.clone();
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(stream) = conn else { continue };
-                    let peer = stream
-                        .peer_addr()
-                        .map(|a| a.to_string())
-                        .unwrap_or_default();
-                    if tx.send(Offered::Stream(stream, "direct", peer)).is_err() {
+                    let Ok(peer) = stream.peer_addr() else {
+                        continue;
+                    };
+                    // Interfaces are read per connection: addresses come and go while a sender waits.
+                    if only_on_link && !netif::on_link(peer.ip(), &netif::interfaces()) {
+                        continue;
+                    }
+                    if tx
+                        .send(Event::Offered(stream, "direct", peer.to_string()))
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -146,6 +253,7 @@ impl SenderRendezvous {
         }
         if let Some(relay) = opts.relay.clone() {
             let hash = code.nameplate_hash().0;
+            let tx = tx.clone();
             std::thread::spawn(move || {
                 let offered = match ferry_relay::connect(
                     relay.as_str(),
@@ -153,14 +261,20 @@ impl SenderRendezvous {
                     hash,
                     RELAY_WAIT,
                 ) {
-                    Ok(stream) => Offered::Stream(stream, "relay", relay),
-                    Err(e) => Offered::RelayFailed(e),
+                    Ok(stream) => Event::Offered(stream, "relay", relay),
+                    Err(e) => Event::RelayFailed(e),
                 };
                 let _ = tx.send(offered);
             });
         }
         Ok(SenderRendezvous {
             rx,
+            handshakes: Handshakes {
+                tx,
+                running: HashMap::new(),
+                next_id: 0,
+            },
+            attempts: CodeAttempts::one_guess(MAX_FAILED_ATTEMPTS),
             _announcement: announcement,
             _advertisement: advertisement,
             listen: local,
@@ -169,16 +283,18 @@ impl SenderRendezvous {
         })
     }
 
-    /// Waits for the receiver: the first connection that completes the PAKE. A wrong code ends the send (one
-    /// guess per code); connections that do not speak ferry are dropped and waiting goes on.
-    pub fn accept(&self, code: &Code, ui: &Ui) -> anyhow::Result<Connected> {
+    /// Waits for the receiver: the first connection that completes the PAKE. Handshakes run side by side, each
+    /// with its own deadline. One wrong confirmation ends the send (one guess per code), and so do
+    /// [`MAX_FAILED_ATTEMPTS`] attempts that reached the PAKE and did not finish; connections that fail
+    /// before the PAKE (not ferry, too slow) are dropped and waiting goes on.
+    pub fn accept(&mut self, code: &Code, ui: &Ui) -> anyhow::Result<Connected> {
         loop {
-            let offered = self
+            let event = self
                 .rx
                 .recv()
                 .map_err(|_| PeerNotFound("no path to the receiver is left".to_string()))?;
-            match offered {
-                Offered::RelayFailed(e) => {
+            match event {
+                Event::RelayFailed(e) => {
                     if !self.has_direct {
                         return Err(e.into());
                     }
@@ -186,29 +302,80 @@ impl SenderRendezvous {
                         "relay path failed: {e}; still waiting for a direct connection"
                     ));
                 }
-                Offered::Stream(stream, path, peer) => {
-                    match handshake(stream, Role::Responder, code) {
+                Event::Offered(stream, path, peer) => {
+                    let started = self.handshakes.start(
+                        stream,
+                        path,
+                        peer.clone(),
+                        Purpose::Code,
+                        code.password(),
+                        Some(Arc::clone(&self.attempts)),
+                    );
+                    if let Err(why) = started {
+                        ui.warn(&format!("refused a connection from {peer}: {why}"));
+                    }
+                }
+                Event::Finished(f) => {
+                    self.handshakes.finished(f.id);
+                    if f.purpose != Purpose::Code {
+                        continue;
+                    }
+                    match f.result {
                         Ok((stream, established)) => {
+                            self.handshakes.stop_all();
                             return Ok(Connected {
                                 stream,
                                 established,
-                                path,
-                                peer,
-                            })
+                                path: f.path,
+                                peer: f.peer,
+                            });
                         }
-                        Err(ChannelError::WrongCode) => return Err(ChannelError::WrongCode.into()),
-                        Err(e) if path == "relay" => {
+                        Err(e) if self.attempts.is_dead() => {
+                            self.handshakes.stop_all();
+                            return Err(self.spent(e));
+                        }
+                        Err(e) if f.path == "relay" => {
                             // The relay pairing was spent on a peer that failed; no second relay attempt.
                             ui.warn(&format!("dropped the relay connection: {e}"));
                             if !self.has_direct {
                                 return Err(e.into());
                             }
                         }
-                        Err(e) => ui.warn(&format!("dropped a connection from {peer}: {e}")),
+                        Err(e) => ui.warn(&format!(
+                            "dropped a connection from {}: {e}{}",
+                            f.peer,
+                            self.attempts_note()
+                        )),
                     }
                 }
             }
         }
+    }
+
+    /// How many attempts on the code failed so far, when any did.
+    fn attempts_note(&self) -> String {
+        match self.attempts.failed() {
+            0 => String::new(),
+            n => format!(
+                " ({n} of {} failed attempts on this code)",
+                self.attempts.limit()
+            ),
+        }
+    }
+
+    /// The error that ends a send whose code is dead.
+    fn spent(&self, last: ChannelError) -> anyhow::Error {
+        let why = if matches!(last, ChannelError::WrongCode) && self.attempts.failed() == 1 {
+            "a receiver gave the wrong code".to_string()
+        } else {
+            format!(
+                "{} attempts to connect with this code failed (last: {last})",
+                self.attempts.failed()
+            )
+        };
+        anyhow::Error::new(ChannelError::WrongCode).context(format!(
+            "{why}; the code is spent (one guess per code), start a new `ferry send`"
+        ))
     }
 }
 
@@ -228,18 +395,56 @@ impl SenderRendezvous {
                 vec![listen]
             };
         }
-        crate::netif::interface_addresses()
+        netif::interface_addresses()
             .into_iter()
             .filter(|ip| ip.is_ipv4() == listen.is_ipv4() || listen.is_ipv6())
             .map(|ip| SocketAddr::new(ip, listen.port()))
             .collect()
     }
 
-    /// The next connection made to the listener since the relay path won, if one came within `wait`.
-    pub fn next_direct(&self, wait: Duration) -> Option<TcpStream> {
-        match self.rx.recv_timeout(wait) {
-            Ok(Offered::Stream(stream, "direct", _)) => Some(stream),
-            _ => None,
+    /// During a path upgrade: runs an upgrade handshake (password `secret`) on each new direct connection, side
+    /// by side, and returns the first that completes within `wait`.
+    pub fn next_upgraded(
+        &mut self,
+        secret: &[u8],
+        wait: Duration,
+        ui: &Ui,
+    ) -> Option<(TcpStream, Established)> {
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            let event = self.rx.recv_timeout(left).ok()?;
+            match event {
+                Event::Offered(stream, "direct", peer) => {
+                    let started = self.handshakes.start(
+                        stream,
+                        "direct",
+                        peer.clone(),
+                        Purpose::Upgrade,
+                        secret.to_vec(),
+                        None,
+                    );
+                    if let Err(why) = started {
+                        ui.warn(&format!("refused a connection from {peer}: {why}"));
+                    }
+                }
+                Event::Finished(f) => {
+                    self.handshakes.finished(f.id);
+                    match (f.purpose, f.result) {
+                        (Purpose::Upgrade, Ok(done)) => {
+                            self.handshakes.stop_all();
+                            return Some(done);
+                        }
+                        (Purpose::Upgrade, Err(e)) => ui.warn(&format!(
+                            "a direct connection from {} failed the path upgrade: {e}",
+                            f.peer
+                        )),
+                        // A late handshake on the code, after the relay path won: nothing to do.
+                        (Purpose::Code, _) => {}
+                    }
+                }
+                Event::Offered(..) | Event::RelayFailed(_) => {}
+            }
         }
     }
 }
@@ -283,12 +488,15 @@ fn direct_candidates(
         if let Some(addr) = find_local(&hash, wait)?.filter(|a| !tried.contains(a)) {
             return Ok(vec![(addr, "same-host")]);
         }
-        if !opts.no_discovery {
-            // A failed browse (no multicast here) is no error: other paths remain.
+        if !opts.no_discovery && tried.len() < MAX_LAN_CANDIDATES {
+            // A failed browse (no multicast here) is no error: other paths remain. Only addresses on a
+            // directly attached network are dialed: an announcement naming a routed address is a spoofer's.
+            let ifaces = netif::interfaces();
             let found: Vec<_> = mdns::browse(&hash, BROWSE_TIMEOUT)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|a| !tried.contains(a))
+                .filter(|a| !tried.contains(a) && netif::on_link(a.ip(), &ifaces))
+                .take(MAX_LAN_CANDIDATES - tried.len())
                 .collect();
             if !found.is_empty() {
                 return Ok(found.into_iter().map(|a| (a, "lan")).collect());
@@ -315,6 +523,19 @@ pub fn receiver_connect(
     let deadline = Instant::now() + FIND_TIMEOUT;
     let mut tried = HashSet::new();
     let mut last_error = None;
+    // Each attempt that reaches the PAKE hands the peer our confirmation, one guess it can check: a receive
+    // gives at most MAX_FAILED_ATTEMPTS of them, whatever the LAN announces.
+    let attempts = CodeAttempts::at_most(MAX_FAILED_ATTEMPTS);
+    let handshake = |stream| {
+        let deadline = Instant::now() + HANDSHAKE_DEADLINE;
+        handshake_with(
+            stream,
+            Role::Initiator,
+            code.password(),
+            Some(&attempts),
+            deadline,
+        )
+    };
     loop {
         let candidates = direct_candidates(code, opts, peer, &tried, deadline)?;
         if candidates.is_empty() {
@@ -322,14 +543,14 @@ pub fn receiver_connect(
         }
         for (addr, path) in candidates {
             tried.insert(addr);
-            let stream = match TcpStream::connect_timeout(&addr, HANDSHAKE_TIMEOUT) {
+            let stream = match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
                 Ok(s) => s,
                 Err(e) => {
                     ui.warn(&format!("cannot reach {addr}: {e}"));
                     continue;
                 }
             };
-            match handshake(stream, Role::Initiator, code) {
+            match handshake(stream) {
                 Ok((stream, established)) => {
                     return Ok(Connected {
                         stream,
@@ -339,10 +560,18 @@ pub fn receiver_connect(
                     })
                 }
                 // This host's registry is private to the user: a failed PAKE there means the wrong code. A
-                // LAN announcement may be a spoofer's, whose failed PAKE must not stop us from looking on.
+                // LAN announcement may be a spoofer's, whose failed PAKE must not stop us from looking on,
+                // up to the limit of failed attempts.
                 Err(e) if path != "lan" && opts.relay.is_none() => return Err(e.into()),
                 Err(ChannelError::WrongCode) if path != "lan" => {
                     return Err(ChannelError::WrongCode.into())
+                }
+                Err(e) if attempts.is_dead() => {
+                    return Err(anyhow::Error::new(ChannelError::WrongCode).context(format!(
+                        "{} attempts with this code failed (last: {path} path to {addr}: {e}); \
+                         giving no more guesses away, check the code",
+                        attempts.failed()
+                    )))
                 }
                 Err(e) => {
                     ui.warn(&format!("{path} path to {addr} failed: {e}"));
@@ -370,7 +599,7 @@ pub fn receiver_connect(
         code.nameplate_hash().0,
         RELAY_WAIT,
     )?;
-    let (stream, established) = handshake(stream, Role::Initiator, code)?;
+    let (stream, established) = handshake(stream)?;
     Ok(Connected {
         stream,
         established,

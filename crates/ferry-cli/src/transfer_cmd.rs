@@ -33,7 +33,9 @@ pub struct SendArgs {
     /// One JSON event per line on stdout instead of text and a progress bar.
     #[arg(long)]
     json: bool,
-    /// Address to listen on for the receiver (default: loopback, any free port).
+    /// Address to listen on for the receiver; any connection that reaches it may try the code. Default: a free
+    /// port on loopback with --no-discovery; with discovery, on every interface, taking connections only from
+    /// this host and from directly attached networks (where mDNS reaches).
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
     /// Relay to meet the receiver through when no direct path works (also FERRY_RELAY, config `relay`).
@@ -144,7 +146,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
-    let rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
+    let mut rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
     let walked = ferry_transfer::walk(&args.paths)?;
 
     let totals = walked.manifest.totals();
@@ -177,7 +179,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let relayed = connected.path == "relay";
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
-        let (h, direct) = upgrade::sender(halves, &rendezvous, ui)?;
+        let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
         halves = h;
         if direct {
             report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());

@@ -90,7 +90,7 @@ fn recv_message(reader: &mut SecureReader<TcpStream>) -> anyhow::Result<Vec<u8>>
 /// Sender: offer candidates; switch to a direct connection if the receiver reaches one.
 pub fn sender(
     (mut reader, mut writer): Halves,
-    rendezvous: &SenderRendezvous,
+    rendezvous: &mut SenderRendezvous,
     ui: &Ui,
 ) -> anyhow::Result<(Halves, bool)> {
     writer.send(&encode_candidates(&rendezvous.direct_candidates()))?;
@@ -101,7 +101,8 @@ pub fn sender(
         [MSG_TRY, secret @ ..] if secret.len() == SECRET_LEN => secret.to_vec(),
         _ => bail!("unexpected message during the path upgrade"),
     };
-    // Wait for the receiver's `STAY` on the relay path while accepting direct connections.
+    // Wait for the receiver's `STAY` on the relay path while accepting direct connections, whose handshakes
+    // run side by side with their own deadlines: a slow connection cannot hold up the real one.
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let result = recv_message(&mut reader);
@@ -114,14 +115,11 @@ pub fn sender(
                 _ => bail!("unexpected message during the path upgrade"),
             }
         }
-        if let Some(stream) = rendezvous.next_direct(Duration::from_millis(20)) {
-            match handshake_with(stream, Role::Responder, secret.clone(), TRY_TIMEOUT) {
-                Ok((stream, established)) => {
-                    let _ = writer.close();
-                    return Ok((split_tcp(stream, established)?, true));
-                }
-                Err(e) => ui.warn(&format!("a direct connection failed the path upgrade: {e}")),
-            }
+        if let Some((stream, established)) =
+            rendezvous.next_upgraded(&secret, Duration::from_millis(20), ui)
+        {
+            let _ = writer.close();
+            return Ok((split_tcp(stream, established)?, true));
         }
     }
 }
@@ -148,7 +146,8 @@ pub fn receiver(
         let Ok(stream) = TcpStream::connect_timeout(&addr, TRY_TIMEOUT) else {
             continue;
         };
-        match handshake_with(stream, Role::Initiator, secret.clone(), TRY_TIMEOUT) {
+        let deadline = std::time::Instant::now() + TRY_TIMEOUT;
+        match handshake_with(stream, Role::Initiator, secret.clone(), None, deadline) {
             Ok((stream, established)) => {
                 let _ = writer.close();
                 return Ok((split_tcp(stream, established)?, Some(addr)));
