@@ -99,11 +99,11 @@ fn a_spoofing_announcer_neither_breaks_nor_hijacks_the_transfer() {
     for d in ["rt-send", "rt-recv", "rt-spoof"] {
         fs::create_dir_all(w.path(d)).unwrap();
     }
-    // The spoofer announces the same nameplate (so the same hash) with other words: it speaks real ferry but
+    // The spoofer announces the same nameplate and first word (so the same rendezvous hash) with other words: it speaks real ferry but
     // cannot know the code. It starts first so its announcement is out before the real one.
     let script = format!(
         r#"
-XDG_RUNTIME_DIR={rp} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 72-zoo-zone-youth {fake} > {plog} 2>&1 &
+XDG_RUNTIME_DIR={rp} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 72-apple-zone-youth {fake} > {plog} 2>&1 &
 spoof=$!
 sleep 0.5
 XDG_RUNTIME_DIR={rs} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 72-apple-orbit-violin {file} > {slog} 2>&1 &
@@ -140,5 +140,71 @@ exit $rc
     assert!(
         event(&spoof, "done").is_none(),
         "the spoofer must never complete a transfer"
+    );
+}
+
+#[test]
+fn spoofers_on_the_lan_get_at_most_three_guesses_from_one_receive() {
+    let w = World::new();
+    // Five spoofers announce the receiver's nameplate (same first word, so the same rendezvous hash) with other
+    // words; there is no real sender. Each spoofer that receives the receiver's confirmation fails with
+    // wrong-code: that is one guess it could check. One receive may hand out at most three.
+    let spoofers = 5;
+    let mut script = String::from("pids=\n");
+    for i in 0..spoofers {
+        fs::create_dir_all(w.path(&format!("rt-spoof{i}"))).unwrap();
+        script += &format!(
+            "XDG_RUNTIME_DIR={rt} XDG_CACHE_HOME={cache} timeout 60 {ferry} send --json --code 74-apple-zoo-{word} {file} > {log} 2>&1 &\npids=\"$pids $!\"\n",
+            rt = sh_quote(&w.path(&format!("rt-spoof{i}"))),
+            cache = sh_quote(&w.path("cache")),
+            ferry = sh_quote(&ferry()),
+            word = ["zone", "youth", "young", "zero", "wrist"][i],
+            file = sh_quote(&w.src()),
+            log = sh_quote(&w.path(&format!("spoof{i}.log"))),
+        );
+    }
+    fs::write(w.src().join("bait.txt"), b"bait").unwrap();
+    fs::create_dir_all(w.path("rt-recv")).unwrap();
+    script += &format!(
+        r#"sleep 1
+XDG_RUNTIME_DIR={rr} XDG_CACHE_HOME={cache} timeout 60 {ferry} receive --json --yes 74-apple-orbit-violin --out {out} > {rlog} 2>&1
+rc=$?
+kill $pids 2>/dev/null
+wait
+exit $rc
+"#,
+        ferry = sh_quote(&ferry()),
+        rr = sh_quote(&w.path("rt-recv")),
+        cache = sh_quote(&w.path("cache")),
+        out = sh_quote(&w.out()),
+        rlog = sh_quote(&w.path("recv.log")),
+    );
+    let Some(out) = in_private_netns(&script) else {
+        return;
+    };
+    let rlog = fs::read(w.path("recv.log")).unwrap_or_default();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "the receiver stops with wrong-code: {}",
+        String::from_utf8_lossy(&rlog)
+    );
+    let guessed = (0..spoofers)
+        .filter(|i| {
+            let log = fs::read(w.path(&format!("spoof{i}.log"))).unwrap_or_default();
+            events(&log)
+                .iter()
+                .any(|e| e["event"] == "error" && e["code"] == "wrong-code")
+        })
+        .count();
+    assert!(
+        guessed <= 3,
+        "{guessed} spoofers got a confirmation to check; the receiver's log:\n{}",
+        String::from_utf8_lossy(&rlog)
+    );
+    assert!(guessed >= 1, "the spoofers were found at all");
+    assert!(
+        fs::read_dir(w.out()).unwrap().next().is_none(),
+        "nothing received"
     );
 }
