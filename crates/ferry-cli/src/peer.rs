@@ -102,7 +102,7 @@ pub struct Finished {
 enum Event {
     Offered(TcpStream, &'static str, String),
     RelayFailed(ferry_relay::RelayError),
-    Finished(Finished),
+    Finished(Box<Finished>),
 }
 
 /// Handshakes running side by side, each on its own thread and each bounded by [`HANDSHAKE_DEADLINE`], so one
@@ -151,13 +151,13 @@ impl Handshakes {
             let deadline = Instant::now() + HANDSHAKE_DEADLINE;
             let role = Role::Responder;
             let result = handshake_with(stream, role, password, attempts.as_ref(), deadline);
-            let _ = tx.send(Event::Finished(Finished {
+            let _ = tx.send(Event::Finished(Box::new(Finished {
                 id,
                 purpose,
                 path,
                 peer,
                 result,
-            }));
+            })));
         });
         Ok(())
     }
