@@ -240,14 +240,14 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     send_accept(sink, &held)?;
 
     // What this run creates is on record before it exists: the directories (so that a resumed
-    // run may enter them and give them their modes) and the temporary-name token.
+    // run may enter them and give them their modes) and the temporary-name token. A log that
+    // cannot be written costs only the resume (a later run then needs --merge).
     let log_err = |s: &PartialState, e| TransferError::file(s.dir().display().to_string(), e);
-    if let Some(state) = state.as_mut().filter(|_| {
-        entries
-            .iter()
-            .any(|e| e.kind == EntryKind::Dir || has_chunks(e.size))
-    }) {
-        state.create().map_err(|e| log_err(state, e))?;
+    let loggable = entries
+        .iter()
+        .any(|e| e.kind == EntryKind::Dir || has_chunks(e.size));
+    if loggable && state.as_mut().is_some_and(|s| s.create().is_err()) {
+        state = None;
     }
     let mut created = vec![false; entries.len()];
     for &i in &order {

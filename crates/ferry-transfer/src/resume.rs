@@ -256,18 +256,30 @@ mod tests {
     #[test]
     fn log_round_trip_and_torn_tail() {
         let root = std::env::temp_dir().join(format!("ferry-resume-test-{}", std::process::id()));
-        let entries = vec![Entry {
-            path: b"f".to_vec(),
-            kind: EntryKind::File,
-            size: 3 * crate::CHUNK,
-            mode: 0o644,
-            mtime: 0,
-            mtime_nsec: 0,
-            target: Vec::new(),
-        }];
+        let entries = vec![
+            Entry {
+                path: b"f".to_vec(),
+                kind: EntryKind::File,
+                size: 3 * crate::CHUNK,
+                mode: 0o644,
+                mtime: 0,
+                mtime_nsec: 0,
+                target: Vec::new(),
+            },
+            Entry {
+                path: b"g".to_vec(),
+                kind: EntryKind::Dir,
+                size: 0,
+                mode: 0o755,
+                mtime: 0,
+                mtime_nsec: 0,
+                target: Vec::new(),
+            },
+        ];
         let out = Path::new("/out");
         let mut s = PartialState::open(&root, &[1; 32], out, &entries);
         assert!(s.files.is_empty());
+        s.log_dir(1);
         s.log_start(0, 0);
         s.log_chunk(0, 0, &[5; 32]);
         s.log_chunk(0, 1, &[6; 32]);
@@ -278,6 +290,11 @@ mod tests {
         s.flush().unwrap();
         let again = PartialState::open(&root, &[1; 32], out, &entries);
         assert_eq!(again.token(), s.token(), "the token is kept");
+        assert_eq!(
+            again.dirs,
+            HashSet::from([1]),
+            "directories created are kept"
+        );
         assert_eq!(again.files[&0].chunks, vec![[5; 32], [6; 32]]);
         assert_eq!(again.files[&0].done, None);
         let other = PartialState::open(&root, &[1; 32], Path::new("/elsewhere"), &entries);
