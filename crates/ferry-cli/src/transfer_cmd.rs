@@ -9,12 +9,12 @@ use clap::Args;
 use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{Code, NameplateHash};
-use ferry_transfer::{Offer, ReceiveOptions, SendOptions};
+use ferry_transfer::{Offer, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
-use crate::ui::{count, human_bytes, Ui};
+use crate::ui::{count, human_bytes, show_offer, Ui};
 use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
@@ -57,9 +57,13 @@ pub struct ReceiveArgs {
     /// Accept the offer without asking.
     #[arg(long, short = 'y')]
     yes: bool,
-    /// Replace files that already exist (never without this flag).
+    /// Replace files that already exist (never without this flag); implies --merge.
     #[arg(long)]
     overwrite: bool,
+    /// Receive into offered directories that already exist in --out, adding what is new
+    /// (without it, an offered name that exists is a conflict).
+    #[arg(long)]
+    merge: bool,
     /// Turn multicast discovery off (also FERRY_NO_DISCOVERY=1).
     #[arg(long, env = "FERRY_NO_DISCOVERY", value_parser = clap::builder::FalseyValueParser::new())]
     no_discovery: bool,
@@ -217,32 +221,27 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
     let mut ropts = ReceiveOptions::new(&args.out);
     ropts.overwrite = args.overwrite;
+    ropts.merge = args.merge;
     let (yes, json) = (args.yes, ui.is_json());
     let mut accept = |offer: &Offer<'_>| accept_offer(offer, yes, json);
-    ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui)?;
+    ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui).map_err(|e| {
+        if let TransferError::Conflict { .. } = e {
+            anyhow::Error::new(e).context(
+                "not writing into what exists (--merge adds to existing directories, --overwrite replaces files)",
+            )
+        } else {
+            e.into()
+        }
+    })?;
     sink.0.close()?;
     Ok(())
 }
 
-/// Shows the offer and asks, unless `--yes`.
+/// Shows the offer and asks, unless `--yes`. A resumed offer asks like any other: the sender can
+/// cut a transfer itself, so an earlier acceptance says nothing about this run.
 fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool) -> bool {
-    let t = offer.totals;
-    let resumable = if offer.resumable_bytes > 0 {
-        format!(
-            ", {} already here from an earlier run",
-            human_bytes(offer.resumable_bytes)
-        )
-    } else {
-        String::new()
-    };
-    let summary = format!(
-        "Offer: {}, {}, {}{resumable}",
-        count(t.files, "file", "files"),
-        count(t.dirs, "directory", "directories"),
-        human_bytes(t.bytes)
-    );
-    if yes || offer.resumable_bytes > 0 {
-        // A resume of an offer the user already accepted asks no question.
+    let summary = show_offer(offer, json);
+    if yes {
         if !json {
             eprintln!("{summary}");
         }

@@ -1,9 +1,11 @@
 //! What the user sees: a progress bar on a terminal, or one JSON event per line with `--json`.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use ferry_transfer::{Entry, Progress, ProgressState, Totals};
+use ferry_transfer::{Entry, Offer, Progress, ProgressState, Totals};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
@@ -34,6 +36,105 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// Whether `c` must not reach a terminal as it is: C0 controls (newline included: a peer's
+/// newline could start a fake line), DEL, C1 controls (U+0080-U+009F, CSI among them), the
+/// bidirectional controls that reorder what is shown (U+061C, U+200E/F, U+202A-U+202E,
+/// U+2066-U+2069), and the Unicode line and paragraph separators.
+fn unsafe_on_terminal(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{2028}'
+                | '\u{2029}'
+        )
+}
+
+/// `s` made safe to show on a terminal: every character of [`unsafe_on_terminal`] becomes a
+/// visible escape (`\x1b`, `\u{202e}`). The one function for every string a peer can influence
+/// (its error text, offered names, messages); JSON output is not escaped here (serde does).
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(unsafe_on_terminal) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if !unsafe_on_terminal(c) {
+            out.push(c);
+        } else if (c as u32) < 0x100 {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            let _ = write!(out, "\\u{{{:04x}}}", c as u32);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// [`escape`] for text of several lines: each line escaped, the line breaks kept.
+fn escape_lines(s: &str) -> String {
+    s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
+}
+
+/// Prints one JSON event on stdout.
+fn print_event(event: &str, mut fields: Value) {
+    if let Value::Object(map) = &mut fields {
+        map.insert("event".to_string(), Value::String(event.to_string()));
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{fields}");
+    let _ = out.flush();
+}
+
+/// How many top-level names the offer prompt shows before "and N more".
+const PROMPT_NAMES: usize = 5;
+
+/// The receiver's view of an offer: the JSON `offer` event (with `--json`) or the text shown
+/// before the question, which names what would appear in the destination.
+pub fn show_offer(offer: &Offer<'_>, json: bool) -> String {
+    let t = offer.totals;
+    let names = offer.top_level.iter().map(|n| String::from_utf8_lossy(n));
+    if json {
+        print_event(
+            "offer",
+            json!({
+                "files": t.files, "dirs": t.dirs, "symlinks": t.symlinks, "bytes": t.bytes,
+                "names": names.clone().collect::<Vec<_>>(),
+                "names_total": offer.top_level_count,
+                "resumable_bytes": offer.resumable_bytes,
+            }),
+        );
+    }
+    let resumable = if offer.resumable_bytes > 0 {
+        format!(
+            ", {} already here from an earlier run",
+            human_bytes(offer.resumable_bytes)
+        )
+    } else {
+        String::new()
+    };
+    let shown: Vec<String> = names
+        .take(PROMPT_NAMES)
+        .map(|n| escape(&n).into_owned())
+        .collect();
+    let more = offer.top_level_count.saturating_sub(shown.len() as u64);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "Offer: {}, {}, {}{resumable}\n  {}{more}",
+        count(t.files, "file", "files"),
+        count(t.dirs, "directory", "directories"),
+        human_bytes(t.bytes),
+        shown.join(", "),
+    )
+}
+
 /// Human-readable bytes (binary units).
 pub fn human_bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
@@ -58,30 +159,27 @@ impl Ui {
     }
 
     /// Emits one JSON event (in JSON mode) on stdout.
-    pub fn event(&self, event: &str, mut fields: Value) {
-        if !self.json {
-            return;
-        }
-        if let Value::Object(map) = &mut fields {
-            map.insert("event".to_string(), Value::String(event.to_string()));
-        }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{fields}");
-        let _ = out.flush();
-    }
-
-    /// A line of information for people: stderr in text mode, nothing in JSON mode.
-    pub fn info(&self, line: &str) {
-        if !self.json {
-            self.suspend(|| eprintln!("{line}"));
+    pub fn event(&self, event: &str, fields: Value) {
+        if self.json {
+            print_event(event, fields);
         }
     }
 
-    /// A warning: stderr in text mode, a `warning` event in JSON mode.
+    /// Information for people: stderr in text mode (escaped, line breaks kept), nothing in JSON
+    /// mode.
+    pub fn info(&self, text: &str) {
+        if !self.json {
+            let text = escape_lines(text);
+            self.suspend(|| eprintln!("{text}"));
+        }
+    }
+
+    /// A warning: stderr in text mode (escaped), a `warning` event in JSON mode.
     pub fn warn(&self, line: &str) {
         if self.json {
             self.event("warning", json!({ "message": line }));
         } else {
+            let line = escape(line);
             self.suspend(|| eprintln!("warning: {line}"));
         }
     }
@@ -101,7 +199,7 @@ impl Ui {
         if self.json {
             self.event("error", json!({ "code": code, "message": message }));
         } else {
-            eprintln!("ferry: {message}");
+            eprintln!("ferry: {}", escape(message));
         }
     }
 
@@ -130,7 +228,10 @@ impl Ui {
 
 impl Progress for Ui {
     fn offer(&mut self, state: &ProgressState) {
-        self.event("offer", Self::offer_fields(&state.totals));
+        // The receiver's offer event, with the names, comes from the question ([`show_offer`]).
+        if self.verb != "received" {
+            self.event("offer", Self::offer_fields(&state.totals));
+        }
         self.start_bar(&state.totals);
         self.started = Instant::now();
     }
@@ -216,7 +317,16 @@ impl Progress for Ui {
 
 #[cfg(test)]
 mod tests {
-    use super::count;
+    use super::{count, escape};
+
+    #[test]
+    fn escape_leaves_text_and_shows_controls() {
+        assert_eq!(escape("plain ünïcødé 名前"), "plain ünïcødé 名前");
+        assert_eq!(
+            escape("a\u{1b}[2J\r\n\u{7f}\u{9b}b\u{202e}c\u{2066}"),
+            "a\\x1b[2J\\x0d\\x0a\\x7f\\x9bb\\u{202e}c\\u{2066}"
+        );
+    }
 
     #[test]
     fn counts_read_as_english() {

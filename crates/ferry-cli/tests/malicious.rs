@@ -12,7 +12,7 @@ mod common;
 use std::fs;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -308,15 +308,7 @@ fn attack_with(make: impl FnOnce(&World) -> Lie) -> Verdict {
     let out = dest.join("out");
     let world_before = top_level(world.dir.path());
 
-    let code: Code = CODE.parse().unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let _announcement = world.announce(&code, listener.local_addr().unwrap());
-    let liar = std::thread::spawn(move || run_liar(listener, code, lie));
-    let recv = finish_measured(world.spawn_receive(CODE, &out));
-    let seen = liar
-        .join()
-        .expect("lying sender panicked")
-        .unwrap_or_else(|e| panic!("lying sender: {e}"));
+    let (recv, seen) = lie_to(&world, lie, || world.spawn_receive(CODE, &out));
 
     let outside: Vec<_> = list_all(&dest)
         .into_iter()
@@ -334,6 +326,21 @@ fn attack_with(make: impl FnOnce(&World) -> Lie) -> Verdict {
         recv,
         seen,
     }
+}
+
+/// Runs `lie` against the receiver that `spawn` starts (once the liar is announced); returns the
+/// receiver's output and what the liar saw.
+fn lie_to(world: &World, lie: Lie, spawn: impl FnOnce() -> Child) -> (Measured, Seen) {
+    let code: Code = CODE.parse().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let _announcement = world.announce(&code, listener.local_addr().unwrap());
+    let liar = std::thread::spawn(move || run_liar(listener, code, lie));
+    let recv = finish_measured(spawn());
+    let seen = liar
+        .join()
+        .expect("lying sender panicked")
+        .unwrap_or_else(|e| panic!("lying sender: {e}"));
+    (recv, seen)
 }
 
 fn top_level(dir: &Path) -> Vec<PathBuf> {
@@ -499,4 +506,137 @@ fn sender_closing_before_the_declared_size_is_peer_gone() {
 #[test]
 fn sender_cutting_the_connection_before_the_declared_size_is_peer_gone() {
     sender_stops_after_half(Ending::Cut);
+}
+
+fn rec_chunk(chunk: u32, cv: &[u8; 32]) -> Vec<u8> {
+    let mut r = vec![wire::REC_CHUNK];
+    r.put_u32(chunk);
+    r.put(cv);
+    r
+}
+
+/// A `ferry receive CODE --out OUT` with `args` added (no `--yes` unless given), stdin not a terminal.
+fn receive_with(world: &World, out: &Path, args: &[&str]) -> Child {
+    world
+        .cmd()
+        .arg("receive")
+        .args(args)
+        .arg(CODE)
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn ferry receive")
+}
+
+/// Issue 9, item 3: a run that resumes an earlier, cut run of the same offer (the sender can cut
+/// it itself) still asks; with no terminal and no `--yes` it is declined like any offer.
+#[test]
+fn a_resumed_offer_is_not_accepted_without_the_question() {
+    const MIB: usize = 1 << 20;
+    let world = World::new();
+    let out = world.out();
+    let size = 2 * MIB + 10;
+    let content = pseudo_random(size, 91);
+    let entries = vec![file(b"big.bin", size as u64)];
+    let mut h = FileHasher::default();
+    h.start(size as u64, &[]);
+    h.update(&content[..MIB]);
+    let cv = h.chunk_hashes()[0];
+
+    // The first run gets one verified chunk, then the sender cuts the connection.
+    let mut lie = Lie::offer(entries.clone());
+    let half = MIB / 2;
+    lie.data = vec![
+        data_packet(&[&rec_start(0), &rec_data(&content[..half])]),
+        data_packet(&[&rec_data(&content[half..MIB]), &rec_chunk(0, &cv)]),
+    ];
+    lie.ending = Ending::Cut;
+    let (first, seen) = lie_to(&world, lie, || world.spawn_receive(CODE, &out));
+    assert_failure("the cut first run", &first.output, 4, "peer-gone");
+    assert!(seen.accepted, "the first run was accepted with --yes");
+    assert_eq!(partial_files(&out).len(), 1, "the first chunk is kept");
+
+    // The same offer again, to a receiver without --yes and without a terminal.
+    let mut lie = Lie::offer(entries);
+    lie.ending = Ending::Close;
+    let (second, seen) = lie_to(&world, lie, || receive_with(&world, &out, &["--json"]));
+    assert_failure("the resumed run", &second.output, 7, "declined");
+    assert!(
+        !seen.accepted,
+        "a resumed offer was accepted without asking"
+    );
+    let stderr = String::from_utf8_lossy(&second.output.stderr);
+    assert!(stderr.contains("--yes"), "says how to accept: {stderr}");
+}
+
+/// Control characters, DEL, C1 controls and bidi overrides: the tools of a terminal-escape attack
+/// (clear the screen, move the cursor, fake a "done ... verified" line, reorder text).
+const EVIL_NAME: &str = "evil\u{1b}[2J\u{1b}[H\u{7f}\u{9b}31m\u{202e}gpj.exe\r";
+const EVIL_CODE: &str = "io\u{1b}[1A";
+const EVIL_ERROR: &str =
+    "\u{1b}[2J\u{1b}[Hdone: received 1 file, 9 B in 0.01 s, verified\n\u{7}\u{85}\u{2066}x\u{2069}";
+
+/// An error message from the sender, as the engine encodes it.
+fn error_packet(code: &str, message: &str) -> Vec<u8> {
+    let mut p = vec![wire::MSG_ERROR];
+    p.put_u8(code.len() as u8);
+    p.put(code.as_bytes());
+    p.put_u16(message.len() as u16);
+    p.put(message.as_bytes());
+    p
+}
+
+/// Whether `c` may not reach a terminal raw: C0 (but newline), DEL, C1, bidi controls.
+fn dangerous(c: char) -> bool {
+    (c.is_control() && c != '\n')
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{061c}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Issue 9, item 9: a name and an error text full of terminal escapes reach stderr escaped, and
+/// `--json` carries them exactly (JSON escapes them itself).
+#[test]
+fn terminal_escapes_from_the_peer_are_shown_escaped() {
+    let lie = || {
+        let mut lie = Lie::offer(vec![dir(EVIL_NAME.as_bytes()), file(b"plain", 4)]);
+        lie.data = vec![error_packet(EVIL_CODE, EVIL_ERROR)];
+        lie
+    };
+    let world = World::new();
+    let out = world.out();
+    let (text, seen) = lie_to(&world, lie(), || receive_with(&world, &out, &["--yes"]));
+    assert!(seen.accepted);
+    assert_eq!(
+        text.output.status.code(),
+        Some(1),
+        "an unknown peer code is exit 1"
+    );
+    let stderr = String::from_utf8(text.output.stderr.clone()).expect("stderr is UTF-8");
+    let bad: Vec<char> = stderr.chars().filter(|&c| dangerous(c)).collect();
+    assert!(
+        bad.is_empty(),
+        "raw control characters {bad:?} on stderr: {stderr:?}"
+    );
+    assert!(
+        stderr.contains("peer failed") && stderr.contains("\\x1b[2J"),
+        "the error is shown, escaped: {stderr}"
+    );
+    assert!(
+        stderr.contains("evil\\x1b[2J"),
+        "the offered name is shown, escaped: {stderr}"
+    );
+
+    let world = World::new();
+    let out = world.out();
+    let (json, _) = lie_to(&world, lie(), || world.spawn_receive(CODE, &out));
+    let ev = events(&json.output.stdout);
+    let offer = event(&ev, "offer").expect("offer event");
+    assert_eq!(offer["names"][0], EVIL_NAME, "{offer}");
+    assert_eq!(offer["names_total"], 2, "{offer}");
+    let error = event(&ev, "error").expect("error event");
+    assert!(
+        error["message"].as_str().unwrap().contains(EVIL_ERROR),
+        "{error}"
+    );
 }

@@ -294,3 +294,183 @@ fn no_sender_gives_a_clear_error() {
         "peer-not-found"
     );
 }
+
+/// `ferry receive --yes CODE --out OUT` with `extra` flags (JSON events), finished.
+fn receive_flags(w: &World, code: &str, extra: &[&str]) -> std::process::Output {
+    finish(
+        w.cmd()
+            .args(["receive", "--json", "--yes"])
+            .args(extra)
+            .arg(code)
+            .arg("--out")
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Issue 9, item 2: `ferry send .ssh` must not add `authorized_keys` to the receiver's existing
+/// `~/.ssh`. An offered top-level name that exists is a conflict; `--merge` adds to it, and even
+/// then the existing directory keeps its own mode and times.
+#[test]
+fn an_existing_directory_is_not_merged_into_without_the_flag() {
+    let w = World::new();
+    let ssh = w.src().join(".ssh");
+    fs::create_dir(&ssh).unwrap();
+    fs::write(ssh.join("authorized_keys"), b"ssh-ed25519 AAAA attacker").unwrap();
+    fs::set_permissions(&ssh, fs::Permissions::from_mode(0o777)).unwrap();
+    set_mtime(&ssh, 1_500_000_000, 42);
+    let victim = w.out().join(".ssh");
+    fs::create_dir(&victim).unwrap();
+    fs::write(victim.join("known_hosts"), b"host key").unwrap();
+    fs::set_permissions(&victim, fs::Permissions::from_mode(0o700)).unwrap();
+    let code = "18-apple-orbit-violin";
+
+    let send = finish_in_background(w.spawn_send(code, &[&ssh]));
+    let recv = receive_flags(&w, code, &[]);
+    let _ = send.join().unwrap();
+    assert_failure("receive into an existing directory", &recv, 7, "conflict");
+    assert!(
+        !victim.join("authorized_keys").exists(),
+        "merged into the existing directory without --merge"
+    );
+
+    let send = finish_in_background(w.spawn_send(code, &[&ssh]));
+    let recv = receive_flags(&w, code, &["--merge"]);
+    assert_success("send", &send.join().unwrap());
+    assert_success("receive --merge", &recv);
+    assert_eq!(
+        fs::read(victim.join("authorized_keys")).unwrap(),
+        b"ssh-ed25519 AAAA attacker"
+    );
+    assert_eq!(fs::read(victim.join("known_hosts")).unwrap(), b"host key");
+    let md = fs::metadata(&victim).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        md.mode() & 0o7777,
+        0o700,
+        "an existing directory was chmodded"
+    );
+    assert_ne!(
+        (md.mtime(), md.mtime_nsec()),
+        (1_500_000_000, 42),
+        "an existing directory got the sender's mtime"
+    );
+}
+
+/// Issue 9, item 2: the offer names what it would create, before the question: the prompt the
+/// first few and how many more, the JSON `offer` event a bounded list and the count.
+#[test]
+fn the_offer_names_its_top_level_entries() {
+    let w = World::new();
+    let mut paths = Vec::new();
+    for i in 0..12 {
+        let p = w.src().join(format!("name-{i:02}"));
+        fs::write(&p, b"x").unwrap();
+        paths.push(p);
+    }
+    let code = "19-apple-orbit-violin";
+    let (send, recv) = w.transfer(code, &paths, &w.out());
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    let ev = events(&recv.stdout);
+    let offer = event(&ev, "offer").unwrap();
+    let want: Vec<String> = (0..12).map(|i| format!("name-{i:02}")).collect();
+    assert_eq!(offer["names"], serde_json::json!(want), "{offer}");
+    assert_eq!(offer["names_total"], 12, "{offer}");
+
+    // Without a terminal and without --yes the offer is shown, then declined.
+    let out = w.path("out2");
+    let send = finish_in_background(w.spawn_send(code, &paths));
+    let recv = finish(
+        w.cmd()
+            .args(["receive", code, "--out"])
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let _ = send.join().unwrap();
+    assert_eq!(recv.status.code(), Some(7));
+    let stderr = String::from_utf8_lossy(&recv.stderr);
+    assert!(
+        stderr.contains("name-00, name-01, name-02, name-03, name-04 and 7 more"),
+        "{stderr}"
+    );
+    assert!(list_all(&out).is_empty(), "{:?}", list_all(&out));
+}
+
+/// Issue 9, item 10: the receiver's umask applies, as with cp, tar and scp: under umask 077 a
+/// 0777 directory and 0666 files (one small, one larger than a chunk) arrive as 0700 and 0600.
+#[test]
+fn the_receivers_umask_applies() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    let w = World::new();
+    let d = w.src().join("shared");
+    fs::create_dir(&d).unwrap();
+    fs::write(d.join("small"), b"small").unwrap();
+    fs::write(d.join("big"), pseudo_random(3 << 19, 17)).unwrap();
+    for (p, mode) in [
+        (d.join("small"), 0o666),
+        (d.join("big"), 0o666),
+        (d.clone(), 0o777),
+    ] {
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let code = "20-apple-orbit-violin";
+    let send = finish_in_background(w.spawn_send(code, &[&d]));
+    let mut cmd = w.cmd();
+    cmd.args(["receive", "--json", "--yes", code, "--out"])
+        .arg(w.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: umask(2) is async-signal-safe and touches nothing but the child's own mask.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
+    let recv = finish(cmd.spawn().unwrap());
+    assert_success("send", &send.join().unwrap());
+    assert_success("receive under umask 077", &recv);
+    let got = w.out().join("shared");
+    for (p, want) in [
+        (got.clone(), 0o700),
+        (got.join("small"), 0o600),
+        (got.join("big"), 0o600),
+    ] {
+        let mode = fs::metadata(&p).unwrap().mode() & 0o7777;
+        assert_eq!(mode, want, "mode of {} is {mode:o}", p.display());
+    }
+}
+
+/// Issue 9, item 11: a file named like ferry's temporary file of another offered file arrives
+/// intact, and one that was already in the destination is left alone.
+#[test]
+fn files_named_like_temporary_files_are_never_deleted() {
+    let w = World::new();
+    let t = w.src().join("t");
+    fs::create_dir(&t).unwrap();
+    let big = pseudo_random(2 << 20, 18);
+    fs::write(t.join("big"), &big).unwrap();
+    fs::write(t.join(".big.ferry-part"), b"offered, not temporary").unwrap();
+    let (send, recv) = w.transfer("23-apple-orbit-violin", &[&t], &w.out());
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    assert_same_tree(&t, &w.out().join("t"));
+
+    let lone = w.src().join("lone");
+    fs::write(&lone, &big).unwrap();
+    let mine = w.out().join(".lone.ferry-part");
+    fs::write(&mine, b"the user's own file").unwrap();
+    let (send, recv) = w.transfer("24-apple-orbit-violin", &[&lone], &w.out());
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    assert_eq!(fs::read(w.out().join("lone")).unwrap(), big);
+    assert_eq!(fs::read(&mine).unwrap(), b"the user's own file");
+}

@@ -1,9 +1,15 @@
 //! The receiver's destination tree: conflicts, directories, temporary files, final names.
 //!
 //! Everything goes through [`DirCursor`], so no symlink in the destination is ever traversed.
-//! Files are written as `.NAME.ferry-part` (or `.ferry-part-INDEX` when NAME is too long) in
-//! their final directory and renamed only after verification; without `overwrite`, the rename
-//! uses `RENAME_NOREPLACE`, so even a file created meanwhile is never replaced.
+//! Files are written as `.NAME.ferry-part-TOKEN` (or `.ferry-part-TOKEN-INDEX` when NAME is too
+//! long) in their final directory and renamed only after verification; without `overwrite`, the
+//! rename uses `RENAME_NOREPLACE`, so even a file created meanwhile is never replaced. TOKEN is a
+//! random 64-bit number of this offer kept in the resume log and never sent: no offered name and
+//! no file the user had can be a temporary name, so removing a stale temporary file of an earlier
+//! run can never remove anything else.
+//!
+//! Modes: the receiver's umask applies (`mode & !umask`), as with cp, tar and scp, and only to
+//! what this receiver creates: a directory that existed before is never chmodded or re-timed.
 //!
 //! A file of at most one chunk keeps no partial data for a resume, so it needs no temporary name
 //! at all: it is written as an unnamed file (`O_TMPFILE`) in its final directory and linked
@@ -12,7 +18,7 @@
 //! work on tmpfs). File systems without `O_TMPFILE` get the temporary name.
 
 use crate::error::lossy;
-use crate::fsys::{set_file_times, Dir, DirCursor, FileKind};
+use crate::fsys::{process_umask, set_file_times, Dir, DirCursor, FileKind};
 use crate::hash::FileHasher;
 use crate::path::{split_parent, MAX_NAME};
 use crate::{Entry, EntryKind, TransferError};
@@ -21,16 +27,19 @@ use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-const TEMP_SUFFIX: &[u8] = b".ferry-part";
+const TEMP_SUFFIX: &[u8] = b".ferry-part-";
 
 /// The destination directory, opened once.
 pub(crate) struct Destination {
     cursor: DirCursor,
     overwrite: bool,
+    /// Existing top-level directories may be received into.
+    merge: bool,
     temp: Vec<u8>,
-    /// The process umask, when known: a new file whose mode it leaves intact is created with its
-    /// final mode, which saves a `fchmod` per file.
-    umask: Option<u32>,
+    /// The random part of this offer's temporary names.
+    token: u64,
+    /// The process umask, read once: every mode this receiver sets is `mode & !umask`.
+    umask: u32,
     /// Whether small files are still tried as unnamed files (cleared when the file system refuses).
     unnamed: bool,
 }
@@ -48,14 +57,6 @@ impl TempFile {
     pub(crate) fn file(&mut self) -> &mut File {
         &mut self.file
     }
-}
-
-/// The process umask, read from `/proc/self/status` (setting it to read it would race with
-/// other threads creating files).
-fn read_umask() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
-    u32::from_str_radix(line.trim(), 8).ok()
 }
 
 /// Whether creating an unnamed file failed because the file system cannot (rather than a real
@@ -83,28 +84,45 @@ fn is_not_dir(e: &io::Error) -> bool {
 }
 
 impl Destination {
-    /// Opens (creating it if needed) the destination directory.
-    pub(crate) fn open(out: &Path, overwrite: bool) -> Result<Destination, TransferError> {
+    /// Opens (creating it if needed) the destination directory. `merge`: existing top-level
+    /// directories may be received into (`overwrite` implies it).
+    pub(crate) fn open(
+        out: &Path,
+        overwrite: bool,
+        merge: bool,
+    ) -> Result<Destination, TransferError> {
         let err = |e| TransferError::file(out.display().to_string(), e);
         std::fs::create_dir_all(out).map_err(err)?;
         Ok(Destination {
             cursor: DirCursor::new(Dir::open(out).map_err(err)?),
             overwrite,
+            merge: merge || overwrite,
             temp: Vec::new(),
-            umask: read_umask(),
+            token: crate::fsys::random_u64(),
+            umask: process_umask(),
             unnamed: true,
         })
+    }
+
+    /// Uses `token` (this offer's, from the resume log) in temporary names.
+    pub(crate) fn set_token(&mut self, token: u64) {
+        self.token = token;
     }
 
     /// The temporary name of entry `index` named `name`.
     fn temp_name(&mut self, name: &[u8], index: u32) -> &[u8] {
         self.temp.clear();
-        if 1 + name.len() + TEMP_SUFFIX.len() <= MAX_NAME {
+        let token = format!("{:016x}", self.token);
+        if 1 + name.len() + TEMP_SUFFIX.len() + token.len() <= MAX_NAME {
             self.temp.push(b'.');
             self.temp.extend_from_slice(name);
             self.temp.extend_from_slice(TEMP_SUFFIX);
+            self.temp.extend_from_slice(token.as_bytes());
         } else {
-            self.temp.extend_from_slice(b".ferry-part-");
+            self.temp.push(b'.');
+            self.temp.extend_from_slice(TEMP_SUFFIX);
+            self.temp.extend_from_slice(token.as_bytes());
+            self.temp.push(b'-');
             self.temp.extend_from_slice(index.to_string().as_bytes());
         }
         &self.temp
@@ -126,8 +144,9 @@ impl Destination {
         }
     }
 
-    /// Fails with the first path (in sorted order) that exists and may not be replaced.
-    /// `ours(i)` tells whether entry `i` is a file this offer already finished in an earlier run.
+    /// Fails with the first path (in sorted order) that exists and may not be replaced or, for
+    /// a top-level directory, merged into. `ours(i)` tells whether entry `i` is a file this
+    /// offer already finished, or a directory it created, in an earlier run.
     pub(crate) fn check_conflicts(
         &mut self,
         entries: &[Entry],
@@ -163,7 +182,10 @@ impl Destination {
                 .kind(name)
                 .map_err(|err| TransferError::file(e.path_lossy(), err))?;
             let conflict = match (e.kind, existing) {
-                (_, None) | (EntryKind::Dir, Some(FileKind::Dir)) => false,
+                (_, None) => false,
+                // Below a top-level directory of the offer that is new, ours or merged into.
+                (EntryKind::Dir, Some(FileKind::Dir)) if !parent.is_empty() => false,
+                (EntryKind::Dir, Some(FileKind::Dir)) => !(self.merge || ours(i)),
                 (EntryKind::Dir, Some(_)) => !self.overwrite,
                 (_, Some(FileKind::Dir)) => true,
                 (_, Some(_)) => !(self.overwrite || ours(i)),
@@ -203,10 +225,11 @@ impl Destination {
         }
     }
 
-    /// Whether a new temporary file for `e` is created with its final mode (see
-    /// [`Destination::finish_file`]).
+    /// Whether a new temporary file for `e` is created with its final mode, which the kernel
+    /// masks with the umask as wanted (saves a `fchmod` per file). Not for a mode without owner
+    /// read and write: a partial file must stay readable and writable for a resume.
     fn created_with_mode(&self, e: &Entry) -> bool {
-        self.umask.is_some_and(|m| e.mode & m == 0)
+        e.mode & 0o600 == 0o600
     }
 
     /// Opens the temporary file of entry `index`: a new one when `offset` is 0 (unnamed for a
@@ -251,7 +274,8 @@ impl Destination {
         let file = match dir.create_new(&temp, mode) {
             Ok(f) => f,
             Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
-                // A stale temporary file of ours (an earlier, unrecorded run): start over.
+                // A stale temporary file of an earlier run of this offer (only this receiver
+                // knows the token in its name): start over.
                 dir.unlink(&temp).map_err(err)?;
                 dir.create_new(&temp, mode).map_err(err)?
             }
@@ -292,7 +316,7 @@ impl Destination {
             mode_set,
         } = temp;
         if !mode_set {
-            file.set_permissions(Permissions::from_mode(e.mode))
+            file.set_permissions(Permissions::from_mode(e.mode & !self.umask))
                 .map_err(err)?;
         }
         set_file_times(&file, e.mtime, e.mtime_nsec).map_err(err)?;
@@ -350,12 +374,14 @@ impl Destination {
         dir.set_times(name, e.mtime, e.mtime_nsec).map_err(err)
     }
 
-    /// Applies a directory's mode and times (after everything inside it is done).
+    /// Applies the mode (masked by the umask) and times of a directory this receiver created
+    /// (after everything inside it is done).
     pub(crate) fn finish_dir(&mut self, e: &Entry) -> Result<(), TransferError> {
         let err = |err| TransferError::file(e.path_lossy(), err);
+        let mode = e.mode & !self.umask;
         match self.cursor.enter(&e.path) {
             Ok(Some(d)) => d
-                .set_mode_and_times(e.mode, e.mtime, e.mtime_nsec)
+                .set_mode_and_times(mode, e.mtime, e.mtime_nsec)
                 .map_err(err),
             Ok(None) => Err(err(io::Error::from_raw_os_error(libc::ENOENT))),
             Err(x) => Err(err(x)),
@@ -454,7 +480,7 @@ mod tests {
         };
         let root = base.join(format!("ferry-dest-unnamed-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let mut dest = Destination::open(&root, false).unwrap();
+        let mut dest = Destination::open(&root, false, false).unwrap();
 
         let small = entry("a", 5);
         let mut t = dest.open_temp(&small, 0, 0).unwrap();
@@ -482,13 +508,21 @@ mod tests {
         assert_eq!(std::fs::read(root.join("a")).unwrap(), b"hello");
         assert_eq!(names(&root), ["a"]);
 
-        // Replacing an earlier run's file (with a stale temporary name in the way).
-        std::fs::write(root.join(".a.ferry-part"), b"stale").unwrap();
+        // Replacing an earlier run's file (with a stale temporary file of ours in the way, and
+        // the user's own file named like the old temporary names, which stays).
+        let ours = String::from_utf8(dest.temp_name(b"a", 0).to_vec()).unwrap();
+        assert!(
+            ours.starts_with(".a.ferry-part-") && ours.len() == 14 + 16,
+            "{ours}"
+        );
+        std::fs::write(root.join(&ours), b"stale").unwrap();
+        std::fs::write(root.join(".a.ferry-part"), b"the user's").unwrap();
         let mut t = dest.open_temp(&small, 0, 0).unwrap();
         t.file().write_all(b"newer").unwrap();
         dest.finish_file(&small, 0, t, true).unwrap();
         assert_eq!(std::fs::read(root.join("a")).unwrap(), b"newer");
-        assert_eq!(names(&root), ["a"]);
+        assert_eq!(names(&root), [".a.ferry-part", "a"]);
+        std::fs::remove_file(root.join(".a.ferry-part")).unwrap();
 
         // A discarded unnamed file leaves nothing.
         let b = entry("b", 3);
@@ -503,7 +537,10 @@ mod tests {
         assert!(!t.unnamed);
         t.file().write_all(b"partial").unwrap();
         drop(t);
-        assert_eq!(names(&root), [".big.ferry-part", "a"]);
+        let listed = names(&root);
+        assert_eq!(listed.len(), 2);
+        assert!(listed[0].starts_with(".big.ferry-part-"), "{listed:?}");
+        assert_eq!(listed[1], "a");
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -60,6 +60,43 @@ pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()>
     Ok(())
 }
 
+/// A random number from the OS CSPRNG (getrandom(2)), for temporary names that nobody else can
+/// choose.
+pub(crate) fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: writes at most `buf.len() - got` bytes into the rest of `buf`, which we own.
+        let n = unsafe { libc::getrandom(buf[got..].as_mut_ptr().cast(), buf.len() - got, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            assert_eq!(e.kind(), io::ErrorKind::Interrupted, "getrandom: {e}");
+            continue;
+        }
+        got += n as usize;
+    }
+    u64::from_le_bytes(buf)
+}
+
+/// The process umask: from `/proc/self/status` (reading it there changes nothing, so no other
+/// thread can be affected); without `/proc`, by setting 077 and putting the old mask back, so a
+/// file another thread creates in between gets a stricter mode, never a looser one.
+pub(crate) fn process_umask() -> u32 {
+    let from_proc = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            let line = status.lines().find_map(|l| l.strip_prefix("Umask:"))?;
+            u32::from_str_radix(line.trim(), 8).ok()
+        });
+    from_proc.unwrap_or_else(|| {
+        // SAFETY: umask(2) cannot fail; the old mask is restored at once.
+        let old = unsafe { libc::umask(0o077) };
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        old as u32
+    }) & 0o777
+}
+
 impl Dir {
     /// Opens the destination directory itself (following symlinks: the user chose it).
     pub(crate) fn open(path: &Path) -> io::Result<Dir> {

@@ -64,7 +64,9 @@ mod writer;
 pub use error::TransferError;
 pub use manifest::{Entry, EntryKind, Manifest, Totals};
 pub use progress::{Progress, ProgressState};
-pub use receive::{receive, Offer, ReceiveOptions, ReceiveReport, DEFAULT_MAX_ENTRIES};
+pub use receive::{
+    receive, Offer, ReceiveOptions, ReceiveReport, DEFAULT_MAX_ENTRIES, OFFER_NAMES,
+};
 pub use send::{send, SendOptions, SendReport};
 pub use walk::{walk, Walk, WalkWarning};
 

@@ -21,8 +21,13 @@ pub struct ReceiveOptions {
     /// Destination directory (created if missing).
     pub out_dir: PathBuf,
     /// Replace existing files, symlinks, and non-directories where a directory goes (never a
-    /// directory by a file).
+    /// directory by a file). Implies `merge`.
     pub overwrite: bool,
+    /// Receive into offered top-level directories that already exist (adding what is new;
+    /// existing files are still conflicts unless `overwrite`). Without it (and without
+    /// `overwrite`) an offered top-level name that exists is a conflict, except a directory this
+    /// receiver created in an earlier run of the same offer (recorded in the resume log).
+    pub merge: bool,
     /// Refuse offers announcing more entries than this.
     pub max_entries: u64,
     /// Where partial-transfer logs live; `None` for [`resume::default_root`]. If no location can
@@ -36,6 +41,7 @@ impl ReceiveOptions {
         ReceiveOptions {
             out_dir: out_dir.into(),
             overwrite: false,
+            merge: false,
             max_entries: DEFAULT_MAX_ENTRIES,
             partial_dir: None,
         }
@@ -53,7 +59,15 @@ pub struct Offer<'a> {
     pub entries: &'a [Entry],
     /// File bytes already held from an earlier run of this offer (verified).
     pub resumable_bytes: u64,
+    /// The first [`OFFER_NAMES`] top-level names (what would appear in the destination), in
+    /// sorted order. Raw peer bytes: escape before showing them.
+    pub top_level: &'a [&'a [u8]],
+    /// How many top-level names the offer has in all.
+    pub top_level_count: u64,
 }
+
+/// Most top-level names an [`Offer`] lists.
+pub const OFFER_NAMES: usize = 32;
 
 /// What a successful [`receive`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,11 +163,16 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     let (header, entries) = read_offer(source, opts)?;
     let order = check_tree(&entries)?;
 
-    let mut dest = Destination::open(&opts.out_dir, opts.overwrite)?;
+    let mut dest = Destination::open(&opts.out_dir, opts.overwrite, opts.merge)?;
     let out = std::fs::canonicalize(&opts.out_dir)
         .map_err(|e| TransferError::file(opts.out_dir.display().to_string(), e))?;
     let root = opts.partial_dir.clone().or_else(resume::default_root);
     let mut state = root.map(|root| PartialState::open(&root, &header.offer_id, &out, &entries));
+    if let Some(state) = &state {
+        dest.set_token(state.token());
+    }
+    let dirs_before = state.as_ref().map(|s| s.dirs.clone()).unwrap_or_default();
+    let made_before = |i: u32| dirs_before.contains(&i);
 
     // Keep only what still verifies against the log.
     let mut held: HashMap<u32, Held> = HashMap::new();
@@ -189,8 +208,9 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         }
     }
     dest.check_conflicts(&entries, &order, |i| {
-        held.get(&i).is_some_and(|h| h.complete.is_some())
+        held.get(&i).is_some_and(|h| h.complete.is_some()) || made_before(i)
     })?;
+    let (top_level, top_level_count) = top_level_names(&entries, &order);
 
     let resumable_bytes = held
         .iter()
@@ -204,6 +224,8 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         offer_id: header.offer_id,
         entries: &entries,
         resumable_bytes,
+        top_level: &top_level,
+        top_level_count,
     };
     let mut pstate = ProgressState {
         totals: header.totals,
@@ -217,12 +239,28 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     }
     send_accept(sink, &held)?;
 
+    // What this run creates is on record before it exists: the directories (so that a resumed
+    // run may enter them and give them their modes) and the temporary-name token. A log that
+    // cannot be written costs only the resume (a later run then needs --merge).
+    let log_err = |s: &PartialState, e| TransferError::file(s.dir().display().to_string(), e);
+    let loggable = entries
+        .iter()
+        .any(|e| e.kind == EntryKind::Dir || has_chunks(e.size));
+    if loggable && state.as_mut().is_some_and(|s| s.create().is_err()) {
+        state = None;
+    }
     let mut created = vec![false; entries.len()];
     for &i in &order {
         let e = &entries[i as usize];
         if e.kind == EntryKind::Dir {
-            created[i as usize] = dest.create_dir(e)?;
+            created[i as usize] = dest.create_dir(e)? || made_before(i);
+            if let (true, Some(state)) = (created[i as usize], state.as_mut()) {
+                state.log_dir(i);
+            }
         }
+    }
+    if let Some(state) = state.as_mut() {
+        state.flush().map_err(|e| log_err(state, e))?;
     }
 
     // The file-system work of many small files runs on a second thread, overlapping with
@@ -263,10 +301,9 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             dest.create_symlink(e, i)?;
         }
     }
-    let resuming = state.as_ref().is_some_and(|s| !s.files.is_empty());
     for &i in order.iter().rev() {
         let e = &entries[i as usize];
-        if e.kind == EntryKind::Dir && (created[i as usize] || resuming) {
+        if e.kind == EntryKind::Dir && created[i as usize] {
             dest.finish_dir(e)?;
         }
     }
@@ -277,6 +314,22 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     sink.flush()?;
     progress.done(&pstate);
     Ok(report)
+}
+
+/// The first [`OFFER_NAMES`] top-level names in `order`, and how many there are.
+fn top_level_names<'a>(entries: &'a [Entry], order: &[u32]) -> (Vec<&'a [u8]>, u64) {
+    let mut names = Vec::new();
+    let mut count = 0u64;
+    for &i in order {
+        let path = entries[i as usize].path.as_slice();
+        if !path.contains(&b'/') {
+            if names.len() < OFFER_NAMES {
+                names.push(path);
+            }
+            count += 1;
+        }
+    }
+    (names, count)
 }
 
 /// Sends Accept and the resume pages describing `held`.

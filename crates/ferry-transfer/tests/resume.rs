@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -45,9 +45,26 @@ fn cut_once() -> Setup {
         "no half-written file under its final name"
     );
     assert!(!out.join("top/c").exists());
-    assert!(out.join("top/.b.ferry-part").exists(), "partial data kept");
+    assert!(part_of(&out.join("top"), "b").exists(), "partial data kept");
     assert!(!listing(&t.join("cache")).is_empty(), "partial state kept");
     Setup { t, root, out }
+}
+
+/// The temporary file of `name` in `dir` (`.NAME.ferry-part-TOKEN`).
+fn part_of(dir: &std::path::Path, name: &str) -> PathBuf {
+    let prefix = format!(".{name}.ferry-part-");
+    let found: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&prefix)
+        })
+        .collect();
+    assert!(found.len() <= 1, "{found:?}");
+    found.into_iter().next().unwrap_or_else(|| dir.join(prefix))
 }
 
 fn finish(s: &Setup) -> (ferry_transfer::SendReport, ferry_transfer::ReceiveReport) {
@@ -87,7 +104,7 @@ fn second_run_sends_only_the_missing_part() {
 #[test]
 fn corrupted_partial_data_is_not_claimed() {
     let s = cut_once();
-    let part = s.out.join("top/.b.ferry-part");
+    let part = part_of(&s.out.join("top"), "b");
     let mut bytes = fs::read(&part).unwrap();
     bytes[10] ^= 1;
     fs::write(&part, bytes).unwrap();
@@ -123,5 +140,45 @@ fn finished_file_changed_at_destination_is_a_conflict() {
     assert_eq!(
         fs::read(s.out.join("top/a")).unwrap(),
         b"edited by the user"
+    );
+}
+
+/// Issue 9, item 3: a directory that existed before the transfer keeps its mode and times, also
+/// in a resumed run (which used to apply the sender's to every offered directory), and even with
+/// `overwrite`.
+#[test]
+fn a_resumed_run_leaves_an_existing_directory_alone() {
+    let t = TempDir::new("resume-existing");
+    let root = t.join("top");
+    fs::create_dir_all(&root).unwrap();
+    fs::write(root.join("a"), data(A, 1)).unwrap();
+    fs::write(root.join("b"), data(B, 2)).unwrap();
+    fs::set_permissions(&root, fs::Permissions::from_mode(0o777)).unwrap();
+    let out = t.join("out");
+    let existing = out.join("top");
+    fs::create_dir_all(&existing).unwrap();
+    fs::set_permissions(&existing, fs::Permissions::from_mode(0o700)).unwrap();
+    // The sender's time for it; the kernel itself updates its mtime as files are added.
+    let mtime = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 7);
+    fs::File::open(&root).unwrap().set_modified(mtime).unwrap();
+    let mut o = opts(&out, &t.join("cache"));
+    o.overwrite = true;
+
+    let (s, r) = run_cut(&[&root], &o, Some(2 * MIB as usize));
+    assert!(s.is_err() && r.is_err(), "{s:?} {r:?}");
+    let (s, r) = run(&[&root], &o);
+    s.unwrap();
+    assert!(r.unwrap().bytes_resumed > 0, "the second run resumed");
+    assert_eq!(fs::read(existing.join("b")).unwrap(), data(B, 2));
+    let md = fs::metadata(&existing).unwrap();
+    assert_eq!(
+        md.mode() & 0o7777,
+        0o700,
+        "an existing directory was chmodded"
+    );
+    assert_ne!(
+        md.modified().unwrap(),
+        mtime,
+        "an existing directory was re-timed"
     );
 }

@@ -214,21 +214,26 @@ fn existing_file_not_overwritten_without_flag() {
     fs::create_dir_all(out.join("top/sub")).unwrap();
     fs::write(out.join("top/sub/b"), b"old b").unwrap();
 
-    let (s, r) = run(&[&root], &opts(&out, &t.join("cache")));
-    match r {
-        Err(TransferError::Conflict { path }) => assert_eq!(path, "top/sub/b"),
-        other => panic!("expected a conflict, got {other:?}"),
+    // The existing top-level directory is a conflict unless merging; merging, the file is.
+    for (merge, want) in [(false, "top"), (true, "top/sub/b")] {
+        let mut o = opts(&out, &t.join("cache"));
+        o.merge = merge;
+        let (s, r) = run(&[&root], &o);
+        match r {
+            Err(TransferError::Conflict { path }) => assert_eq!(path, want),
+            other => panic!("expected a conflict, got {other:?}"),
+        }
+        assert!(
+            matches!(s, Err(TransferError::Remote { ref code, .. }) if code == "conflict"),
+            "{s:?}"
+        );
+        assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"old b");
+        assert_eq!(
+            listing(&out),
+            vec!["top", "top/sub", "top/sub/b"],
+            "nothing written"
+        );
     }
-    assert!(
-        matches!(s, Err(TransferError::Remote { ref code, .. }) if code == "conflict"),
-        "{s:?}"
-    );
-    assert_eq!(fs::read(out.join("top/sub/b")).unwrap(), b"old b");
-    assert_eq!(
-        listing(&out),
-        vec!["top", "top/sub", "top/sub/b"],
-        "nothing written"
-    );
 
     let mut o = opts(&out, &t.join("cache"));
     o.overwrite = true;
