@@ -6,7 +6,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod failure;
-mod netif;
 mod peer;
 mod relay_cmd;
 mod settings;

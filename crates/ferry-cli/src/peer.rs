@@ -13,11 +13,10 @@ use ferry_channel::{
     Auth, ChannelError, CodeAttempts, Config, Established, Handshake, Role, MAX_FAILED_ATTEMPTS,
 };
 use ferry_rendezvous::local::{Announcement, LocalRegistry};
-use ferry_rendezvous::mdns;
+use ferry_rendezvous::{mdns, netif};
 use ferry_rendezvous::{Code, NameplateHash};
 
 use crate::failure::PeerNotFound;
-use crate::netif;
 use crate::ui::Ui;
 
 /// How long one handshake may take in all, whatever the peer does (each read and write gets only what is left).

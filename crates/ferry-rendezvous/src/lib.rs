@@ -18,5 +18,6 @@
 mod code;
 pub mod local;
 pub mod mdns;
+pub mod netif;
 
 pub use code::{Code, CodeError, NameplateHash, WORDS, WORD_COUNT};

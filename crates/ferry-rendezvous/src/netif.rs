@@ -4,16 +4,16 @@ use std::net::IpAddr;
 
 /// One address of one interface, with its netmask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct IfAddr {
+pub struct IfAddr {
     /// The interface's address.
-    pub(crate) ip: IpAddr,
+    pub ip: IpAddr,
     /// Its netmask (all ones when the kernel gave none).
-    pub(crate) mask: IpAddr,
+    pub mask: IpAddr,
 }
 
 impl IfAddr {
     /// True when `ip` lies in this address's subnet: a host on the same link.
-    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
+    pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.ip, self.mask, ip) {
             (IpAddr::V4(a), IpAddr::V4(m), IpAddr::V4(b)) => {
                 let m = u32::from(m);
@@ -55,7 +55,7 @@ unsafe fn sockaddr_ip(sa: *const libc::sockaddr) -> Option<IpAddr> {
 }
 
 /// Every IPv4 and IPv6 address of this machine's interfaces, loopback included, with its netmask.
-pub(crate) fn interfaces() -> Vec<IfAddr> {
+pub fn interfaces() -> Vec<IfAddr> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
@@ -86,7 +86,7 @@ pub(crate) fn interfaces() -> Vec<IfAddr> {
 }
 
 /// Non-loopback, non-link-local addresses of this machine's interfaces: what a receiver elsewhere could dial.
-pub(crate) fn interface_addresses() -> Vec<IpAddr> {
+pub fn interface_addresses() -> Vec<IpAddr> {
     let mut out: Vec<IpAddr> = Vec::new();
     for ip in interfaces().into_iter().map(|i| i.ip).filter(usable) {
         if !out.contains(&ip) {
@@ -98,7 +98,7 @@ pub(crate) fn interface_addresses() -> Vec<IpAddr> {
 
 /// True when `ip` is this host or a host on a directly attached network: loopback, IPv6 link-local, or inside
 /// the subnet of one of `ifaces`. Anything else is reached through a router and is not "on the LAN".
-pub(crate) fn on_link(ip: IpAddr, ifaces: &[IfAddr]) -> bool {
+pub fn on_link(ip: IpAddr, ifaces: &[IfAddr]) -> bool {
     let ip = ip.to_canonical();
     match ip {
         IpAddr::V4(v4) if v4.is_loopback() => return true,
