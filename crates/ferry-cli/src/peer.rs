@@ -488,13 +488,12 @@ fn direct_candidates(
             return Ok(vec![(addr, "same-host")]);
         }
         if !opts.no_discovery && tried.len() < MAX_LAN_CANDIDATES {
-            // A failed browse (no multicast here) is no error: other paths remain. Only addresses on a
-            // directly attached network are dialed: an announcement naming a routed address is a spoofer's.
-            let ifaces = netif::interfaces();
+            // A failed browse (no multicast here) is no error: other paths remain. The browse returns only
+            // addresses on a directly attached network: an announcement naming a routed one is a spoofer's.
             let found: Vec<_> = mdns::browse(&hash, BROWSE_TIMEOUT)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|a| !tried.contains(a) && netif::on_link(a.ip(), &ifaces))
+                .filter(|a| !tried.contains(a))
                 .take(MAX_LAN_CANDIDATES - tried.len())
                 .collect();
             if !found.is_empty() {

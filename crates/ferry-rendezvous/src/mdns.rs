@@ -117,7 +117,9 @@ pub fn advertise(hash: &NameplateHash, port: u16) -> Result<Advertisement, Disco
 /// Returns as soon as at least one candidate was found and [`GRACE`] passed without another one, or when
 /// [`MAX_CANDIDATES`] are collected, or empty when `timeout` runs out. IPv4 addresses come first, then IPv6
 /// (link-local ones carry their interface as scope id). Answers whose TXT record is missing, malformed, of another
-/// version or for another hash are ignored, as are unusable addresses (unspecified, multicast, broadcast, port 0).
+/// version or for another hash are ignored, as are unusable addresses (unspecified, multicast, broadcast, port 0)
+/// and addresses that are not on a directly attached network ([`crate::netif::on_link`]: loopback, IPv6
+/// link-local, or inside the subnet of one of this host's interfaces).
 ///
 /// The daemon queries at once and repeats after about 1 s and 3 s, so a `timeout` of 2-3 s survives a lost
 /// query or an advertiser that was still starting. This blocks the calling thread (use `spawn_blocking` from
@@ -244,6 +246,8 @@ fn usable(addr: &SocketAddr) -> bool {
 struct Candidates {
     hash: NameplateHash,
     addrs: Vec<SocketAddr>,
+    /// This host's interfaces, read when the browse starts: what "on link" means.
+    ifaces: Vec<crate::netif::IfAddr>,
 }
 
 impl Candidates {
@@ -251,6 +255,7 @@ impl Candidates {
         Candidates {
             hash,
             addrs: Vec::new(),
+            ifaces: crate::netif::interfaces(),
         }
     }
 
@@ -268,12 +273,16 @@ impl Candidates {
         ) {
             return false;
         }
-        self.offer(
-            service
-                .addresses
-                .iter()
-                .filter_map(|ip| socket_addr(ip, service.port)),
-        )
+        // Only addresses on a directly attached network: a spoofer's announcement naming a routed address
+        // (anywhere on the internet) is never dialed, and cannot take a candidate slot either.
+        let ifaces = &self.ifaces;
+        let addrs: Vec<SocketAddr> = service
+            .addresses
+            .iter()
+            .filter_map(|ip| socket_addr(ip, service.port))
+            .filter(|a| crate::netif::on_link(a.ip(), ifaces))
+            .collect();
+        self.offer(addrs)
     }
 
     /// Adds new addresses up to the cap; true when anything new was added.
