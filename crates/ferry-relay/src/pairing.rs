@@ -28,7 +28,7 @@ struct Waiter {
     tx: oneshot::Sender<Peer>,
 }
 
-/// The table of waiting sides, keyed by nameplate hash.
+/// The table of waiting sides, keyed by rendezvous hash.
 pub(crate) struct Rendezvous {
     waiting: Mutex<HashMap<[u8; 32], Waiter>>,
     /// Sessions holding a slot: waiting plus paired.

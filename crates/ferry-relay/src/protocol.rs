@@ -49,7 +49,8 @@ impl Role {
 pub struct Hello {
     /// The client's role.
     pub role: Role,
-    /// Hash of the nameplate both peers derived from the code; the relay never sees the code.
+    /// The rendezvous hash (of nameplate and first word) both peers derived from the code; the
+    /// relay never sees the code.
     pub hash: [u8; 32],
 }
 
