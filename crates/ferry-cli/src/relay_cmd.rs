@@ -19,9 +19,25 @@ pub struct RelayArgs {
     /// New sessions allowed per source address per minute.
     #[arg(long, default_value_t = RelayConfig::default().sessions_per_ip_per_minute)]
     per_ip_per_minute: u32,
-    /// Seconds a paired session may stay silent before it is closed.
+    /// Most connections from one source address (IPv6: one /64) that have not sent their hello
+    /// yet; more are closed at once, before anything is read.
+    #[arg(long, default_value_t = RelayConfig::default().max_handshakes_per_ip)]
+    max_handshakes_per_ip: usize,
+    /// Most connections from one source address (IPv6: one /64) in sessions (waiting or paired)
+    /// at once; more are refused.
+    #[arg(long, default_value_t = RelayConfig::default().max_sessions_per_ip)]
+    max_sessions_per_ip: usize,
+    /// Seconds a paired session may stay silent before it is closed; also the window of
+    /// --min-bytes-per-window.
     #[arg(long, default_value_t = RelayConfig::default().idle_timeout.as_secs())]
     idle_timeout: u64,
+    /// Bytes a paired session must move (both ways together) in every --idle-timeout window
+    /// from the pairing, or it is closed (0: no minimum).
+    #[arg(long, default_value_t = RelayConfig::default().min_bytes_per_window)]
+    min_bytes_per_window: u64,
+    /// Seconds after pairing at which a session is closed whatever it moves (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    max_lifetime: u64,
     /// Seconds the first side waits for the second.
     #[arg(long, default_value_t = RelayConfig::default().max_wait.as_secs())]
     max_wait: u64,
@@ -43,7 +59,12 @@ pub fn run(args: RelayArgs) -> anyhow::Result<()> {
         },
         max_sessions: args.max_sessions,
         sessions_per_ip_per_minute: args.per_ip_per_minute,
+        max_handshakes_per_ip: args.max_handshakes_per_ip,
+        max_sessions_per_ip: args.max_sessions_per_ip,
         idle_timeout: Duration::from_secs(args.idle_timeout),
+        min_bytes_per_window: args.min_bytes_per_window,
+        max_session_lifetime: (args.max_lifetime > 0)
+            .then(|| Duration::from_secs(args.max_lifetime)),
         max_wait: Duration::from_secs(args.max_wait),
         stats_interval: (args.stats_interval > 0).then(|| Duration::from_secs(args.stats_interval)),
         ..RelayConfig::default()

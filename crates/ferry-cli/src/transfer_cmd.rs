@@ -8,7 +8,7 @@ use anyhow::bail;
 use clap::Args;
 use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
-use ferry_rendezvous::{Code, NameplateHash};
+use ferry_rendezvous::Code;
 use ferry_transfer::{Offer, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
@@ -146,7 +146,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         Some(c) => c.parse::<Code>()?,
         None => {
             let registry = LocalRegistry::open_default()?;
-            Code::generate(|n| !registry.is_taken(&NameplateHash::of(n)))
+            Code::generate(|h| !registry.is_taken(h))
         }
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).

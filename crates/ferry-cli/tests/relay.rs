@@ -417,3 +417,165 @@ fn the_relay_can_come_from_the_config_file() {
         "{err}"
     );
 }
+
+/// `BLAKE3-derive_key("ferry 2026 nameplate v1", "57")`: the rendezvous hash of every code with
+/// nameplate 57 before issue 9, computable by anyone who knows (or enumerates) the nameplate.
+const NAMEPLATE_57_ONLY: &str = "f99346d23a69605712e49a76c111413634ac68c2da8d77cd371dbc9adff9a99e";
+
+fn from_hex(hex: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+    }
+    out
+}
+
+#[test]
+fn a_stranger_who_knows_the_nameplate_cannot_catch_the_sender_at_the_relay() {
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let relay_addr = relay.addr.to_string();
+    // The stranger knows (or enumerates) the nameplate, not the words: it waits at the relay as
+    // a receiver under the hash of the nameplate alone, before the sender comes.
+    let mut stranger = TcpStream::connect(relay.addr).unwrap();
+    stranger
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut hello = vec![1u8, 2];
+    hello.extend_from_slice(&from_hex(NAMEPLATE_57_ONLY));
+    stranger.write_all(&hello).unwrap();
+    let mut status = [0u8; 1];
+    stranger.read_exact(&mut status).unwrap();
+    assert_eq!(status[0], 0, "the stranger is WAITING");
+
+    let f = w.src().join("secret.bin");
+    fs::write(&f, pseudo_random(1 << 20, 15)).unwrap();
+    let code = "57-apple-orbit-violin";
+    let send = finish_in_background(relay_send(&w, &relay_addr, code, &[&f]));
+    let recv = finish(relay_receive(&w, &relay_addr, code, &w.out()));
+    // Both sides registered at the relay (they met there, --force-relay) after the stranger did,
+    // so had the sender's hash been the stranger's, the relay would have paired the two.
+    stranger.set_nonblocking(true).unwrap();
+    let paired = match stranger.read(&mut status) {
+        Ok(1) => Some(status[0]),
+        _ => None,
+    };
+    assert_eq!(
+        paired, None,
+        "the hash of the nameplate alone met the sender at the relay"
+    );
+    assert_success("receive", &recv);
+    assert_success("send", &send.join().unwrap());
+    assert_same_tree(&f, &w.out().join("secret.bin"));
+}
+
+/// A raw relay hello from the test; returns the stream and the first status byte.
+fn raw_hello(relay: SocketAddr, role: u8, hash: [u8; 32]) -> (TcpStream, u8) {
+    let mut s = TcpStream::connect(relay).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut hello = vec![1u8, role];
+    hello.extend_from_slice(&hash);
+    s.write_all(&hello).unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    (s, b[0])
+}
+
+#[test]
+fn relay_per_address_limits_are_flags_and_clear_client_errors() {
+    let w = World::new();
+    let help = finish(
+        w.cmd()
+            .args(["relay", "--help"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--max-handshakes-per-ip",
+        "--max-sessions-per-ip",
+        "--min-bytes-per-window",
+        "--max-lifetime",
+    ] {
+        assert!(help.contains(flag), "`ferry relay --help` lacks {flag}");
+    }
+
+    // One session per address: this address already waits in one, so `ferry send` is refused.
+    let relay = start_relay(&w, "127.0.0.1:0", &["--max-sessions-per-ip", "1"]);
+    let (_held, status) = raw_hello(relay.addr, 1, [1; 32]);
+    assert_eq!(status, 0);
+    let f = w.src().join("x");
+    fs::write(&f, b"x").unwrap();
+    let out = finish(relay_send(
+        &w,
+        &relay.addr.to_string(),
+        "64-apple-orbit-violin",
+        &[&f],
+    ));
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "stderr {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = event(&events(&out.stdout), "error").cloned().unwrap();
+    assert_eq!(err["code"], "relay");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("too many sessions from this address"),
+        "unclear message: {err}"
+    );
+}
+
+#[test]
+fn the_relay_process_closes_a_trickling_session() {
+    let w = World::new();
+    // 1 s windows, 64 KiB minimum (the default); a byte every 200 ms is never idle but too slow.
+    let relay = start_relay(&w, "127.0.0.1:0", &["--idle-timeout", "1"]);
+    let hash = [2u8; 32];
+    let addr = relay.addr;
+    let receiver = std::thread::spawn(move || raw_hello(addr, 2, hash));
+    let (mut s, status) = raw_hello(addr, 1, hash);
+    let (mut r, r_status) = receiver.join().unwrap();
+    let mut b = [0u8; 64];
+    if status == 0 {
+        s.read_exact(&mut b[..1]).unwrap();
+        assert_eq!((b[0], r_status), (1, 1), "PAIRED");
+    } else {
+        r.read_exact(&mut b[..1]).unwrap();
+        assert_eq!((status, r_status, b[0]), (1, 0, 1), "PAIRED");
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(b".").is_err() {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        })
+    };
+    r.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let closed = loop {
+        match r.read(&mut b) {
+            Ok(0) => break true,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break true,
+            _ if std::time::Instant::now() > deadline => break false,
+            _ => continue,
+        }
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    trickle.join().unwrap();
+    assert!(
+        closed,
+        "a session moving a byte every 200 ms was never closed"
+    );
+}

@@ -36,6 +36,9 @@ pub enum RelayError {
     /// `TAKEN`: the same role already waits under this code.
     #[error("relay refused: another {0} is already waiting with this code")]
     Taken(Role),
+    /// `TOO_MANY`: this address already has as many sessions at the relay as it may.
+    #[error("relay refused: too many sessions from this address at once, try again when one ends")]
+    TooMany,
     /// A status byte this client does not know.
     #[error("relay sent an unknown status {0}")]
     UnknownStatus(u8),
@@ -115,6 +118,7 @@ pub fn connect(
             Some(Status::Timeout) => return Err(RelayError::PeerTimeout),
             Some(Status::BadHello) => return Err(RelayError::BadHello),
             Some(Status::Taken) => return Err(RelayError::Taken(role)),
+            Some(Status::TooMany) => return Err(RelayError::TooMany),
             None => return Err(RelayError::UnknownStatus(status)),
         }
     }

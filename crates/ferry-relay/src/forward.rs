@@ -31,10 +31,12 @@ pub enum Forwarding {
     Copy,
 }
 
-/// When the session last moved a byte, read by the idle watchdog.
+/// When the session last moved a byte, and how many it moved, read by the session's watchdog
+/// (idle time, minimum bytes per window).
 pub(crate) struct Activity {
     base: Instant,
     last_ms: AtomicU64,
+    bytes: AtomicU64,
 }
 
 impl Activity {
@@ -42,7 +44,13 @@ impl Activity {
         Activity {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
         }
+    }
+
+    /// Bytes delivered so far, both directions together.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Relaxed)
     }
 
     fn touch(&self) {
@@ -67,6 +75,7 @@ pub(crate) struct Meter<'a> {
 impl Meter<'_> {
     fn moved(&self, n: usize) {
         self.bytes.fetch_add(n as u64, Relaxed);
+        self.activity.bytes.fetch_add(n as u64, Relaxed);
         self.activity.touch();
     }
 }

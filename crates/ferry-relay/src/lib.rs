@@ -10,7 +10,7 @@
 //! The client sends a 34-byte hello `[version = 1][role: 1 sender, 2 receiver][hash: 32]`; the
 //! relay answers one status byte: `0 WAITING` (first side; later followed by `1 PAIRED`), `1
 //! PAIRED` (from the next byte on, a transparent pipe), or an error followed by a close: `2
-//! RATE_LIMITED`, `3 FULL`, `4 TIMEOUT`, `5 BAD_HELLO`, `6 TAKEN`. See [`protocol`].
+//! RATE_LIMITED`, `3 FULL`, `4 TIMEOUT`, `5 BAD_HELLO`, `6 TAKEN`, `7 TOO_MANY`. See [`protocol`].
 //!
 //! # Design
 //! - **One tokio runtime for everything.** Accept, hello, pairing, timers and forwarding are
@@ -31,6 +31,10 @@
 //!   new sessions per source per minute (token bucket; an IPv6 source is its /64), idle time of
 //!   a paired session, wait for the second side, hello read time, and a fixed buffer per
 //!   direction (pipe capacity or copy buffer). Nothing grows with traffic.
+//! - **No one source can starve the rest**: per source, outstanding hellos are capped at accept
+//!   (before a byte is read) and connections in sessions are capped at the hello; a paired
+//!   session must move a minimum number of bytes per idle-timeout window (and optionally ends
+//!   at a hard lifetime), so a trickle of bytes cannot hold a slot for ever.
 //! - **Pairing** is a table keyed by hash under one mutex: the second side hands its stream to
 //!   the first side's task through a oneshot channel, under the lock, so a wait that ends at the
 //!   same moment never loses a peer. A waiting client that hangs up leaves the table at once.
@@ -91,11 +95,29 @@ pub struct RelayConfig {
     pub max_sessions: usize,
     /// Accepted connections whose hello is not read yet; more are closed at once. Default: 1024.
     pub max_handshakes: usize,
+    /// Accepted connections from one source (an IPv4 address, an IPv6 /64) whose hello is not
+    /// read yet; more from that source are closed at accept, before anything is read, so one
+    /// source cannot fill [`max_handshakes`](Self::max_handshakes). Default: 16.
+    pub max_handshakes_per_ip: usize,
+    /// Connections from one source (IPv4 address, IPv6 /64) that are in a session, waiting or
+    /// paired, at once; more get `TOO_MANY`. A session whose two sides share a source counts
+    /// twice. Default: 16.
+    pub max_sessions_per_ip: usize,
     /// New sessions (valid hellos) per source address per minute, as a token bucket with this
     /// burst; more get `RATE_LIMITED`. An IPv6 source is its /64. Default: 60.
     pub sessions_per_ip_per_minute: u32,
-    /// A paired session with no byte either way for this long is closed. Default: 10 min.
+    /// A paired session with no byte either way for this long is closed. Also the window of
+    /// [`min_bytes_per_window`](Self::min_bytes_per_window). Default: 10 min.
     pub idle_timeout: Duration,
+    /// A paired session must move at least this many bytes (both ways together) in every
+    /// [`idle_timeout`](Self::idle_timeout) window counted from the pairing, or it is closed, so
+    /// a byte now and then does not hold a session for ever. 0 turns the rule off. Default:
+    /// 64 KiB (about 110 B/s with the default window; any real transfer moves far more, and a
+    /// receiver thinking at the prompt may take up to one window, as with the idle rule).
+    pub min_bytes_per_window: u64,
+    /// A paired session is closed this long after pairing, whatever it moves; `None` for no
+    /// limit. Default: `None` (a 100 GB transfer at 10 MB/s takes about 3 hours).
+    pub max_session_lifetime: Option<Duration>,
     /// How long the first side waits for the second before `TIMEOUT`. Default: 10 min.
     pub max_wait: Duration,
     /// How long a new connection has to send its hello. Default: 10 s.
@@ -121,8 +143,12 @@ impl Default for RelayConfig {
             forwarding: Forwarding::Splice,
             max_sessions: 1024,
             max_handshakes: 1024,
+            max_handshakes_per_ip: 16,
+            max_sessions_per_ip: 16,
             sessions_per_ip_per_minute: 60,
             idle_timeout: Duration::from_secs(600),
+            min_bytes_per_window: 64 * 1024,
+            max_session_lifetime: None,
             max_wait: Duration::from_secs(600),
             hello_timeout: Duration::from_secs(10),
             buffer_size: 256 * 1024,

@@ -1,8 +1,10 @@
-//! Who is waiting under which nameplate hash, and how many new sessions each source may open.
+//! Who is waiting under which nameplate hash, how many new sessions each source may open, and
+//! how many connections each source holds at once.
 //!
-//! Both tables are bounded: the rendezvous by the session limit, the rate limiter by a fixed
+//! Every table is bounded: the rendezvous by the session limit, the rate limiter by a fixed
 //! number of tracked sources (full buckets are forgotten, so an address that stops connecting
-//! leaves the table after a minute).
+//! leaves the table after a minute), and the per-source counts by what they count (an entry
+//! exists only while its source holds something, and the things held are globally limited).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -15,14 +17,18 @@ use tokio::sync::oneshot;
 
 use crate::protocol::{Hello, Role};
 
+/// The second side of a session: its stream and its place under its source's session cap, which
+/// it holds for as long as the session runs.
+pub(crate) type Peer = (TcpStream, SourceSlot);
+
 /// One waiting side: its role, which registration it is, and where to hand the second side.
 struct Waiter {
     role: Role,
     id: u64,
-    tx: oneshot::Sender<TcpStream>,
+    tx: oneshot::Sender<Peer>,
 }
 
-/// The table of waiting sides, keyed by nameplate hash.
+/// The table of waiting sides, keyed by rendezvous hash.
 pub(crate) struct Rendezvous {
     waiting: Mutex<HashMap<[u8; 32], Waiter>>,
     /// Sessions holding a slot: waiting plus paired.
@@ -35,7 +41,7 @@ pub(crate) struct Rendezvous {
 pub(crate) struct Ticket {
     hash: [u8; 32],
     id: u64,
-    pub(crate) rx: oneshot::Receiver<TcpStream>,
+    pub(crate) rx: oneshot::Receiver<Peer>,
 }
 
 /// One session's place under the concurrent limit, released on drop.
@@ -52,7 +58,7 @@ pub(crate) enum Join {
     /// A peer was waiting: the stream went to its task, which runs the session.
     HandedOver,
     /// Nobody was waiting: registered; wait on the ticket.
-    Registered(Ticket, SessionSlot, TcpStream),
+    Registered(Ticket, SessionSlot, Peer),
     /// The same role already waits under this hash.
     Taken(TcpStream),
     /// The concurrent session limit is reached.
@@ -74,24 +80,24 @@ impl Rendezvous {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Pairs `stream` with a waiting peer of the other role, or registers it.
-    pub(crate) fn join(&self, hello: &Hello, mut stream: TcpStream) -> Join {
+    /// Pairs `peer` with a waiting peer of the other role, or registers it.
+    pub(crate) fn join(&self, hello: &Hello, mut peer: Peer) -> Join {
         let mut table = self.table();
         if let Some(w) = table.get(&hello.hash) {
             if w.role == hello.role {
-                return Join::Taken(stream);
+                return Join::Taken(peer.0);
             }
             let w = table.remove(&hello.hash).expect("entry just seen");
             // Sent under the lock: a waiter that finds its entry gone can count on the stream.
-            match w.tx.send(stream) {
+            match w.tx.send(peer) {
                 Ok(()) => return Join::HandedOver,
                 // The waiting task is gone (it ended without cancelling): take its place.
-                Err(s) => stream = s,
+                Err(p) => peer = p,
             }
         }
         // Checked and taken under the table lock, so two racing hellos cannot both pass.
         if self.sessions.load(Relaxed) >= self.max_sessions {
-            return Join::Full(stream);
+            return Join::Full(peer.0);
         }
         self.sessions.fetch_add(1, Relaxed);
         let slot = SessionSlot(self.sessions.clone());
@@ -112,7 +118,7 @@ impl Rendezvous {
                 rx,
             },
             slot,
-            stream,
+            peer,
         )
     }
 
@@ -182,6 +188,68 @@ impl RateLimiter {
     }
 }
 
+/// Per-source counts of something held (connections before their hello, connections in
+/// sessions), each source capped at `cap`.
+pub(crate) struct PerSource {
+    cap: usize,
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One unit held by a source under a [`PerSource`] cap, released on drop.
+pub(crate) struct SourceSlot {
+    counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    key: IpAddr,
+}
+
+fn lock_counts(m: &Mutex<HashMap<IpAddr, usize>>) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+    // Every mutation is one call, so a poisoned map is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PerSource {
+    pub(crate) fn new(cap: usize) -> Self {
+        PerSource {
+            cap,
+            counts: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Takes one unit for `ip`'s source; `None` when it already holds `cap`.
+    pub(crate) fn take(&self, ip: IpAddr) -> Option<SourceSlot> {
+        let key = source_key(ip);
+        let mut map = lock_counts(&self.counts);
+        let n = map.entry(key).or_insert(0);
+        if *n >= self.cap {
+            if *n == 0 {
+                map.remove(&key);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(SourceSlot {
+            counts: self.counts.clone(),
+            key,
+        })
+    }
+
+    #[cfg(test)]
+    fn sources(&self) -> usize {
+        lock_counts(&self.counts).len()
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut map = lock_counts(&self.counts);
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// The unit a limit applies to: one IPv4 address, or one IPv6 /64 (a single host usually owns a
 /// whole /64, so counting addresses would let it rotate past the limit).
 fn source_key(ip: IpAddr) -> IpAddr {
@@ -217,6 +285,25 @@ mod tests {
         // One token back after a third of a minute.
         assert!(rl.allow(ip, t0 + Duration::from_secs(21)));
         assert!(!rl.allow(ip, t0 + Duration::from_secs(21)));
+    }
+
+    #[test]
+    fn per_source_caps_each_source_and_forgets_empty_ones() {
+        let ps = PerSource::new(2);
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same64: IpAddr = "2001:db8:1:2::ffff".parse().unwrap();
+        let other: IpAddr = "127.0.0.9".parse().unwrap();
+        let one = ps.take(a).unwrap();
+        let two = ps.take(same64).unwrap();
+        assert!(ps.take(a).is_none(), "the /64 holds its cap");
+        let three = ps.take(other).unwrap();
+        drop(one);
+        let four = ps.take(a).unwrap();
+        drop((two, three, four));
+        assert_eq!(ps.sources(), 0);
+        let none = PerSource::new(0);
+        assert!(none.take(a).is_none());
+        assert_eq!(none.sources(), 0);
     }
 
     #[test]

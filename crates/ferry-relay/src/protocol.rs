@@ -49,7 +49,8 @@ impl Role {
 pub struct Hello {
     /// The client's role.
     pub role: Role,
-    /// Hash of the nameplate both peers derived from the code; the relay never sees the code.
+    /// The rendezvous hash (of nameplate and first word) both peers derived from the code; the
+    /// relay never sees the code.
     pub hash: [u8; 32],
 }
 
@@ -98,6 +99,8 @@ pub enum Status {
     BadHello = 5,
     /// That role is already waiting under this hash.
     Taken = 6,
+    /// This source address already takes part in as many sessions at once as it may.
+    TooMany = 7,
 }
 
 impl Status {
@@ -111,6 +114,7 @@ impl Status {
             4 => Status::Timeout,
             5 => Status::BadHello,
             6 => Status::Taken,
+            7 => Status::TooMany,
             _ => return None,
         })
     }
@@ -141,10 +145,10 @@ mod tests {
 
     #[test]
     fn status_bytes_are_fixed() {
-        for b in 0..=6u8 {
+        for b in 0..=7u8 {
             assert_eq!(Status::from_byte(b).map(|s| s as u8), Some(b));
         }
-        assert_eq!(Status::from_byte(7), None);
+        assert_eq!(Status::from_byte(8), None);
         assert_eq!(Role::Sender.peer(), Role::Receiver);
     }
 }

@@ -11,7 +11,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
 use crate::forward::{self, Activity, Meter};
-use crate::pairing::{Join, RateLimiter, Rendezvous, SessionSlot, Ticket};
+use crate::pairing::{
+    Join, Peer, PerSource, RateLimiter, Rendezvous, SessionSlot, SourceSlot, Ticket,
+};
 use crate::protocol::{Hello, Status, HELLO_LEN};
 use crate::stats::{bump, Counters, Gauge, Stats};
 use crate::RelayConfig;
@@ -22,6 +24,10 @@ struct Shared {
     counters: Counters,
     rendezvous: Rendezvous,
     rate: RateLimiter,
+    /// Connections per source whose hello is not read yet.
+    pre_hello: PerSource,
+    /// Connections per source in a session (waiting or paired).
+    in_session: PerSource,
     /// Set once: stop accepting, close waiting and handshaking connections.
     shutdown: watch::Sender<bool>,
     /// Set after the grace period: close in-flight sessions too.
@@ -87,6 +93,8 @@ impl Relay {
         let shared = Arc::new(Shared {
             rendezvous: Rendezvous::new(config.max_sessions),
             rate: RateLimiter::new(config.sessions_per_ip_per_minute),
+            pre_hello: PerSource::new(config.max_handshakes_per_ip),
+            in_session: PerSource::new(config.max_sessions_per_ip),
             counters: Counters::default(),
             shutdown: watch::channel(false).0,
             hard_stop: watch::channel(false).0,
@@ -154,10 +162,16 @@ impl Relay {
                         bump(&shared.counters.refused_full);
                         continue;
                     }
+                    // One source may not hold more than its share of the hellos in flight:
+                    // closed before anything is read, so it cannot starve other sources.
+                    let Some(pre) = shared.pre_hello.take(peer.ip()) else {
+                        bump(&shared.counters.refused_handshakes_per_ip);
+                        continue;
+                    };
                     let shared = shared.clone();
                     let alive = alive.clone();
                     tokio::spawn(async move {
-                        handle_connection(&shared, stream, peer).await;
+                        handle_connection(&shared, stream, peer, pre).await;
                         drop(alive);
                     });
                 }
@@ -208,12 +222,18 @@ impl Relay {
     }
 }
 
-async fn handle_connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+async fn handle_connection(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    pre_hello: SourceSlot,
+) {
     // Interactive traffic (the peers' handshakes) must not wait on Nagle at the relay.
     let _ = stream.set_nodelay(true);
     let mut stop = shared.shutdown.subscribe();
     let (hello, stream) = {
         let _g = Gauge::new(&shared.counters.handshaking);
+        let _pre_hello = pre_hello;
         let mut stream = stream;
         let read = tokio::time::timeout(shared.config.hello_timeout, read_hello(&mut stream));
         let r = tokio::select! {
@@ -231,11 +251,16 @@ async fn handle_connection(shared: &Arc<Shared>, stream: TcpStream, peer: Socket
             Ok(Err(_)) => return,
         }
     };
+    // Checked before the rate limit, so a refusal here costs the source no token.
+    let Some(in_session) = shared.in_session.take(peer.ip()) else {
+        bump(&shared.counters.refused_sessions_per_ip);
+        return refuse(stream, Status::TooMany).await;
+    };
     if !shared.rate.allow(peer.ip(), Instant::now()) {
         bump(&shared.counters.refused_rate_limited);
         return refuse(stream, Status::RateLimited).await;
     }
-    match shared.rendezvous.join(&hello, stream) {
+    match shared.rendezvous.join(&hello, (stream, in_session)) {
         Join::HandedOver => {}
         Join::Taken(s) => {
             bump(&shared.counters.refused_taken);
@@ -245,7 +270,7 @@ async fn handle_connection(shared: &Arc<Shared>, stream: TcpStream, peer: Socket
             bump(&shared.counters.refused_full);
             refuse(s, Status::Full).await
         }
-        Join::Registered(ticket, slot, s) => wait_for_peer(shared, ticket, slot, s).await,
+        Join::Registered(ticket, slot, p) => wait_for_peer(shared, ticket, slot, p).await,
     }
 }
 
@@ -295,12 +320,14 @@ async fn hung_up(stream: &TcpStream) {
 }
 
 enum WaitEnd {
-    Peer(TcpStream),
+    Peer(Peer),
     Timeout,
     Gone,
 }
 
-async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, stream: TcpStream) {
+async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, me: Peer) {
+    // `_mine` keeps this side's place under its source's session cap until the session ends.
+    let (stream, _mine) = me;
     let waiting = Gauge::new(&shared.counters.waiting);
     let mut ticket = ticket;
     let end = if send_status(&stream, Status::Waiting).await.is_err() {
@@ -314,7 +341,7 @@ async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, 
             _ = stop.wait_for(|s| *s) => WaitEnd::Gone,
         }
     };
-    let peer = match end {
+    let (peer, _theirs) = match end {
         WaitEnd::Peer(p) => p,
         _ if !shared.rendezvous.cancel(&ticket) => {
             // A peer took the registration just as the wait ended: its stream is in the channel.
@@ -338,7 +365,8 @@ async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, 
     run_session(shared, stream, peer, slot).await;
 }
 
-/// Forwards a paired session until both sides are done, it idles out, or the relay hard-stops.
+/// Forwards a paired session until both sides are done, it idles out, it moves too little in a
+/// window, it reaches its lifetime, or the relay hard-stops.
 async fn run_session(shared: &Arc<Shared>, a: TcpStream, b: TcpStream, slot: SessionSlot) {
     let _slot = slot;
     let _active = Gauge::new(&shared.counters.active);
@@ -354,15 +382,37 @@ async fn run_session(shared: &Arc<Shared>, a: TcpStream, b: TcpStream, slot: Ses
     let fwd = forward::forward(&a, &b, cfg.forwarding, cfg.buffer_size, &meter);
     tokio::pin!(fwd);
     let mut hard = shared.hard_stop.subscribe();
+    let paired_at = Instant::now();
+    let end_of_life = cfg.max_session_lifetime.map(|d| paired_at + d);
+    // Fixed windows of `idle_timeout` from the pairing: each must move `min_bytes_per_window`.
+    let mut window_end = paired_at + cfg.idle_timeout;
+    let mut bytes_at_window_start = 0u64;
     loop {
-        let deadline = activity.last() + cfg.idle_timeout;
+        let mut deadline = (activity.last() + cfg.idle_timeout).min(window_end);
+        if let Some(t) = end_of_life {
+            deadline = deadline.min(t);
+        }
         tokio::select! {
             _ = &mut fwd => break,
             _ = hard.wait_for(|s| *s) => break,
             _ = tokio::time::sleep_until(deadline.into()) => {
-                if activity.last() + cfg.idle_timeout <= Instant::now() {
+                let now = Instant::now();
+                if end_of_life.is_some_and(|t| t <= now) {
+                    bump(&shared.counters.lifetime_closed);
+                    break;
+                }
+                if activity.last() + cfg.idle_timeout <= now {
                     bump(&shared.counters.idle_closed);
                     break;
+                }
+                if window_end <= now {
+                    let bytes = activity.bytes();
+                    if bytes - bytes_at_window_start < cfg.min_bytes_per_window {
+                        bump(&shared.counters.slow_closed);
+                        break;
+                    }
+                    bytes_at_window_start = bytes;
+                    window_end += cfg.idle_timeout;
                 }
             }
         }

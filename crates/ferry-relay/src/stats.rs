@@ -22,6 +22,10 @@ pub struct Stats {
     pub bytes_forwarded: u64,
     /// Paired sessions closed because no byte moved for the idle timeout.
     pub idle_closed: u64,
+    /// Paired sessions closed for moving fewer than the minimum bytes in a window.
+    pub slow_closed: u64,
+    /// Paired sessions closed at the maximum session lifetime.
+    pub lifetime_closed: u64,
     /// Session directions forwarded with splice.
     pub spliced_directions: u64,
     /// Session directions forwarded with the copy loop (configured, or splice fallback).
@@ -36,6 +40,10 @@ pub struct Stats {
     pub refused_bad_hello: u64,
     /// Refusals with `TAKEN`.
     pub refused_taken: u64,
+    /// Connections closed at accept because their source had too many hellos outstanding.
+    pub refused_handshakes_per_ip: u64,
+    /// Refusals with `TOO_MANY`: the source already had its most sessions at once.
+    pub refused_sessions_per_ip: u64,
 }
 
 impl fmt::Display for Stats {
@@ -43,7 +51,8 @@ impl fmt::Display for Stats {
         write!(
             f,
             "relay stats: active={} waiting={} handshaking={} paired_total={} connections_total={} \
-             bytes_forwarded={} idle_closed={} spliced={} copied={} refused: rate_limited={} full={} timeout={} bad_hello={} taken={}",
+             bytes_forwarded={} idle_closed={} slow_closed={} lifetime_closed={} spliced={} copied={} \
+             refused: rate_limited={} full={} timeout={} bad_hello={} taken={} handshakes_per_ip={} sessions_per_ip={}",
             self.active,
             self.waiting,
             self.handshaking,
@@ -51,13 +60,17 @@ impl fmt::Display for Stats {
             self.connections_total,
             self.bytes_forwarded,
             self.idle_closed,
+            self.slow_closed,
+            self.lifetime_closed,
             self.spliced_directions,
             self.copied_directions,
             self.refused_rate_limited,
             self.refused_full,
             self.refused_timeout,
             self.refused_bad_hello,
-            self.refused_taken
+            self.refused_taken,
+            self.refused_handshakes_per_ip,
+            self.refused_sessions_per_ip
         )
     }
 }
@@ -72,6 +85,8 @@ pub(crate) struct Counters {
     pub(crate) connections_total: AtomicU64,
     pub(crate) bytes_forwarded: AtomicU64,
     pub(crate) idle_closed: AtomicU64,
+    pub(crate) slow_closed: AtomicU64,
+    pub(crate) lifetime_closed: AtomicU64,
     pub(crate) spliced_directions: AtomicU64,
     pub(crate) copied_directions: AtomicU64,
     pub(crate) refused_rate_limited: AtomicU64,
@@ -79,6 +94,8 @@ pub(crate) struct Counters {
     pub(crate) refused_timeout: AtomicU64,
     pub(crate) refused_bad_hello: AtomicU64,
     pub(crate) refused_taken: AtomicU64,
+    pub(crate) refused_handshakes_per_ip: AtomicU64,
+    pub(crate) refused_sessions_per_ip: AtomicU64,
 }
 
 impl Counters {
@@ -91,6 +108,8 @@ impl Counters {
             connections_total: self.connections_total.load(Relaxed),
             bytes_forwarded: self.bytes_forwarded.load(Relaxed),
             idle_closed: self.idle_closed.load(Relaxed),
+            slow_closed: self.slow_closed.load(Relaxed),
+            lifetime_closed: self.lifetime_closed.load(Relaxed),
             spliced_directions: self.spliced_directions.load(Relaxed),
             copied_directions: self.copied_directions.load(Relaxed),
             refused_rate_limited: self.refused_rate_limited.load(Relaxed),
@@ -98,6 +117,8 @@ impl Counters {
             refused_timeout: self.refused_timeout.load(Relaxed),
             refused_bad_hello: self.refused_bad_hello.load(Relaxed),
             refused_taken: self.refused_taken.load(Relaxed),
+            refused_handshakes_per_ip: self.refused_handshakes_per_ip.load(Relaxed),
+            refused_sessions_per_ip: self.refused_sessions_per_ip.load(Relaxed),
         }
     }
 }

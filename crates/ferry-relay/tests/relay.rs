@@ -336,6 +336,8 @@ fn waiting_client_that_hangs_up_frees_its_slot() {
 fn idle_paired_session_is_closed() {
     let relay = start(RelayConfig {
         idle_timeout: Duration::from_secs(1),
+        // The idle rule alone (the minimum per window would close it at the same moment).
+        min_bytes_per_window: 0,
         ..quiet()
     });
     let (mut s, mut r) = pair(relay.addr, hash(10));
@@ -359,6 +361,9 @@ fn a_thousand_idle_connections_do_not_exhaust_it() {
     let relay = start(RelayConfig {
         max_sessions: 2000,
         sessions_per_ip_per_minute: 10_000,
+        // All from 127.0.0.1: this is about resources, not the per-source caps.
+        max_handshakes_per_ip: 10_000,
+        max_sessions_per_ip: 10_000,
         ..quiet()
     });
     // 1,000 that never send a byte, and 1,000 registered that wait forever.
@@ -415,4 +420,299 @@ fn shutdown_stops_cleanly() {
     assert_eq!(handle.stats(), stats);
     // Nothing listens any more.
     assert!(TcpStream::connect(addr).is_err());
+}
+
+// ---- Denial of service from one source address (issue 9, item 5). Each test binds its client
+// sockets to distinct 127.0.0.x addresses, so the relay sees distinct sources.
+
+/// Connects from `src` (a loopback address) to `to`.
+fn connect_from(src: [u8; 4], to: SocketAddr) -> TcpStream {
+    static RT: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    });
+    let s = RT
+        .block_on(async {
+            let sock = tokio::net::TcpSocket::new_v4()?;
+            sock.bind(SocketAddr::from((src, 0)))?;
+            sock.connect(to).await
+        })
+        .unwrap_or_else(|e| panic!("connect from {src:?}: {e}"));
+    let s = s.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    s
+}
+
+/// A raw hello from `src`; returns the stream and the first status byte (or `None` when the
+/// relay closed or reset without one).
+fn hello_from(src: [u8; 4], addr: SocketAddr, role: u8, h: [u8; 32]) -> (TcpStream, Option<u8>) {
+    let mut s = connect_from(src, addr);
+    s.set_read_timeout(Some(T)).unwrap();
+    let mut hello = vec![1u8, role];
+    hello.extend_from_slice(&h);
+    // The relay may already have closed a refused connection: then the write or read fails.
+    let _ = s.write_all(&hello);
+    let mut b = [0u8; 1];
+    let status = match s.read(&mut b) {
+        Ok(1) => Some(b[0]),
+        _ => None,
+    };
+    (s, status)
+}
+
+/// Waits until `done` holds for the relay's stats.
+fn wait_stats(relay: &Running, what: &str, done: impl Fn(&Stats) -> bool) {
+    let deadline = Instant::now() + T;
+    loop {
+        let st = relay.handle.stats();
+        if done(&st) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {st}");
+        thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A session from two fresh addresses pairs and carries bytes both ways.
+fn pair_from(relay: &Running, a: [u8; 4], b: [u8; 4], h: [u8; 32]) {
+    let addr = relay.addr;
+    let r = thread::spawn(move || hello_from(b, addr, 2, h));
+    let (mut s, status) = hello_from(a, addr, 1, h);
+    let mut r_stream = match status {
+        Some(0) => {
+            let (r, st) = r.join().unwrap();
+            assert_eq!(st, Some(1), "receiver PAIRED");
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            assert_eq!(b[0], 1, "sender PAIRED after WAITING");
+            r.set_read_timeout(Some(T)).unwrap();
+            r
+        }
+        Some(1) => {
+            let (mut r, st) = r.join().unwrap();
+            assert_eq!(st, Some(0), "receiver WAITING");
+            let mut b = [0u8; 1];
+            r.read_exact(&mut b).unwrap();
+            assert_eq!(b[0], 1, "receiver PAIRED after WAITING");
+            r
+        }
+        other => panic!("a legitimate sender from {a:?} got {other:?} instead of a session"),
+    };
+    s.write_all(b"ping").unwrap();
+    let mut got = [0u8; 4];
+    r_stream.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ping");
+    r_stream.write_all(b"pong").unwrap();
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"pong");
+}
+
+#[test]
+fn a_pre_hello_flood_from_one_address_does_not_lock_out_another() {
+    let limit = ferry_relay::raise_nofile_limit();
+    if limit < 3000 {
+        println!("skipped: open file limit is {limit}, need 3000 for the flood");
+        return;
+    }
+    // Default limits: the flood is more connections than the relay's whole handshake budget.
+    // (A long hello timeout only so that no held flood connection expires while the flood is
+    // still being accepted on a loaded machine, which would make the refusal count vary.)
+    let relay = start(RelayConfig {
+        hello_timeout: Duration::from_secs(300),
+        ..quiet()
+    });
+    let flood_n = RelayConfig::default().max_handshakes + 100;
+    let flood: Vec<_> = (0..flood_n)
+        .map(|_| connect_from([127, 0, 0, 2], relay.addr))
+        .collect();
+    // Every flood connection has been accepted (held or dropped) before the real peers come.
+    wait_stats(&relay, "flood accepted", |st| {
+        st.connections_total >= flood_n as u64
+    });
+    let cap = RelayConfig::default().max_handshakes_per_ip;
+    let st = relay.handle.stats();
+    assert!(st.handshaking <= cap as u64, "{st}");
+    pair_from(&relay, [127, 0, 0, 3], [127, 0, 0, 4], hash(20));
+    drop(flood);
+    let stats = relay.stop();
+    assert_eq!(stats.paired_total, 1);
+    assert_eq!(stats.refused_handshakes_per_ip, (flood_n - cap) as u64);
+    assert!(stats.to_string().contains("handshakes_per_ip="), "{stats}");
+}
+
+#[test]
+fn one_address_cannot_hold_every_session_slot() {
+    // Enough slots for what one address may hold, plus a few; the attacker asks for all of them
+    // (within its per-minute rate) and waits.
+    let relay = start(RelayConfig {
+        max_sessions: 40,
+        ..quiet()
+    });
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for i in 0..40 {
+        match hello_from([127, 0, 0, 5], relay.addr, 1, hash(200 + i)) {
+            (s, Some(0)) => held.push(s),
+            (_, _) => refused += 1,
+        }
+    }
+    assert!(refused > 0, "one address took all {} slots", held.len());
+    let cap = RelayConfig::default().max_sessions_per_ip;
+    assert_eq!(held.len(), cap);
+    // Another address still gets a session, and pairs.
+    pair_from(&relay, [127, 0, 0, 6], [127, 0, 0, 7], hash(300));
+    // The refusal is a clear status: TOO_MANY, and the client says what it means.
+    let (_, status) = hello_from([127, 0, 0, 5], relay.addr, 2, hash(301));
+    assert_eq!(status, Some(7), "TOO_MANY");
+    // Both sides of a session count: the capped address cannot even join a waiting session.
+    let (_w, status) = hello_from([127, 0, 0, 8], relay.addr, 1, hash(302));
+    assert_eq!(status, Some(0));
+    let (_, status) = hello_from([127, 0, 0, 5], relay.addr, 2, hash(302));
+    assert_eq!(status, Some(7));
+    // A session that ends gives its place back.
+    held.pop();
+    wait_stats(&relay, "slot released", |st| st.waiting == cap as u64);
+    let (_again, status) = hello_from([127, 0, 0, 5], relay.addr, 1, hash(303));
+    assert_eq!(status, Some(0), "WAITING again after one ended");
+    drop(held);
+    let stats = relay.stop();
+    let refused = (40 - cap + 2) as u64;
+    assert_eq!(stats.refused_sessions_per_ip, refused);
+    assert!(
+        stats
+            .to_string()
+            .contains(&format!("sessions_per_ip={refused}")),
+        "{stats}"
+    );
+}
+
+#[test]
+fn the_client_reports_too_many_sessions_clearly() {
+    let relay = start(RelayConfig {
+        max_sessions_per_ip: 1,
+        ..quiet()
+    });
+    let (_held, status) = raw_hello(relay.addr, 1, hash(310));
+    assert_eq!(status, 0);
+    let err = connect(relay.addr, Role::Sender, hash(311), T).unwrap_err();
+    assert!(matches!(err, RelayError::TooMany), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "relay refused: too many sessions from this address at once, try again when one ends"
+    );
+}
+
+#[test]
+fn a_paired_session_trickling_bytes_is_closed() {
+    // A 1 s window; the trickle sends one byte every 200 ms, so it is never idle for a window.
+    let relay = start(RelayConfig {
+        idle_timeout: Duration::from_secs(1),
+        ..quiet()
+    });
+    let (s, mut r) = pair(relay.addr, hash(30));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let trickle = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut s = s;
+            // Keeps the connection open until the relay closes it or the test gives up.
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if s.write_all(b".").is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    r.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let deadline = Instant::now() + T;
+    let mut b = [0u8; 64];
+    let closed = loop {
+        match r.read(&mut b) {
+            Ok(0) => break true,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break true,
+            _ if Instant::now() > deadline => break false,
+            _ => continue,
+        }
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        closed,
+        "a session moving a byte every 200 ms was never closed"
+    );
+    trickle.join().unwrap();
+    let stats = relay.stop();
+    assert_eq!((stats.slow_closed, stats.idle_closed), (1, 0));
+    assert!(stats.to_string().contains("slow_closed=1"), "{stats}");
+}
+
+#[test]
+fn a_session_moving_enough_in_every_window_stays_open() {
+    // 2 s windows with a 64 KiB minimum; the sender moves 64 KiB every 50 ms for 4.5 s (three
+    // windows), then finishes normally: nothing is cut. (Only a 2 s stall of the sender could
+    // leave a window short.)
+    let relay = start(RelayConfig {
+        idle_timeout: Duration::from_secs(2),
+        ..quiet()
+    });
+    let (s, mut r) = pair(relay.addr, hash(31));
+    const CHUNK: usize = 64 << 10;
+    let rounds = 90;
+    let sender = thread::spawn(move || {
+        let mut s = s;
+        let mut gen = Stream(44);
+        let mut buf = vec![0u8; CHUNK * rounds];
+        gen.fill(&mut buf);
+        for c in buf.chunks(CHUNK) {
+            s.write_all(c).unwrap();
+            thread::sleep(Duration::from_millis(50));
+        }
+        s.shutdown(Shutdown::Write).unwrap();
+        s
+    });
+    check_stream(&mut r, 44, CHUNK * rounds);
+    // All delivered, to the last byte: then both sides hang up and the session ends normally.
+    drop((r, sender.join().unwrap()));
+    wait_stats(&relay, "session ended", |st| st.active == 0);
+    let stats = relay.stop();
+    assert_eq!((stats.slow_closed, stats.idle_closed), (0, 0));
+}
+
+#[test]
+fn a_paired_session_ends_at_its_lifetime() {
+    let relay = start(RelayConfig {
+        max_session_lifetime: Some(Duration::from_secs(1)),
+        ..quiet()
+    });
+    let (s, mut r) = pair(relay.addr, hash(32));
+    // A fast, steady stream: only the lifetime can end it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pump = {
+        let stop = stop.clone();
+        thread::spawn(move || {
+            let mut s = s;
+            let buf = vec![7u8; 64 << 10];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && s.write_all(&buf).is_ok() {}
+        })
+    };
+    r.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let deadline = Instant::now() + T;
+    let mut b = vec![0u8; 1 << 20];
+    let closed = loop {
+        match r.read(&mut b) {
+            Ok(0) => break true,
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => break true,
+            _ if Instant::now() > deadline => break false,
+            _ => continue,
+        }
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(closed, "the session outlived its lifetime");
+    pump.join().unwrap();
+    assert_eq!(relay.stop().lifetime_closed, 1);
 }

@@ -41,16 +41,37 @@ pub struct Code {
     words: [&'static str; WORD_COUNT],
 }
 
-/// What rendezvous sees of a nameplate: a keyed hash, never the number or the words.
+/// What rendezvous sees of a code: the rendezvous hash, never the number or the words.
+///
+/// It is an *unkeyed* hash of the nameplate and the first word (see
+/// [`NameplateHash::rendezvous`]): about 2 M possible values (999 generated nameplates × 2048
+/// words), so a stranger cannot find a waiting session by trying nameplates, while anyone who
+/// sees a hash (a relay operator, a LAN observer) can recover nameplate and first word with
+/// 2 M offline hashes. The PAKE password is the whole code, so that leaves the other two words
+/// (22 bits) against the one online guess such an observer gets.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct NameplateHash(pub [u8; 32]);
 
+/// Domain of the rendezvous hash; v1 hashed the nameplate alone (999 values, enumerable).
+const RENDEZVOUS_CONTEXT: &str = "ferry 2026 rendezvous v2";
+
 impl NameplateHash {
-    /// The hash of a nameplate number.
-    pub fn of(nameplate: u32) -> Self {
+    /// The rendezvous hash of a code with this nameplate and first word:
+    /// `BLAKE3-derive_key("ferry 2026 rendezvous v2", decimal(nameplate) || 0x00 || first_word)`.
+    pub fn rendezvous(nameplate: u32, first_word: &str) -> Self {
+        let mut material = nameplate.to_string().into_bytes();
+        material.push(0);
+        material.extend_from_slice(first_word.as_bytes());
+        NameplateHash(blake3::derive_key(RENDEZVOUS_CONTEXT, &material))
+    }
+
+    /// An arbitrary, fixed hash numbered `n`, for tests that need distinct hashes. It is not the
+    /// rendezvous hash of any code: that is [`Code::nameplate_hash`].
+    #[doc(hidden)]
+    pub fn of(n: u32) -> Self {
         NameplateHash(blake3::derive_key(
-            "ferry 2026 nameplate v1",
-            nameplate.to_string().as_bytes(),
+            "ferry 2026 test hash",
+            n.to_string().as_bytes(),
         ))
     }
 
@@ -80,14 +101,16 @@ fn random_below(n: u32) -> u32 {
 }
 
 impl Code {
-    /// A fresh random code whose nameplate satisfies `free` (for example: not in use on this host).
-    pub fn generate(mut free: impl FnMut(u32) -> bool) -> Code {
-        let words = std::array::from_fn(|_| WORDS[random_below(WORDS.len() as u32) as usize]);
-        // From a random start, the first free nameplate (or the start itself when every one is taken).
+    /// A fresh random code whose rendezvous hash satisfies `free` (for example: not in use on
+    /// this host). The words are drawn first; the nameplate is the first, from a random start,
+    /// whose hash with the first word is free (or the start itself when every one is taken).
+    pub fn generate(mut free: impl FnMut(&NameplateHash) -> bool) -> Code {
+        let words: [&'static str; WORD_COUNT] =
+            std::array::from_fn(|_| WORDS[random_below(WORDS.len() as u32) as usize]);
         let start = random_below(GENERATED_NAMEPLATES);
         let nameplate = (0..GENERATED_NAMEPLATES)
             .map(|i| 1 + (start + i) % GENERATED_NAMEPLATES)
-            .find(|&n| free(n))
+            .find(|&n| free(&NameplateHash::rendezvous(n, words[0])))
             .unwrap_or(1 + start);
         Code { nameplate, words }
     }
@@ -97,9 +120,10 @@ impl Code {
         self.nameplate
     }
 
-    /// The hash under which the two sides meet.
+    /// The rendezvous hash under which the two sides meet (relay, same-host registry, mDNS):
+    /// nameplate and first word, see [`NameplateHash::rendezvous`].
     pub fn nameplate_hash(&self) -> NameplateHash {
-        NameplateHash::of(self.nameplate)
+        NameplateHash::rendezvous(self.nameplate, self.words[0])
     }
 
     /// The PAKE password: the whole normalised code.
@@ -183,8 +207,18 @@ mod tests {
 
     #[test]
     fn generate_skips_taken_nameplates() {
-        let c = Code::generate(|n| n == 42);
-        assert_eq!(c.nameplate(), 42);
+        // The first four candidates are taken, the fifth is free: the code is the fifth, and
+        // what the check saw is the code's own rendezvous hash (nameplate and first word).
+        let mut seen = Vec::new();
+        let c = Code::generate(|h| {
+            seen.push(*h);
+            seen.len() == 5
+        });
+        assert_eq!(seen.len(), 5);
+        assert_eq!(c.nameplate_hash(), seen[4]);
+        // Everything taken: some nameplate anyway.
+        let c = Code::generate(|_| false);
+        assert!((1..=GENERATED_NAMEPLATES).contains(&c.nameplate()));
     }
 
     #[test]
@@ -210,12 +244,29 @@ mod tests {
     }
 
     #[test]
-    fn nameplate_hash_depends_only_on_the_nameplate() {
+    fn rendezvous_hash_is_nameplate_and_first_word_only() {
         let a: Code = "7-abandon-ability-able".parse().unwrap();
-        let b: Code = "7-zoo-zone-youth".parse().unwrap();
-        let c: Code = "8-abandon-ability-able".parse().unwrap();
-        assert_eq!(a.nameplate_hash(), b.nameplate_hash());
-        assert_ne!(a.nameplate_hash(), c.nameplate_hash());
+        let same_first: Code = "7-abandon-zone-youth".parse().unwrap();
+        let other_first: Code = "7-zoo-ability-able".parse().unwrap();
+        let other_plate: Code = "8-abandon-ability-able".parse().unwrap();
+        assert_eq!(a.nameplate_hash(), same_first.nameplate_hash());
+        assert_ne!(a.nameplate_hash(), other_first.nameplate_hash());
+        assert_ne!(a.nameplate_hash(), other_plate.nameplate_hash());
+        // The exact derivation, so every side (relay, registry, mDNS, older builds) agrees.
+        assert_eq!(
+            a.nameplate_hash().0,
+            blake3::derive_key("ferry 2026 rendezvous v2", b"7\0abandon")
+        );
+        // Nameplate 1 + word "1..." cannot collide with nameplate 11 + word: the 0 separates.
+        assert_ne!(
+            NameplateHash::rendezvous(1, "1abandon"),
+            NameplateHash::rendezvous(11, "abandon")
+        );
+        // Knowing the nameplate is not enough: v1's nameplate-only hash is not it.
+        assert_ne!(
+            a.nameplate_hash().0,
+            blake3::derive_key("ferry 2026 nameplate v1", b"7")
+        );
         assert!(!format!("{a:?}").contains("abandon"));
     }
 }
