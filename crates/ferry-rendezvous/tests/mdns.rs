@@ -478,3 +478,101 @@ fn inner_veth_browser() {
     );
     done("inner_veth_browser");
 }
+
+#[test]
+fn announcements_of_off_link_addresses_are_not_candidates() {
+    if let Some(why) = skip_reason() {
+        println!("SKIP announcements_of_off_link_addresses_are_not_candidates: {why}");
+        return;
+    }
+    let inner = "inner_lo_off_link_spoofer";
+    check(&run_in_new_netns(&lo_only_script(inner), None), &[inner]);
+}
+
+/// A DNS name in wire format (no compression).
+fn dns_name(out: &mut Vec<u8>, name: &str) {
+    for label in name.trim_end_matches('.').split('.') {
+        out.push(label.len() as u8);
+        out.extend_from_slice(label.as_bytes());
+    }
+    out.push(0);
+}
+
+/// One resource record: name, type, class (with the cache-flush bit for unique records), TTL 120, data.
+fn dns_record(out: &mut Vec<u8>, name: &str, rtype: u16, unique: bool, rdata: &[u8]) {
+    dns_name(out, name);
+    out.extend_from_slice(&rtype.to_be_bytes());
+    let class: u16 = if unique { 0x8001 } else { 1 };
+    out.extend_from_slice(&class.to_be_bytes());
+    out.extend_from_slice(&120u32.to_be_bytes());
+    out.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+    out.extend_from_slice(rdata);
+}
+
+/// A hand-made mDNS response announcing a ferry sender for `hash` at `ip:port` under `instance`: what a
+/// spoofer can put on the link, whatever a well-behaved responder would filter.
+fn crafted_announcement(hash: &NameplateHash, instance: &str, ip: Ipv4Addr, port: u16) -> Vec<u8> {
+    let full = format!("{instance}.{SERVICE_TYPE}");
+    let host = format!("{instance}.local.");
+    let mut p = vec![0, 0, 0x84, 0, 0, 0, 0, 4, 0, 0, 0, 0];
+    let mut ptr = Vec::new();
+    dns_name(&mut ptr, &full);
+    dns_record(&mut p, SERVICE_TYPE, 12, false, &ptr);
+    let mut srv = vec![0, 0, 0, 0];
+    srv.extend_from_slice(&port.to_be_bytes());
+    dns_name(&mut srv, &host);
+    dns_record(&mut p, &full, 33, true, &srv);
+    let mut txt = Vec::new();
+    for entry in [format!("h={}", hash.to_hex()), "v=1".to_string()] {
+        txt.push(entry.len() as u8);
+        txt.extend_from_slice(entry.as_bytes());
+    }
+    dns_record(&mut p, &full, 16, true, &txt);
+    dns_record(&mut p, &host, 1, true, &ip.octets());
+    p
+}
+
+#[test]
+#[ignore = "runs only inside a private network namespace, started by announcements_of_off_link_addresses_are_not_candidates"]
+fn inner_lo_off_link_spoofer() {
+    assert_private_netns(&["lo"]);
+    let hash = NameplateHash::of(404);
+    // The spoofer announces the same hash twice: once at an on-link address (loopback, like any host on the
+    // link) and once at a routed one, which no interface here reaches directly.
+    let on_link = crafted_announcement(&hash, "spoof-near", Ipv4Addr::LOCALHOST, 44001);
+    let off_link = crafted_announcement(&hash, "spoof-far", Ipv4Addr::new(198, 51, 100, 7), 44002);
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let sprayer = std::thread::spawn(move || {
+        let sock = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind spoofer socket");
+        let group = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(224, 0, 0, 251)), 5353);
+        for _ in 0..400 {
+            if flag.load(Ordering::Relaxed) {
+                return;
+            }
+            let _ = sock.send_to(&off_link, group);
+            let _ = sock.send_to(&on_link, group);
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    });
+    let mut seen = BTreeSet::new();
+    // Several browses, so the crafted answers certainly arrived in at least one of them.
+    for _ in 0..3 {
+        let found = mdns::browse(&hash, Duration::from_secs(4)).expect("browse");
+        println!("found {found:?}");
+        assert!(
+            found
+                .iter()
+                .all(|a| a.ip() != IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7))),
+            "an off-link address was offered as a candidate: {found:?}"
+        );
+        seen.extend(ports(&found));
+    }
+    assert!(
+        seen.contains(&44001),
+        "the crafted on-link announcement is parsed (so the off-link one was too): {seen:?}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    sprayer.join().expect("spoofer thread");
+    done("inner_lo_off_link_spoofer");
+}
