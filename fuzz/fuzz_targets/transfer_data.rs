@@ -49,8 +49,7 @@ fn offer() -> (Manifest, Vec<Vec<u8>>) {
 }
 
 fn scratch() -> PathBuf {
-    std::path::Path::new("/dev/shm")
-        .join(format!("ferry-fuzz-data-{}", std::process::id()))
+    std::path::Path::new("/dev/shm").join(format!("ferry-fuzz-data-{}", std::process::id()))
 }
 
 fuzz_target!(|data: &[u8]| {

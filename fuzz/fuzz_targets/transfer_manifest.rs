@@ -31,7 +31,9 @@ fuzz_target!(|data: &[u8]| {
         };
         // Totals from the entries that decode; the header still announces `count` of them.
         let mut r = Reader::new(body);
-        let decodable: Vec<Entry> = (0..count).map_while(|_| Entry::decode(&mut r).ok()).collect();
+        let decodable: Vec<Entry> = (0..count)
+            .map_while(|_| Entry::decode(&mut r).ok())
+            .collect();
         let totals = Totals::of(&decodable).unwrap_or_default();
         let mut header = Vec::new();
         OfferHeader {

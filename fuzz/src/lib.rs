@@ -146,7 +146,8 @@ pub mod transfer {
             &mut self.buf
         }
         fn send_payload_buf(&mut self, len: usize) -> std::io::Result<()> {
-            self.types.push(self.buf[..len].first().copied().unwrap_or(0));
+            self.types
+                .push(self.buf[..len].first().copied().unwrap_or(0));
             Ok(())
         }
         fn flush(&mut self) -> std::io::Result<()> {
