@@ -81,3 +81,77 @@ pub fn established() -> (Established, Established) {
     }
     (a.finish().expect("done"), b.finish().expect("done"))
 }
+
+/// Fixtures for the transfer targets: packets cut from the fuzzer's bytes, and in-memory packet
+/// ends for the engine.
+pub mod transfer {
+    use ferry_transfer::{PacketSink, PacketSource};
+    use std::collections::VecDeque;
+
+    /// Cuts `data` into packets, each a little-endian u16 length then that many bytes (the last
+    /// one takes whatever is left).
+    pub fn packets(mut data: &[u8]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        while data.len() >= 2 {
+            let n = usize::from(u16::from_le_bytes([data[0], data[1]])).min(data.len() - 2);
+            out.push(data[2..2 + n].to_vec());
+            data = &data[2 + n..];
+        }
+        out
+    }
+
+    /// A packet source over packets in memory; after the last one, a clean end of stream.
+    pub struct Packets {
+        queue: VecDeque<Vec<u8>>,
+        current: Vec<u8>,
+    }
+
+    impl Packets {
+        /// The source of `packets`, in order.
+        pub fn new(packets: impl IntoIterator<Item = Vec<u8>>) -> Packets {
+            Packets {
+                queue: packets.into_iter().collect(),
+                current: Vec::new(),
+            }
+        }
+    }
+
+    impl PacketSource for Packets {
+        fn recv(&mut self) -> std::io::Result<Option<&mut [u8]>> {
+            match self.queue.pop_front() {
+                Some(p) => {
+                    self.current = p;
+                    Ok(Some(&mut self.current))
+                }
+                None => Ok(None),
+            }
+        }
+    }
+
+    /// A packet sink that keeps the type byte of every packet sent (the engine's answers).
+    #[derive(Default)]
+    pub struct Sent {
+        /// First byte of every packet, in order.
+        pub types: Vec<u8>,
+        buf: Vec<u8>,
+    }
+
+    impl PacketSink for Sent {
+        fn send(&mut self, payload: &[u8]) -> std::io::Result<()> {
+            self.types.push(payload.first().copied().unwrap_or(0));
+            Ok(())
+        }
+        fn payload_buf(&mut self, len: usize) -> &mut [u8] {
+            self.buf.resize(len, 0);
+            &mut self.buf
+        }
+        fn send_payload_buf(&mut self, len: usize) -> std::io::Result<()> {
+            self.types
+                .push(self.buf[..len].first().copied().unwrap_or(0));
+            Ok(())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+}

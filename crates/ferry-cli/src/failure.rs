@@ -77,7 +77,8 @@ fn transfer_code_exit(code: &str) -> u8 {
         "integrity" | "tampered" => 5,
         "disk-full" => 6,
         "conflict" | "declined" => 7,
-        "unsafe-path" | "too-many-entries" | "size-mismatch" | "protocol" => 8,
+        "unsafe-path" | "too-many-entries" | "manifest-too-large" | "size-mismatch"
+        | "protocol" => 8,
         _ => EXIT_ERROR,
     }
 }
@@ -115,6 +116,7 @@ const KNOWN_CODES: &[&str] = &[
     "io",
     "unsafe-path",
     "too-many-entries",
+    "manifest-too-large",
     "protocol",
     "size-mismatch",
     "integrity",

@@ -79,6 +79,10 @@ pub struct ReceiveArgs {
     /// Use only the relay, no direct paths.
     #[arg(long)]
     force_relay: bool,
+    /// Refuse offers whose file list needs more memory than SIZE before it is accepted (each entry
+    /// counts 155 bytes plus its name and link target; suffixes K, M, G, KiB, MiB, GiB).
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    max_manifest: u64,
 }
 
 impl SendArgs {
@@ -222,6 +226,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let mut ropts = ReceiveOptions::new(&args.out);
     ropts.overwrite = args.overwrite;
     ropts.merge = args.merge;
+    ropts.max_manifest = args.max_manifest;
     let (yes, json) = (args.yes, ui.is_json());
     let mut accept = |offer: &Offer<'_>| accept_offer(offer, yes, json);
     ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui).map_err(|e| {
@@ -268,4 +273,39 @@ pub fn check_send_paths(paths: &[PathBuf]) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Parses a size such as `65536`, `64M` or `64MiB` (powers of 1024 either way).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" | "kb" => 10,
+        "m" | "mib" | "mb" => 20,
+        "g" | "gib" | "gb" => 30,
+        _ => return Err(format!("unknown unit {unit:?} (use K, M or G)")),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 64MiB)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("65536"), Ok(65536));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("1 K"), Ok(1024));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("99999999999999G").is_err());
+    }
 }

@@ -20,9 +20,10 @@ use ferry_channel::blocking::{self, SecureReader, SecureWriter};
 use ferry_channel::{Auth, Config, Handshake, Role};
 use ferry_rendezvous::Code;
 use ferry_transfer::hash::FileHasher;
-use ferry_transfer::manifest::{Entry, EntryKind, Manifest};
+use ferry_transfer::manifest::{Entry, EntryKind, Manifest, ENTRY_OVERHEAD};
+use ferry_transfer::path::{MAX_NAME, MAX_PATH};
 use ferry_transfer::wire::{self, OfferHeader, Put, Reader};
-use ferry_transfer::{Totals, TransferError};
+use ferry_transfer::{Totals, TransferError, DEFAULT_MAX_MANIFEST};
 
 const CODE: &str = "7-apple-orbit-violin";
 /// How long the liar waits for the receiver at each step (a receiver that hangs fails the test).
@@ -39,12 +40,23 @@ enum Ending {
     Cut,
 }
 
-/// One lie: an offer of `entries` (announcing `announced` entries if set), then `data` packets.
+/// One lie: an offer of `entries` (announcing `announced` entries and `manifest_bytes` bytes of
+/// manifest if set), then `data` packets.
 struct Lie {
     entries: Vec<Entry>,
     announced: Option<u64>,
+    manifest_bytes: Option<u64>,
+    /// Offered instead of `entries`: a manifest too large to hold in the test process.
+    many: Option<Many>,
     data: Vec<Vec<u8>>,
     ending: Ending,
+}
+
+/// A manifest of `count` entries made one at a time by `entry(i)` and encoded page by page.
+#[derive(Clone, Copy)]
+struct Many {
+    count: u64,
+    entry: fn(u64) -> Entry,
 }
 
 impl Lie {
@@ -52,6 +64,8 @@ impl Lie {
         Lie {
             entries,
             announced: None,
+            manifest_bytes: None,
+            many: None,
             data: Vec::new(),
             ending: Ending::Verdict,
         }
@@ -211,6 +225,9 @@ fn note_error(msg: &[u8], seen: &mut Seen) -> bool {
 }
 
 fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String> {
+    if let Some(many) = lie.many {
+        return send_many(tx, many, lie.manifest_bytes);
+    }
     let m = Manifest {
         entries: lie.entries.clone(),
         sources: Vec::new(),
@@ -218,6 +235,7 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
     let mut msg = Vec::new();
     OfferHeader {
         entries: lie.announced.unwrap_or(m.entries.len() as u64),
+        manifest_bytes: lie.manifest_bytes.unwrap_or(m.encoded_len()),
         totals: Totals::of(&m.entries).expect("totals"),
         offer_id: m.offer_id(),
     }
@@ -227,6 +245,65 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
     let mut next = 0;
     while next < m.entries.len() {
         m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
+        tx.send(&msg).map_err(err)?;
+    }
+    tx.flush().map_err(err)
+}
+
+/// Offers `many` (announcing `manifest_bytes` bytes of manifest if set, its true size if not) with
+/// honest totals and offer id, streaming its pages: the liar never holds the manifest, so that the
+/// receiver's memory is measured, not the test's (a spawned child starts from its parent's peak).
+fn send_many(
+    tx: &mut SecureWriter<TcpStream>,
+    many: Many,
+    manifest_bytes: Option<u64>,
+) -> Result<(), String> {
+    let mut totals = Totals::default();
+    let mut bytes = 0u64;
+    for i in 0..many.count {
+        let e = (many.entry)(i);
+        bytes += e.encoded_len() as u64;
+        let t = Totals::of(std::slice::from_ref(&e)).expect("totals");
+        totals.files += t.files;
+        totals.dirs += t.dirs;
+        totals.symlinks += t.symlinks;
+        totals.bytes += t.bytes;
+    }
+    // The offer id is the BLAKE3 of the entries' encodings, which FileHasher computes as well.
+    let mut id = FileHasher::default();
+    id.start(bytes, &[]);
+    let mut buf = Vec::new();
+    for i in 0..many.count {
+        buf.clear();
+        (many.entry)(i).encode(&mut buf);
+        id.update(&buf);
+    }
+    let mut msg = Vec::new();
+    OfferHeader {
+        entries: many.count,
+        manifest_bytes: manifest_bytes.unwrap_or(bytes),
+        totals,
+        offer_id: id.finish().expect("all bytes hashed"),
+    }
+    .encode(&mut msg);
+    let err = |e: ferry_channel::ChannelError| e.to_string();
+    tx.send(&msg).map_err(err)?;
+    let mut i = 0;
+    while i < many.count {
+        msg.clear();
+        msg.put_u8(wire::MSG_MANIFEST);
+        msg.put_u32(0);
+        let mut n = 0u32;
+        while i < many.count {
+            let e = (many.entry)(i);
+            if msg.len() + e.encoded_len() > wire::MAX_PAGE {
+                break;
+            }
+            e.encode(&mut msg);
+            n += 1;
+            i += 1;
+        }
+        msg[1..5].copy_from_slice(&n.to_le_bytes());
         tx.send(&msg).map_err(err)?;
     }
     tx.flush().map_err(err)
@@ -446,6 +523,105 @@ fn billion_announced_entries_fail_fast_in_little_memory() {
     assert!(
         v.recv.max_rss_kib < 64 * 1024,
         "peak memory {} KiB",
+        v.recv.max_rss_kib
+    );
+}
+
+/// A path of exactly [`MAX_PATH`] bytes (17 names of at most 255 bytes), unique by `i`.
+fn longest_path(i: u64) -> Vec<u8> {
+    let mut p = Vec::with_capacity(MAX_PATH);
+    for _ in 0..15 {
+        p.extend_from_slice(&[b'd'; MAX_NAME]);
+        p.push(b'/');
+    }
+    p.extend_from_slice(&[b'e'; 128]);
+    p.push(b'/');
+    p.extend_from_slice(format!("{i:0>127}").as_bytes());
+    assert_eq!(p.len(), MAX_PATH);
+    p
+}
+
+/// Asserts that the receiver refused with `code` and stayed within `limit_mib` of memory (the
+/// liar streams its manifest, so it may not have read the receiver's reason).
+fn assert_refused_in_memory(what: &str, v: &Verdict, code: &str, limit_mib: u64) {
+    eprintln!("{what}: receiver peak {} KiB", v.recv.max_rss_kib);
+    assert_failure(what, v.output(), 8, code);
+    assert!(!v.seen.accepted, "{what}: the receiver accepted");
+    assert!(
+        event(&events(&v.output().stdout), "offer").is_none(),
+        "{what}: shown before it was refused"
+    );
+    assert!(list_all(&v.out).is_empty(), "{what}: written into --out");
+    assert!(
+        v.recv.max_rss_kib <= limit_mib * 1024,
+        "{what}: receiver peak memory {} KiB, over {limit_mib} MiB",
+        v.recv.max_rss_kib
+    );
+}
+
+/// Ten million entries (280 MB of manifest, about 1.1 GB as the receiver used to hold it) are
+/// within the entry limit but not the manifest limit: refused from the offer header, before any
+/// page is read.
+#[test]
+fn ten_million_entries_are_refused_before_the_manifest_is_read() {
+    let mut lie = Lie::offer(Vec::new());
+    lie.many = Some(Many {
+        count: 10_000_000,
+        entry: |_| file(b"a", 0),
+    });
+    let v = attack(lie);
+    assert_refused_in_memory("10^7 entries", &v, "manifest-too-large", 64);
+    let ev = events(&v.output().stdout);
+    let message = event(&ev, "error").unwrap()["message"].to_string();
+    assert!(message.contains("--max-manifest"), "{message}");
+}
+
+/// 100,000 entries with 4096-byte paths are 412 MB of manifest (404 MB of receiver memory before
+/// the limit). Announced truthfully they are refused from the header; announced as a manifest that
+/// fits the limit exactly, they are refused at the first page past it. Either way the receiver stays
+/// within the product's 128 MiB for 100k files.
+#[test]
+fn hundred_thousand_longest_names_stay_within_128_mib() {
+    let many = Many {
+        count: 100_000,
+        entry: |i| file(&longest_path(i), 0),
+    };
+    let mut lie = Lie::offer(Vec::new());
+    lie.many = Some(many);
+    let v = attack(lie);
+    assert_refused_in_memory("honest 412 MB", &v, "manifest-too-large", 128);
+
+    let mut lie = Lie::offer(Vec::new());
+    lie.many = Some(many);
+    lie.manifest_bytes = Some(DEFAULT_MAX_MANIFEST - many.count * ENTRY_OVERHEAD);
+    let v = attack(lie);
+    assert_refused_in_memory("412 MB announced as 54 MB", &v, "protocol", 128);
+}
+
+/// The smallest entries (distinct 4-byte names) filling the default manifest limit exactly pass
+/// every check and are accepted; the receiver still stays within 128 MiB (what is held for an
+/// entry is at most what the limit counts for it).
+#[test]
+fn smallest_entries_filling_the_limit_stay_within_128_mib() {
+    const NAME: u64 = 4;
+    let per_entry = ENTRY_OVERHEAD + file(&[b'x'; NAME as usize], 0).encoded_len() as u64;
+    let mut lie = Lie::offer(Vec::new());
+    lie.many = Some(Many {
+        count: DEFAULT_MAX_MANIFEST / per_entry,
+        entry: |i| {
+            const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+            let d = |k: u32| DIGITS[(i / 62u64.pow(k) % 62) as usize];
+            file(&[d(3), d(2), d(1), d(0)], 0)
+        },
+    });
+    lie.ending = Ending::Close;
+    let v = attack(lie);
+    eprintln!("receiver peak {} KiB", v.recv.max_rss_kib);
+    assert!(v.seen.accepted, "{:?}", v.output());
+    assert_failure("no data after the offer", v.output(), 4, "peer-gone");
+    assert!(
+        v.recv.max_rss_kib <= 128 * 1024,
+        "receiver peak memory {} KiB, over 128 MiB",
         v.recv.max_rss_kib
     );
 }

@@ -67,6 +67,14 @@ pub enum TransferError {
         /// The receiver's limit.
         limit: u64,
     },
+    /// The offer's manifest would take more memory than the receiver allows before accepting it.
+    #[error("the offer's file list needs {needed} bytes of memory, more than the limit of {limit} (receive --max-manifest raises it)")]
+    ManifestTooLarge {
+        /// Memory the announced manifest is counted as ([`crate::manifest::manifest_cost`]).
+        needed: u64,
+        /// The receiver's limit.
+        limit: u64,
+    },
     /// A message does not follow the wire format.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -134,6 +142,7 @@ impl TransferError {
             | TransferError::MissingParent { .. }
             | TransferError::SymlinkEscapes { .. } => "unsafe-path",
             TransferError::TooManyEntries { .. } => "too-many-entries",
+            TransferError::ManifestTooLarge { .. } => "manifest-too-large",
             TransferError::Protocol(_) => "protocol",
             TransferError::SizeMismatch { .. } => "size-mismatch",
             TransferError::Integrity { .. } => "integrity",

@@ -13,6 +13,16 @@ use std::path::PathBuf;
 /// Permission bits kept from a file's mode (no setuid, setgid or sticky bits).
 pub const MODE_MASK: u32 = 0o777;
 
+/// Bytes of memory a received entry is counted as beyond its encoding: the [`Entry`] itself (80
+/// bytes), the allocator's overhead of its path and target, and its place in the sorted order.
+pub const ENTRY_OVERHEAD: u64 = 128;
+
+/// The memory a received manifest of `entries` entries whose encodings total `bytes` is counted
+/// as before it is accepted: at least what holding and checking it takes (see [`ENTRY_OVERHEAD`]).
+pub fn manifest_cost(entries: u64, bytes: u64) -> u64 {
+    entries.saturating_mul(ENTRY_OVERHEAD).saturating_add(bytes)
+}
+
 /// What a manifest entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EntryKind {
@@ -172,6 +182,16 @@ impl Manifest {
         Totals::of(&self.entries).unwrap_or_default()
     }
 
+    /// Bytes of all entries' encodings (what an offer announces as its manifest's size).
+    pub fn encoded_len(&self) -> u64 {
+        self.entries.iter().map(|e| e.encoded_len() as u64).sum()
+    }
+
+    /// The memory a receiver counts this manifest as ([`manifest_cost`]).
+    pub fn received_cost(&self) -> u64 {
+        manifest_cost(self.entries.len() as u64, self.encoded_len())
+    }
+
     /// The offer id: BLAKE3 of all entry encodings in order.
     pub fn offer_id(&self) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new();
@@ -297,6 +317,22 @@ mod tests {
         assert!(r.is_empty());
         assert_eq!(decoded, m.entries);
         assert_eq!(check_tree(&decoded).unwrap(), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn entry_overhead_covers_what_a_received_entry_holds() {
+        // The struct, two allocations of at most 31 bytes of slack each (glibc's smallest chunk is
+        // 32 bytes) and a u32 in the sorted order, against what the limit counts beyond the names:
+        // the overhead and the fixed part of the encoding.
+        let held = std::mem::size_of::<Entry>() as u64 + 2 * 31 + 4;
+        let fixed = 1 + 4 + 8 + 8 + 4 + 2;
+        assert!(held <= ENTRY_OVERHEAD + fixed, "{held}");
+        let m = Manifest {
+            entries: vec![entry("d", EntryKind::Dir), entry("d/l", EntryKind::Symlink)],
+            sources: Vec::new(),
+        };
+        assert_eq!(m.encoded_len(), 28 + 33);
+        assert_eq!(m.received_cost(), 2 * ENTRY_OVERHEAD + 61);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use crate::dest::Destination;
 use crate::hash::{has_chunks, FileHasher};
-use crate::manifest::{check_tree, Entry, EntryKind, Totals};
+use crate::manifest::{check_tree, manifest_cost, Entry, EntryKind, Totals};
 use crate::progress::{Progress, ProgressState};
 use crate::resume::{self, PartialState};
 use crate::wire::{self, OfferHeader, Put, Reader};
@@ -14,6 +14,10 @@ use std::path::PathBuf;
 
 /// Default limit on the number of entries an offer may announce.
 pub const DEFAULT_MAX_ENTRIES: u64 = 10_000_000;
+
+/// Default limit on the memory an offer's manifest may take before it is accepted (64 MiB, counted
+/// by [`crate::manifest::manifest_cost`]): about 400,000 entries with 30-byte names.
+pub const DEFAULT_MAX_MANIFEST: u64 = 64 << 20;
 
 /// Options of [`receive`].
 #[derive(Debug, Clone)]
@@ -30,6 +34,10 @@ pub struct ReceiveOptions {
     pub merge: bool,
     /// Refuse offers announcing more entries than this.
     pub max_entries: u64,
+    /// Refuse offers whose manifest would take more memory than this
+    /// ([`crate::manifest::manifest_cost`]); checked against the announced size before any page
+    /// is read, and against every page as it arrives.
+    pub max_manifest: u64,
     /// Where partial-transfer logs live; `None` for [`resume::default_root`]. If no location can
     /// be found, resume information is not recorded.
     pub partial_dir: Option<PathBuf>,
@@ -43,6 +51,7 @@ impl ReceiveOptions {
             overwrite: false,
             merge: false,
             max_entries: DEFAULT_MAX_ENTRIES,
+            max_manifest: DEFAULT_MAX_MANIFEST,
             partial_dir: None,
         }
     }
@@ -110,8 +119,12 @@ fn recv_packet<S: PacketSource>(source: &mut S) -> Result<&mut [u8], TransferErr
     source.recv()?.ok_or(TransferError::UnexpectedEnd)
 }
 
-/// Reads the offer and its manifest pages, checking bounds before any allocation.
-fn read_offer<S: PacketSource>(
+/// Reads the offer and its manifest pages, checking bounds before any allocation: the announced
+/// entries against `opts.max_entries`, the memory the announced manifest takes against
+/// `opts.max_manifest` (before any page is read), and every page against what was announced, so
+/// that a sender announcing less than it sends is stopped at the first page too many.
+#[doc(hidden)]
+pub fn read_offer<S: PacketSource>(
     source: &mut S,
     opts: &ReceiveOptions,
 ) -> Result<(OfferHeader, Vec<Entry>), TransferError> {
@@ -122,8 +135,16 @@ fn read_offer<S: PacketSource>(
             limit: opts.max_entries,
         });
     }
+    let needed = manifest_cost(header.entries, header.manifest_bytes);
+    if needed > opts.max_manifest {
+        return Err(TransferError::ManifestTooLarge {
+            needed,
+            limit: opts.max_manifest,
+        });
+    }
     // Grows with what actually arrives, never with what was announced.
     let mut entries = Vec::new();
+    let mut received = 0u64;
     let mut id = blake3::Hasher::new();
     while (entries.len() as u64) < header.entries {
         let packet = recv_packet(source)?;
@@ -133,12 +154,24 @@ fn read_offer<S: PacketSource>(
         if count == 0 || entries.len() as u64 + count > header.entries {
             return Err(TransferError::protocol("manifest page count out of range"));
         }
-        id.update(&packet[5..]);
-        let mut r = Reader::new(&packet[5..]);
+        let body = &packet[5..];
+        received += body.len() as u64;
+        if received > header.manifest_bytes {
+            return Err(TransferError::protocol(
+                "manifest longer than the offer announced",
+            ));
+        }
+        id.update(body);
+        let mut r = Reader::new(body);
         for _ in 0..count {
             entries.push(Entry::decode(&mut r)?);
         }
         r.finish()?;
+    }
+    if received != header.manifest_bytes {
+        return Err(TransferError::protocol(
+            "manifest shorter than the offer announced",
+        ));
     }
     if Totals::of(&entries) != Some(header.totals) {
         return Err(TransferError::protocol(

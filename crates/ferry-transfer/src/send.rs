@@ -87,6 +87,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
     let mut msg = Vec::with_capacity(wire::MAX_PAGE.min(opts.max_packet));
     OfferHeader {
         entries: manifest.entries.len() as u64,
+        manifest_bytes: manifest.encoded_len(),
         totals,
         offer_id: manifest.offer_id(),
     }

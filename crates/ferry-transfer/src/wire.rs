@@ -4,7 +4,7 @@
 //!
 //! | type | sender | body |
 //! | --- | --- | --- |
-//! | [`MSG_OFFER`] | sender | version u8, entries u64, files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
+//! | [`MSG_OFFER`] | sender | version u8, entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
 //! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
 //! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
 //! | [`MSG_DECLINE`] | receiver | — |
@@ -20,8 +20,8 @@
 
 use crate::TransferError;
 
-/// Version byte of the offer.
-pub const VERSION: u8 = 1;
+/// Version byte of the offer (2: the offer announces its manifest's size).
+pub const VERSION: u8 = 2;
 
 /// Offer header: totals and offer id.
 pub const MSG_OFFER: u8 = 1;
@@ -62,7 +62,7 @@ pub const MAX_PAGE: usize = 1 << 20;
 pub const MAX_ERROR_MESSAGE: usize = 1024;
 
 /// Size of the offer message.
-pub const OFFER_LEN: usize = 2 + 5 * 8 + 32;
+pub const OFFER_LEN: usize = 2 + 6 * 8 + 32;
 /// Size of a [`REC_START`] record.
 pub const START_LEN: usize = 1 + 4 + 8;
 /// Size of a [`REC_DATA`] header.
@@ -202,6 +202,9 @@ impl Put for Cursor<'_> {
 pub struct OfferHeader {
     /// Number of manifest entries.
     pub entries: u64,
+    /// Bytes of all manifest entries' encodings (the manifest pages without their 5-byte headers),
+    /// so that a receiver can refuse a manifest too large for its memory before reading it.
+    pub manifest_bytes: u64,
     /// Totals by kind and bytes.
     pub totals: crate::Totals,
     /// BLAKE3 of the manifest encoding.
@@ -214,6 +217,7 @@ impl OfferHeader {
         out.put_u8(MSG_OFFER);
         out.put_u8(VERSION);
         out.put_u64(self.entries);
+        out.put_u64(self.manifest_bytes);
         out.put_u64(self.totals.files);
         out.put_u64(self.totals.dirs);
         out.put_u64(self.totals.symlinks);
@@ -233,6 +237,7 @@ impl OfferHeader {
         }
         let h = OfferHeader {
             entries: r.u64()?,
+            manifest_bytes: r.u64()?,
             totals: crate::Totals {
                 files: r.u64()?,
                 dirs: r.u64()?,
@@ -317,6 +322,7 @@ mod tests {
     fn offer_round_trip_and_bounds() {
         let h = OfferHeader {
             entries: 3,
+            manifest_bytes: 100,
             totals: crate::Totals {
                 files: 1,
                 dirs: 1,

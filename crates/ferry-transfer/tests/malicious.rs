@@ -50,6 +50,7 @@ fn attack(
         let mut msg = Vec::new();
         let header = OfferHeader {
             entries: announced.unwrap_or(m.entries.len() as u64),
+            manifest_bytes: m.encoded_len(),
             totals: Totals::of(&m.entries).unwrap(),
             offer_id: m.offer_id(),
         };

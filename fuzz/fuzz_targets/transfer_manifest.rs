@@ -1,0 +1,84 @@
+//! Arbitrary bytes into the receiver's offer and manifest decoding (`read_offer`, then the whole-tree
+//! checks of `check_tree`), with a small manifest limit so that it is reached too. The first byte
+//! picks the mode:
+//! - even: the bytes are the packets themselves (offer header, pages), cut by u16 lengths;
+//! - odd: the bytes are the body of one manifest page (entries), behind a page header and an offer
+//!   header made to match it (count from the second byte, size, offer id and totals from the
+//!   entries that decode), so the fuzzer's bytes reach every entry and tree rule.
+//!
+//! Decoding must never panic or allocate beyond the limit; an accepted manifest has the announced
+//! size and re-encodes to entries that decode to the same.
+#![no_main]
+
+use ferry_channel_fuzz::transfer::{packets, Packets};
+use ferry_transfer::manifest::{check_tree, Entry, Manifest};
+use ferry_transfer::wire::{self, OfferHeader, Put, Reader};
+use ferry_transfer::{read_offer, ReceiveOptions, Totals};
+use libfuzzer_sys::fuzz_target;
+
+/// Small enough to be reached by a fuzzer input, large enough for many entries.
+const LIMIT: u64 = 256 * 1024;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let stream = if mode % 2 == 0 {
+        packets(rest)
+    } else {
+        let Some((&count, body)) = rest.split_first() else {
+            return;
+        };
+        // Totals from the entries that decode; the header still announces `count` of them.
+        let mut r = Reader::new(body);
+        let decodable: Vec<Entry> = (0..count)
+            .map_while(|_| Entry::decode(&mut r).ok())
+            .collect();
+        let totals = Totals::of(&decodable).unwrap_or_default();
+        let mut header = Vec::new();
+        OfferHeader {
+            entries: u64::from(count),
+            manifest_bytes: body.len() as u64,
+            totals,
+            offer_id: blake3_of(body),
+        }
+        .encode(&mut header);
+        let mut page = vec![wire::MSG_MANIFEST];
+        page.put_u32(u32::from(count));
+        page.extend_from_slice(body);
+        vec![header, page]
+    };
+    let mut opts = ReceiveOptions::new("unused");
+    opts.max_manifest = LIMIT;
+    if let Ok((header, entries)) = read_offer(&mut Packets::new(stream), &opts) {
+        let m = Manifest {
+            entries,
+            sources: Vec::new(),
+        };
+        assert!(m.received_cost() <= LIMIT);
+        assert_eq!(m.encoded_len(), header.manifest_bytes);
+        // Decoding keeps only the permission bits of a mode, so the re-encoding may differ from
+        // the wire in those (the offer id is taken over the bytes received); it decodes again to
+        // exactly the same entries.
+        let mut again = Vec::new();
+        for e in &m.entries {
+            e.encode(&mut again);
+        }
+        let mut r = Reader::new(&again);
+        for e in &m.entries {
+            assert_eq!(&Entry::decode(&mut r).expect("re-decodes"), e);
+        }
+        assert!(r.is_empty());
+        if let Ok(order) = check_tree(&m.entries) {
+            assert_eq!(order.len(), m.entries.len());
+        }
+    }
+});
+
+/// BLAKE3 of `bytes`, through the transfer crate's own hasher (the standard BLAKE3 of the bytes).
+fn blake3_of(bytes: &[u8]) -> [u8; 32] {
+    let mut h = ferry_transfer::hash::FileHasher::default();
+    h.start(bytes.len() as u64, &[]);
+    h.update(bytes);
+    h.finish().expect("all bytes hashed")
+}
