@@ -22,6 +22,21 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 #[error("{0}")]
 pub struct PeerNotFound(pub String);
 
+/// A bad command line, found before anything else happens (exit 2, `usage`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// The address given as a relay answered, but not as a ferry relay does.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotARelay(pub String);
+
+/// Ctrl-C at the offer's question: the offer was declined, nothing was received.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted at the question; the offer was declined and nothing was received")]
+pub struct InterruptedAtQuestion;
+
 /// The user interrupted the transfer.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted; partial data is kept, run the same command again to resume")]
@@ -128,7 +143,15 @@ const KNOWN_CODES: &[&str] = &[
 /// Classifies an error by the most specific cause in its chain.
 pub fn classify(err: &anyhow::Error) -> Failure {
     for cause in err.chain() {
-        if cause.downcast_ref::<Interrupted>().is_some() {
+        if cause.downcast_ref::<Usage>().is_some() {
+            return Failure {
+                code: "usage",
+                exit: 2,
+            };
+        }
+        if cause.downcast_ref::<Interrupted>().is_some()
+            || cause.downcast_ref::<InterruptedAtQuestion>().is_some()
+        {
             return Failure {
                 code: "interrupted",
                 exit: EXIT_INTERRUPTED,
@@ -140,7 +163,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
                 exit: 4,
             };
         }
-        if cause.downcast_ref::<ferry_relay::RelayError>().is_some() {
+        if cause.downcast_ref::<ferry_relay::RelayError>().is_some()
+            || cause.downcast_ref::<NotARelay>().is_some()
+        {
             return Failure {
                 code: "relay",
                 exit: 4,

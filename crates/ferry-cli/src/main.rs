@@ -1,11 +1,13 @@
 //! The `ferry` command: wires the channel, transfer, rendezvous and benchmark crates to the command line.
 
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod failure;
+mod interrupt;
 mod peer;
 mod relay_cmd;
 mod settings;
@@ -38,6 +40,11 @@ enum Command {
     },
 }
 
+// Closed stdout or stderr (`ferry ... | head`, a terminal that went away): SIGPIPE stays ignored, as Rust
+// sets it up, and every write of ours to stdout or stderr goes through `ui::stdout_line`/`ui::stderr_line`,
+// which drop a failed write instead of panicking like `println!`. Restoring SIGPIPE's default instead
+// would make a closed pipe end the process, but it would also kill a sender or relay whose peer hangs up
+// (splice and write on sockets raise SIGPIPE too) instead of letting it report `peer-gone` and clean up.
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let (json, verb) = match &cli.command {
@@ -48,7 +55,7 @@ fn main() -> ExitCode {
     let mut ui = ui::Ui::new(json, verb);
     if !matches!(cli.command, Command::Relay(_)) {
         // The relay handles SIGINT/SIGTERM itself, to shut down cleanly.
-        install_interrupt_handler(json);
+        interrupt::install(json);
     }
     let result = match cli.command {
         Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
@@ -57,7 +64,12 @@ fn main() -> ExitCode {
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut std::io::stdout());
+            // Generated into memory: clap_complete panics when its writer fails, and `| head` closes
+            // the pipe early; nobody is left to read the rest, so a failed write ends quietly.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "ferry", &mut script);
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(&script).and_then(|_| out.flush());
             Ok(())
         }
     };
@@ -85,21 +97,4 @@ fn one_line(e: &anyhow::Error) -> String {
         }
     }
     line
-}
-
-/// Ctrl-C ends the process with a clear message; the peer sees the channel end without its authenticated
-/// close and reports that, and partial data stays for a resume.
-fn install_interrupt_handler(json: bool) {
-    let _ = ctrlc::set_handler(move || {
-        let e = failure::Interrupted;
-        if json {
-            println!(
-                "{}",
-                serde_json::json!({"event": "error", "code": "interrupted", "message": e.to_string()})
-            );
-        } else {
-            eprintln!("\nferry: {e}");
-        }
-        std::process::exit(i32::from(failure::EXIT_INTERRUPTED));
-    });
 }

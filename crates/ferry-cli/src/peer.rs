@@ -12,11 +12,12 @@ use ferry_channel::blocking;
 use ferry_channel::{
     Auth, ChannelError, CodeAttempts, Config, Established, Handshake, Role, MAX_FAILED_ATTEMPTS,
 };
-use ferry_rendezvous::local::{Announcement, LocalRegistry};
+use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{mdns, netif};
 use ferry_rendezvous::{Code, NameplateHash};
 
-use crate::failure::PeerNotFound;
+use crate::failure::{NotARelay, PeerNotFound};
+use crate::interrupt::{keep_until_exit, KeptUntilExit};
 use crate::ui::Ui;
 
 /// How long one handshake may take in all, whatever the peer does (each read and write gets only what is left).
@@ -100,7 +101,7 @@ pub struct Finished {
 /// What reaches the sender's waiting loop: a connection from its listener or the relay, or a handshake's end.
 enum Event {
     Offered(TcpStream, &'static str, String),
-    RelayFailed(ferry_relay::RelayError),
+    RelayFailed(anyhow::Error),
     Finished(Box<Finished>),
 }
 
@@ -178,8 +179,10 @@ pub struct SenderRendezvous {
     rx: mpsc::Receiver<Event>,
     handshakes: Handshakes,
     attempts: Arc<CodeAttempts>,
-    _announcement: Option<Announcement>,
-    _advertisement: Option<mdns::Advertisement>,
+    /// The same-host announcement and the mDNS advertisement, withdrawn also when a signal ends the
+    /// process.
+    _announcement: Option<KeptUntilExit>,
+    _advertisement: Option<KeptUntilExit>,
     /// Where the sender listens, if it does.
     pub listen: Option<SocketAddr>,
     explicit_listen: bool,
@@ -215,7 +218,7 @@ impl SenderRendezvous {
             let bound = listener.local_addr()?;
             let loopback = SocketAddr::from(([127, 0, 0, 1], bound.port()));
             let registry = LocalRegistry::open_default()?;
-            announcement = Some(registry.announce(&code.nameplate_hash(), loopback).map_err(|e| {
+            let announced = registry.announce(&code.nameplate_hash(), loopback).map_err(|e| {
                 if e.kind() == std::io::ErrorKind::AlreadyExists {
                     anyhow::anyhow!(
                         "nameplate {} is in use by another ferry send on this host; choose another code",
@@ -224,9 +227,11 @@ impl SenderRendezvous {
                 } else {
                     anyhow::Error::new(e).context("cannot announce on this host")
                 }
-            })?);
+            })?;
+            announcement = Some(keep_until_exit(announced));
             if !opts.no_discovery {
-                advertisement = Some(mdns::advertise(&code.nameplate_hash(), bound.port())?);
+                let advertised = mdns::advertise(&code.nameplate_hash(), bound.port())?;
+                advertisement = Some(keep_until_exit(advertised));
             }
             local = Some(bound);
             let only_on_link = listen.is_none();
@@ -261,7 +266,7 @@ impl SenderRendezvous {
                     RELAY_WAIT,
                 ) {
                     Ok(stream) => Event::Offered(stream, "relay", relay),
-                    Err(e) => Event::RelayFailed(e),
+                    Err(e) => Event::RelayFailed(relay_error(&relay, e)),
                 };
                 let _ = tx.send(offered);
             });
@@ -295,10 +300,10 @@ impl SenderRendezvous {
             match event {
                 Event::RelayFailed(e) => {
                     if !self.has_direct {
-                        return Err(e.into());
+                        return Err(e);
                     }
                     ui.warn(&format!(
-                        "relay path failed: {e}; still waiting for a direct connection"
+                        "relay path failed: {e:#}; still waiting for a direct connection"
                     ));
                 }
                 Event::Offered(stream, path, peer) => {
@@ -445,6 +450,19 @@ impl SenderRendezvous {
                 Event::Offered(..) | Event::RelayFailed(_) => {}
             }
         }
+    }
+}
+
+/// A relay client's error, in words for the user: an answer that is no relay status means the address
+/// is something else, most likely a `ferry send --listen` given as a relay.
+fn relay_error(relay: &str, e: ferry_relay::RelayError) -> anyhow::Error {
+    match e {
+        ferry_relay::RelayError::UnknownStatus(_) => NotARelay(format!(
+            "{relay} is not a ferry relay (its answer is not a relay's); to connect to a `ferry send --listen` \
+             address directly, give it with --peer"
+        ))
+        .into(),
+        e => e.into(),
     }
 }
 
@@ -596,7 +614,8 @@ pub fn receiver_connect(
         ferry_relay::Role::Receiver,
         code.nameplate_hash().0,
         RELAY_WAIT,
-    )?;
+    )
+    .map_err(|e| relay_error(relay, e))?;
     let (stream, established) = handshake(stream)?;
     Ok(Connected {
         stream,

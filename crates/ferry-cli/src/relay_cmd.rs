@@ -71,8 +71,8 @@ pub fn run(args: RelayArgs) -> anyhow::Result<()> {
     };
     let relay = Relay::bind(args.listen, config)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    eprintln!("ferry relay listening on {}", relay.local_addr());
+    crate::ui::stderr_line(&format!("ferry relay listening on {}", relay.local_addr()));
     let stats = relay.run_blocking_until_signal()?;
-    eprintln!("ferry relay stopped: {stats}");
+    crate::ui::stderr_line(&format!("ferry relay stopped: {stats}"));
     Ok(())
 }

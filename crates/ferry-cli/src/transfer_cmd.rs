@@ -1,10 +1,12 @@
 //! `ferry send` and `ferry receive`: find the peer, open the secure channel, run the transfer engine.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io::{BufRead, IsTerminal};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
-use anyhow::bail;
 use clap::Args;
 use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
@@ -12,9 +14,11 @@ use ferry_rendezvous::Code;
 use ferry_transfer::{Offer, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
+use crate::failure::{InterruptedAtQuestion, Usage};
+use crate::interrupt;
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
-use crate::ui::{count, human_bytes, show_offer, Ui};
+use crate::ui::{count, human_bytes, show_offer, stderr_line, stderr_text, Ui};
 use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
@@ -104,17 +108,49 @@ impl ReceiveArgs {
     }
 }
 
+/// How to find the peer, from the flags and the config file; a relay that is not `HOST:PORT`, or
+/// `--force-relay` without a relay, is a bad command line, reported before anything else happens.
 fn peer_options(
     relay: Option<String>,
     force_relay: bool,
     no_discovery: bool,
 ) -> anyhow::Result<PeerOptions> {
     let settings = Settings::load()?;
+    let relay = relay.filter(|r| !r.is_empty()).or(settings.relay);
+    if let Some(relay) = &relay {
+        check_relay_address(relay)?;
+    }
+    if force_relay && relay.is_none() {
+        return Err(Usage(
+            "--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file"
+                .into(),
+        )
+        .into());
+    }
     Ok(PeerOptions {
-        relay: relay.filter(|r| !r.is_empty()).or(settings.relay),
+        relay,
         force_relay,
         no_discovery: no_discovery || settings.no_discovery.unwrap_or(false),
     })
+}
+
+/// A relay address must be `HOST:PORT` (`[v6]:PORT` for an IPv6 address) with a port from 1 to 65535;
+/// whether HOST resolves is found out later, on the network.
+fn check_relay_address(relay: &str) -> Result<(), Usage> {
+    let bad = || {
+        Usage(format!(
+            "relay {:?} is not HOST:PORT (for example relay.example.net:7440)",
+            relay
+        ))
+    };
+    let (host, port) = relay.rsplit_once(':').ok_or_else(bad)?;
+    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
+    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
+    let host_ok = !host.is_empty() && (bracketed || !host.contains(':'));
+    if !port_ok || !host_ok || host.chars().any(char::is_whitespace) {
+        return Err(bad());
+    }
+    Ok(())
 }
 
 /// Reports how the peer was reached.
@@ -165,16 +201,19 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     for w in &walked.warnings {
         ui.warn(&w.to_string());
     }
+    // The receiver needs the relay's address too (it may be on another network, without the config).
+    let relay = match &opts.relay {
+        Some(r) => format!("--relay {r} "),
+        None => String::new(),
+    };
     ui.info(&format!(
-        "Sending {}, {} ({}).\nCode: {code}\nOn the other side run:  ferry receive {code}",
+        "Sending {}, {} ({}).\nCode: {code}\nOn the other side run:  ferry receive {relay}{code}",
         count(totals.files, "file", "files"),
         human_bytes(totals.bytes),
         count(totals.dirs, "directory", "directories"),
     ));
     if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
-        ui.info(&format!(
-            "Listening on {addr} (from another machine: ferry receive --peer {addr} {code})"
-        ));
+        ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
     }
 
     let connected = rendezvous.accept(&code, ui)?;
@@ -206,10 +245,52 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What `--listen ADDR` means for a receiver: the addresses to give `--peer`. An unspecified address
+/// (`0.0.0.0`, `::`) is no address to dial: the interfaces' addresses are (`reachable`); a loopback
+/// address reaches this machine only.
+fn listen_hint(addr: SocketAddr, reachable: &[SocketAddr], code: &Code) -> String {
+    if addr.ip().is_loopback() {
+        return format!(
+            "Listening on {addr}, this machine only (ferry receive --peer {addr} {code})"
+        );
+    }
+    if !addr.ip().is_unspecified() {
+        return format!(
+            "Listening on {addr} (from another machine: ferry receive --peer {addr} {code})"
+        );
+    }
+    match reachable {
+        [] => format!(
+            "Listening on {addr}: every interface, but this machine has no address other machines can dial"
+        ),
+        [first, rest @ ..] => {
+            let others: Vec<String> = rest.iter().map(|a| format!(" or --peer {a}")).collect();
+            format!(
+                "Listening on {addr} (from another machine: ferry receive --peer {first} {code}{})",
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; also{}", others.concat())
+                }
+            )
+        }
+    }
+}
+
 /// Runs `ferry receive`.
 pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let code: Code = args.code.parse()?;
     let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
+    match std::fs::metadata(&args.out) {
+        Ok(m) if !m.is_dir() => {
+            return Err(Usage(format!(
+                "--out {} is not a directory (give the directory to receive into)",
+                args.out.display()
+            ))
+            .into())
+        }
+        _ => {}
+    }
+    let code: Code = args.code.parse()?;
     let connected = receiver_connect(&code, &opts, args.peer, ui)?;
     report_path(ui, &connected);
     let relayed = connected.path == "relay";
@@ -228,8 +309,21 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.merge = args.merge;
     ropts.max_manifest = args.max_manifest;
     let (yes, json) = (args.yes, ui.is_json());
-    let mut accept = |offer: &Offer<'_>| accept_offer(offer, yes, json);
-    ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui).map_err(|e| {
+    let mut interrupted = false;
+    let mut accept = |offer: &Offer<'_>| match accept_offer(offer, yes, json) {
+        Answer::Yes => true,
+        Answer::No => false,
+        Answer::Interrupted => {
+            interrupted = true;
+            false
+        }
+    };
+    let received = ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui);
+    if interrupted {
+        // The engine told the sender it was declined; nothing was written.
+        return Err(InterruptedAtQuestion.into());
+    }
+    received.map_err(|e| {
         if let TransferError::Conflict { .. } = e {
             anyhow::Error::new(e).context(
                 "not writing into what exists (--merge adds to existing directories, --overwrite replaces files)",
@@ -242,34 +336,79 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The answer to the offer's question.
+enum Answer {
+    Yes,
+    No,
+    /// Ctrl-C (or SIGTERM, SIGHUP) at the question: declined, and the command ends as interrupted.
+    Interrupted,
+}
+
 /// Shows the offer and asks, unless `--yes`. A resumed offer asks like any other: the sender can
 /// cut a transfer itself, so an earlier acceptance says nothing about this run.
-fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool) -> bool {
+fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool) -> Answer {
     let summary = show_offer(offer, json);
     if yes {
         if !json {
-            eprintln!("{summary}");
+            stderr_line(&summary);
         }
-        return true;
+        return Answer::Yes;
     }
     if json || !std::io::stdin().is_terminal() {
-        eprintln!("{summary}\nferry: not asking without a terminal; pass --yes to accept");
-        return false;
+        stderr_line(&format!(
+            "{summary}\nferry: not asking without a terminal; pass --yes to accept"
+        ));
+        return Answer::No;
     }
-    eprint!("{summary}\nAccept? [y/N] ");
-    let _ = std::io::stderr().flush();
-    let mut line = String::new();
-    if std::io::stdin().lock().read_line(&mut line).is_err() {
-        return false;
+    // The line is read on its own thread so that Ctrl-C can answer instead (the handler cannot reach
+    // the channel to tell the sender; this thread can, by declining).
+    let (tx, rx) = mpsc::channel();
+    interrupt::asking(tx.clone());
+    stderr_text(&format!("{summary}\nAccept? [y/N] "));
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = std::io::stdin().lock().read_line(&mut line);
+        let _ = tx.send(interrupt::Answer::Line(match read {
+            Ok(n) if n > 0 => Some(line),
+            _ => None,
+        }));
+    });
+    let answer = rx.recv();
+    interrupt::question_answered();
+    match answer {
+        Ok(interrupt::Answer::Line(Some(line))) => {
+            if matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+                Answer::Yes
+            } else {
+                Answer::No
+            }
+        }
+        Ok(interrupt::Answer::Line(None)) => {
+            // End of input (Ctrl-D) left the cursor after the question.
+            stderr_line("");
+            Answer::No
+        }
+        Ok(interrupt::Answer::Interrupted) | Err(_) => Answer::Interrupted,
     }
-    matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
-/// Rejects obviously wrong uses early, with a clear message.
+/// Rejects wrong uses before anything else happens, with a clear message: a path that is not there
+/// (`io`), two paths with the same name, which would arrive at the same place (a bad command line).
 pub fn check_send_paths(paths: &[PathBuf]) -> anyhow::Result<()> {
+    let mut names: HashMap<&OsStr, &Path> = HashMap::new();
     for p in paths {
-        if std::fs::symlink_metadata(p).is_err() {
-            bail!("{}: no such file or directory", p.display());
+        if let Err(e) = std::fs::symlink_metadata(p) {
+            return Err(anyhow::Error::new(e).context(format!("cannot send {}", p.display())));
+        }
+        if let Some(name) = p.file_name() {
+            if let Some(first) = names.insert(name, p) {
+                return Err(Usage(format!(
+                    "{} and {} have the same name and would arrive at the same place; send one of them from another command, or rename it",
+                    first.display(),
+                    p.display()
+                ))
+                .into());
+            }
         }
     }
     Ok(())

@@ -28,7 +28,37 @@ pub struct Ui {
     json_every: Duration,
     /// "sent" or "received", for the summary line.
     verb: &'static str,
+    /// When the offer was accepted: rate, ETA and the total time count from here, not from the offer
+    /// (the time a person spends at the question is no transfer time).
     started: Instant,
+    /// When the bar's rate and ETA were last computed.
+    last_rate: Option<Instant>,
+}
+
+/// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one).
+fn rate(state: &ProgressState, secs: f64) -> f64 {
+    let moved = state.bytes_done.saturating_sub(state.bytes_resumed);
+    moved as f64 / secs.max(1e-3)
+}
+
+/// The bar's words after the byte counts: rate, ETA and files.
+fn bar_message(state: &ProgressState, secs: f64) -> String {
+    let rate = rate(state, secs);
+    let left = state.totals.bytes.saturating_sub(state.bytes_done);
+    let eta = if rate >= 1.0 {
+        format!(
+            "{:#}",
+            indicatif::HumanDuration(Duration::from_secs_f64(left as f64 / rate))
+        )
+    } else {
+        "?".to_string()
+    };
+    format!(
+        "{}/s ETA {eta} {}/{} files",
+        human_bytes(rate as u64),
+        state.files_done,
+        state.totals.files
+    )
 }
 
 /// `n` and the noun, plural unless `n` is 1: "1 file", "0 files", "2 directories".
@@ -84,9 +114,25 @@ fn print_event(event: &str, mut fields: Value) {
     if let Value::Object(map) = &mut fields {
         map.insert("event".to_string(), Value::String(event.to_string()));
     }
+    stdout_line(&fields.to_string());
+}
+
+/// Writes `line` and a newline to stdout. A closed or broken stdout (`| head`) loses the line and
+/// nothing else: unlike `println!`, this never panics.
+pub fn stdout_line(line: &str) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{fields}");
-    let _ = out.flush();
+    let _ = writeln!(out, "{line}").and_then(|_| out.flush());
+}
+
+/// Writes `text` to stderr as it is (no newline added); never panics, unlike `eprint!`.
+pub fn stderr_text(text: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_all(text.as_bytes()).and_then(|_| err.flush());
+}
+
+/// Writes `line` and a newline to stderr; never panics, unlike `eprintln!`.
+pub fn stderr_line(line: &str) {
+    stderr_text(&format!("{line}\n"));
 }
 
 /// How many top-level names the offer prompt shows before "and N more".
@@ -150,6 +196,7 @@ impl Ui {
             json_every: json_progress_interval(),
             verb,
             started: Instant::now(),
+            last_rate: None,
         }
     }
 
@@ -170,7 +217,7 @@ impl Ui {
     pub fn info(&self, text: &str) {
         if !self.json {
             let text = escape_lines(text);
-            self.suspend(|| eprintln!("{text}"));
+            self.suspend(|| stderr_line(&text));
         }
     }
 
@@ -180,7 +227,7 @@ impl Ui {
             self.event("warning", json!({ "message": line }));
         } else {
             let line = escape(line);
-            self.suspend(|| eprintln!("warning: {line}"));
+            self.suspend(|| stderr_line(&format!("warning: {line}")));
         }
     }
 
@@ -194,12 +241,13 @@ impl Ui {
     /// Reports a failure: an `error` event with its stable code, or one clear line.
     pub fn error(&mut self, code: &str, message: &str) {
         if let Some(bar) = self.bar.take() {
-            bar.abandon();
+            // What arrived stays on the line; a rate and an ETA would be stale.
+            bar.abandon_with_message("stopped");
         }
         if self.json {
             self.event("error", json!({ "code": code, "message": message }));
         } else {
-            eprintln!("ferry: {}", escape(message));
+            stderr_line(&format!("ferry: {}", escape(message)));
         }
     }
 
@@ -216,13 +264,34 @@ impl Ui {
             ProgressDrawTarget::stderr_with_hz(10),
         );
         bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
+            ProgressStyle::with_template("{bar:30.cyan/blue} {bytes}/{total_bytes} {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
         );
         self.bar = Some(bar);
+    }
+}
+
+impl Ui {
+    /// Moves the bar; its rate and ETA are recomputed at most ten times a second (this runs once per
+    /// file, tens of thousands of times a second for small files).
+    fn update_bar(&mut self, state: &ProgressState) {
+        let Some(bar) = self.bar.as_ref().filter(|b| !b.is_hidden()) else {
+            return;
+        };
+        bar.set_position(state.bytes_done);
+        let now = Instant::now();
+        if self
+            .last_rate
+            .is_some_and(|t| now.duration_since(t) < Duration::from_millis(100))
+        {
+            return;
+        }
+        self.last_rate = Some(now);
+        bar.set_message(bar_message(
+            state,
+            now.duration_since(self.started).as_secs_f64(),
+        ));
     }
 }
 
@@ -232,15 +301,16 @@ impl Progress for Ui {
         if self.verb != "received" {
             self.event("offer", Self::offer_fields(&state.totals));
         }
-        self.start_bar(&state.totals);
+    }
+
+    fn accepted(&mut self, state: &ProgressState) {
+        // No bar before: a declined offer draws none.
         self.started = Instant::now();
+        self.start_bar(&state.totals);
     }
 
     fn progress(&mut self, state: &ProgressState, current: &Entry) {
-        if let Some(bar) = self.bar.as_ref().filter(|b| !b.is_hidden()) {
-            bar.set_position(state.bytes_done);
-            bar.set_message(format!("{}/{} files", state.files_done, state.totals.files));
-        }
+        self.update_bar(state);
         if self.json {
             let now = Instant::now();
             if self
@@ -267,10 +337,7 @@ impl Progress for Ui {
     fn file_done(&mut self, state: &ProgressState, entry: &Entry) {
         // Called once per file, tens of thousands of times a second for small files: nothing is
         // formatted that nobody will see.
-        if let Some(bar) = self.bar.as_ref().filter(|b| !b.is_hidden()) {
-            bar.set_position(state.bytes_done);
-            bar.set_message(format!("{}/{} files", state.files_done, state.totals.files));
-        }
+        self.update_bar(state);
         if self.json {
             self.event(
                 "file-done",
@@ -284,7 +351,7 @@ impl Progress for Ui {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        let rate = state.bytes_done as f64 / secs.max(1e-9);
+        let rate = rate(state, secs);
         if self.json {
             self.event(
                 "done",
@@ -297,27 +364,25 @@ impl Progress for Ui {
             );
         } else {
             let resumed = if state.bytes_resumed > 0 {
-                format!(
-                    " ({} kept from an earlier run)",
-                    human_bytes(state.bytes_resumed)
-                )
+                format!(" ({} kept from before)", human_bytes(state.bytes_resumed))
             } else {
                 String::new()
             };
-            eprintln!(
+            stderr_line(&format!(
                 "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified",
                 self.verb,
                 count(state.totals.files, "file", "files"),
                 human_bytes(state.totals.bytes),
                 human_bytes(rate as u64),
-            );
+            ));
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{count, escape};
+    use super::{bar_message, count, escape, rate};
+    use ferry_transfer::{ProgressState, Totals};
 
     #[test]
     fn escape_leaves_text_and_shows_controls() {
@@ -326,6 +391,23 @@ mod tests {
             escape("a\u{1b}[2J\r\n\u{7f}\u{9b}b\u{202e}c\u{2066}"),
             "a\\x1b[2J\\x0d\\x0a\\x7f\\x9bb\\u{202e}c\\u{2066}"
         );
+    }
+
+    #[test]
+    fn a_resumed_transfer_counts_only_the_bytes_it_moved() {
+        let state = ProgressState {
+            totals: Totals {
+                files: 1,
+                bytes: 300 << 20,
+                ..Default::default()
+            },
+            bytes_done: 200 << 20,
+            bytes_resumed: 100 << 20,
+            files_done: 0,
+        };
+        // 100 MiB kept from before, 100 MiB moved in 4 s: 25 MiB/s, and 100 MiB left take 4 s more.
+        assert_eq!(rate(&state, 4.0), (25 << 20) as f64);
+        assert_eq!(bar_message(&state, 4.0), "25.00 MiB/s ETA 4s 0/1 files");
     }
 
     #[test]

@@ -11,19 +11,30 @@ use std::process::{Command, Stdio};
 
 use common::*;
 
+/// Says that a test did not run, and why; in CI (`CI` set: it runs as root with `ip` and `unshare`
+/// installed by `.ci/run`) that is a failure instead.
+fn skip(reason: &str) {
+    let msg = format!("SKIPPED discovery: {reason}");
+    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
+    eprintln!("{msg}");
+    println!("{msg}");
+}
+
 /// Runs `script` with `sh` in a fresh network namespace with loopback multicast; `None` (with the reason
 /// printed) when namespaces are not available here.
 fn in_private_netns(script: &str) -> Option<std::process::Output> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        println!("SKIP: network namespaces need root");
+        skip("network namespaces need root");
         return None;
     }
     let probe = Command::new("unshare")
         .args(["-n", "--", "ip", "link", "set", "lo", "up"])
         .output();
     if !matches!(&probe, Ok(o) if o.status.success()) {
-        println!("SKIP: `unshare -n` with `ip` is not available: {probe:?}");
+        skip(&format!(
+            "`unshare -n` with `ip` is not available: {probe:?}"
+        ));
         return None;
     }
     let full =

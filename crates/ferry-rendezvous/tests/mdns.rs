@@ -41,6 +41,15 @@ fn netns_id() -> String {
         .unwrap_or_default()
 }
 
+/// Says that `test` did not run, and why; in CI (`CI` set: it runs as root with `ip` and `unshare` installed
+/// by `.ci/run`) that is a failure instead.
+fn skip(test: &str, why: &str) {
+    let msg = format!("SKIP {test}: {why}");
+    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
+    eprintln!("{msg}");
+    println!("{msg}");
+}
+
 /// Why namespace tests cannot run here, if they cannot.
 fn skip_reason() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -141,7 +150,7 @@ fn lo_only_script(inner: &str) -> String {
 #[test]
 fn advertisement_is_found_in_a_loopback_namespace() {
     if let Some(why) = skip_reason() {
-        println!("SKIP advertisement_is_found_in_a_loopback_namespace: {why}");
+        skip("advertisement_is_found_in_a_loopback_namespace", &why);
         return;
     }
     let inner = "inner_lo_advertise_and_browse";
@@ -151,7 +160,7 @@ fn advertisement_is_found_in_a_loopback_namespace() {
 #[test]
 fn spoofers_are_returned_and_garbage_is_ignored() {
     if let Some(why) = skip_reason() {
-        println!("SKIP spoofers_are_returned_and_garbage_is_ignored: {why}");
+        skip("spoofers_are_returned_and_garbage_is_ignored", &why);
         return;
     }
     let inner = "inner_lo_spoofer_and_garbage";
@@ -164,7 +173,7 @@ const NO_VETH: i32 = 77;
 #[test]
 fn advertisement_is_found_across_a_veth_link() {
     if let Some(why) = skip_reason() {
-        println!("SKIP advertisement_is_found_across_a_veth_link: {why}");
+        skip("advertisement_is_found_across_a_veth_link", &why);
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
@@ -208,7 +217,10 @@ echo "browser exit $rb, advertiser exit $ra"
     );
     let output = run_in_new_netns(&script, Some(&stop));
     if output.status.code() == Some(NO_VETH) {
-        println!("SKIP advertisement_is_found_across_a_veth_link: cannot create a veth pair here");
+        skip(
+            "advertisement_is_found_across_a_veth_link",
+            "cannot create a veth pair here",
+        );
         return;
     }
     check(&output, &["inner_veth_advertiser", "inner_veth_browser"]);

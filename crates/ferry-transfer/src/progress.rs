@@ -22,6 +22,9 @@ pub struct ProgressState {
 pub trait Progress {
     /// The offer is known (sender: before it is sent; receiver: after it was checked).
     fn offer(&mut self, _state: &ProgressState) {}
+    /// The receiver accepted the offer: from here on bytes move (rates and times count from here,
+    /// not from the offer, which may wait for a person's answer).
+    fn accepted(&mut self, _state: &ProgressState) {}
     /// Bytes moved; `current` is the file being transferred.
     fn progress(&mut self, _state: &ProgressState, _current: &Entry) {}
     /// One file is complete (receiver: verified and under its final name).

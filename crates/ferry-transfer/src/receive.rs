@@ -271,6 +271,7 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         return Err(TransferError::Declined);
     }
     send_accept(sink, &held)?;
+    progress.accepted(&pstate);
 
     // What this run creates is on record before it exists: the directories (so that a resumed
     // run may enter them and give them their modes) and the temporary-name token. A log that

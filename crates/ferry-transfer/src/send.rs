@@ -102,6 +102,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
     drop(msg);
 
     let claims = read_answer(source, manifest)?;
+    progress.accepted(&state);
     let mut stream = Stream {
         manifest,
         claims,
