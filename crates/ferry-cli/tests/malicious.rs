@@ -12,7 +12,7 @@ mod common;
 use std::fs;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -693,17 +693,7 @@ fn rec_chunk(chunk: u32, cv: &[u8; 32]) -> Vec<u8> {
 
 /// A `ferry receive CODE --out OUT` with `args` added (no `--yes` unless given), stdin not a terminal.
 fn receive_with(world: &World, out: &Path, args: &[&str]) -> Child {
-    world
-        .cmd()
-        .arg("receive")
-        .args(args)
-        .arg(CODE)
-        .arg("--out")
-        .arg(out)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn ferry receive")
+    world.spawn_receive_with(args, CODE, out)
 }
 
 /// Issue 9, item 3: a run that resumes an earlier, cut run of the same offer (the sender can cut

@@ -85,10 +85,14 @@ impl World {
 
     /// Starts `ferry receive --json --yes CODE --out OUT`.
     pub fn spawn_receive(&self, code: &str, out: &Path) -> Child {
+        self.spawn_receive_with(&["--json", "--yes"], code, out)
+    }
+
+    /// Starts `ferry receive ARGS... CODE --out OUT` (stdin not a terminal).
+    pub fn spawn_receive_with(&self, args: &[&str], code: &str, out: &Path) -> Child {
         self.cmd()
             .arg("receive")
-            .arg("--json")
-            .arg("--yes")
+            .args(args)
             .arg(code)
             .arg("--out")
             .arg(out)
