@@ -23,7 +23,8 @@ const SPAKE_MSG_LEN: usize = 33;
 const CONFIRM_LEN: usize = 32;
 /// Length of an Ed25519 public key.
 pub const PUBLIC_KEY_LEN: usize = 32;
-const SIGNATURE_LEN: usize = 64;
+/// Length of an Ed25519 signature.
+pub const SIGNATURE_LEN: usize = 64;
 
 /// A long-term Ed25519 identity key.
 pub struct IdentityKey {
@@ -57,6 +58,20 @@ impl IdentityKey {
         out.copy_from_slice(self.pair.public_key().as_ref());
         out
     }
+
+    /// An Ed25519 signature over `message`, for protocols above the channel (pairing binds keys with it).
+    pub fn sign(&self, message: &[u8]) -> [u8; SIGNATURE_LEN] {
+        let mut out = [0u8; SIGNATURE_LEN];
+        out.copy_from_slice(self.pair.sign(message).as_ref());
+        out
+    }
+}
+
+/// Whether `signature` is `public`'s Ed25519 signature over `message`.
+pub fn verify_signature(public: &[u8; PUBLIC_KEY_LEN], message: &[u8], signature: &[u8]) -> bool {
+    UnparsedPublicKey::new(&signature::ED25519, public)
+        .verify(message, signature)
+        .is_ok()
 }
 
 /// How the two sides prove who they are.

@@ -39,7 +39,10 @@ mod suite;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;
 
-pub use auth::{Auth, CodeAttempts, IdentityKey, MAX_FAILED_ATTEMPTS, PUBLIC_KEY_LEN};
+pub use auth::{
+    verify_signature, Auth, CodeAttempts, IdentityKey, MAX_FAILED_ATTEMPTS, PUBLIC_KEY_LEN,
+    SIGNATURE_LEN,
+};
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;
 pub use handshake::{
