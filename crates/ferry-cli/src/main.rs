@@ -9,6 +9,7 @@ mod bench;
 mod failure;
 mod interrupt;
 mod peer;
+mod peers_cmd;
 mod relay_cmd;
 mod settings;
 mod transfer_cmd;
@@ -29,6 +30,10 @@ enum Command {
     Send(transfer_cmd::SendArgs),
     /// Receive what a sender offers under CODE.
     Receive(transfer_cmd::ReceiveArgs),
+    /// Print this machine's identity fingerprint (creating its key on first use).
+    Id(peers_cmd::IdArgs),
+    /// List, rename or remove paired peers.
+    Peers(peers_cmd::PeersArgs),
     /// Run the rendezvous and relay server (sees only ciphertext).
     Relay(relay_cmd::RelayArgs),
     /// Run the layered benchmark suite.
@@ -50,6 +55,8 @@ fn main() -> ExitCode {
     let (json, verb) = match &cli.command {
         Command::Send(a) => (a.json(), "sent"),
         Command::Receive(a) => (a.json(), "received"),
+        Command::Id(a) => (a.json, ""),
+        Command::Peers(a) => (a.json, ""),
         _ => (false, ""),
     };
     let mut ui = ui::Ui::new(json, verb);
@@ -61,6 +68,8 @@ fn main() -> ExitCode {
         Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
             .and_then(|_| transfer_cmd::send(args, &mut ui)),
         Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
+        Command::Id(args) => peers_cmd::id(args),
+        Command::Peers(args) => peers_cmd::peers(args),
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {
