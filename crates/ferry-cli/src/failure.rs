@@ -85,6 +85,18 @@ fn io_failure(e: &std::io::Error) -> Failure {
     }
 }
 
+fn peers_failure(e: &ferry_peers::PeersError) -> Failure {
+    use ferry_peers::PeersError::*;
+    let (code, exit) = match e {
+        BadName(_) | UnknownPeer(_) | NameTaken(_) => ("usage", 2),
+        BadSignature | OwnKey => ("identity-mismatch", 5),
+        Malformed(_) => ("protocol", 8),
+        Io { source, .. } => return io_failure(source),
+        Exposed { .. } | NotOwned { .. } | Damaged { .. } => ("error", EXIT_ERROR),
+    };
+    Failure { code, exit }
+}
+
 fn transfer_code_exit(code: &str) -> u8 {
     match code {
         "wrong-code" => 3,
@@ -176,6 +188,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         }
         if let Some(e) = cause.downcast_ref::<TransferError>() {
             return transfer_failure(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ferry_peers::PeersError>() {
+            return peers_failure(e);
         }
         if cause
             .downcast_ref::<ferry_rendezvous::CodeError>()

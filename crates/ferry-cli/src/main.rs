@@ -8,6 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod failure;
 mod interrupt;
+mod pair_cmd;
 mod peer;
 mod peers_cmd;
 mod relay_cmd;
@@ -30,6 +31,8 @@ enum Command {
     Send(transfer_cmd::SendArgs),
     /// Receive what a sender offers under CODE.
     Receive(transfer_cmd::ReceiveArgs),
+    /// Pair with another machine: prints a code, or completes the pairing with the code printed there.
+    Pair(pair_cmd::PairArgs),
     /// Print this machine's identity fingerprint (creating its key on first use).
     Id(peers_cmd::IdArgs),
     /// List, rename or remove paired peers.
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
     let (json, verb) = match &cli.command {
         Command::Send(a) => (a.json(), "sent"),
         Command::Receive(a) => (a.json(), "received"),
+        Command::Pair(a) => (a.json(), ""),
         Command::Id(a) => (a.json, ""),
         Command::Peers(a) => (a.json, ""),
         _ => (false, ""),
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
             .and_then(|_| transfer_cmd::send(args, &mut ui)),
         Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
+        Command::Pair(args) => pair_cmd::pair(args, &mut ui),
         Command::Id(args) => peers_cmd::id(args),
         Command::Peers(args) => peers_cmd::peers(args),
         Command::Relay(args) => relay_cmd::run(args),

@@ -5,10 +5,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use ferry_peers::{identity, Fingerprint, PeerName, PeerStore, PeersError};
+use ferry_peers::{identity, Fingerprint, PeerName, PeerStore};
 use serde_json::json;
 
-use crate::failure::Usage;
 use crate::settings::config_dir;
 use crate::ui::{escape, stdout_line};
 
@@ -53,20 +52,10 @@ pub fn config() -> anyhow::Result<PathBuf> {
     config_dir().context("no config directory: set HOME or XDG_CONFIG_HOME")
 }
 
-/// Turns mistakes in names into usage errors (exit 2); the rest stays as it is.
-fn classify(e: PeersError) -> anyhow::Error {
-    match e {
-        PeersError::BadName(_) | PeersError::UnknownPeer(_) | PeersError::NameTaken(_) => {
-            Usage(e.to_string()).into()
-        }
-        e => e.into(),
-    }
-}
-
 /// Runs `ferry id`: prints this machine's fingerprint, creating the identity key on first use.
 pub fn id(args: IdArgs) -> anyhow::Result<()> {
     let dir = config()?;
-    let (key, created) = identity::load_or_create(&dir).map_err(classify)?;
+    let (key, created) = identity::load_or_create(&dir)?;
     let fingerprint = Fingerprint::of(&key.public());
     if args.json {
         stdout_line(
@@ -94,10 +83,10 @@ pub fn id(args: IdArgs) -> anyhow::Result<()> {
 pub fn peers(args: PeersArgs) -> anyhow::Result<()> {
     let dir = config()?;
     match args.action.unwrap_or(PeersAction::List) {
-        PeersAction::List => list(&PeerStore::load(&dir).map_err(classify)?, args.json),
+        PeersAction::List => list(&PeerStore::load(&dir)?, args.json),
         PeersAction::Rename { old, new } => {
-            let new = PeerName::new(&new).map_err(classify)?;
-            PeerStore::update(&dir, |s| s.rename(&old, new.clone())).map_err(classify)?;
+            let new = PeerName::new(&new)?;
+            PeerStore::update(&dir, |s| s.rename(&old, new.clone()))?;
             if args.json {
                 stdout_line(&json!({ "renamed": old, "name": new.as_str() }).to_string());
             } else {
@@ -106,7 +95,7 @@ pub fn peers(args: PeersArgs) -> anyhow::Result<()> {
             Ok(())
         }
         PeersAction::Remove { name } => {
-            let gone = PeerStore::update(&dir, |s| s.remove(&name)).map_err(classify)?;
+            let gone = PeerStore::update(&dir, |s| s.remove(&name))?;
             if args.json {
                 stdout_line(
                     &json!({ "removed": gone.name.as_str(), "key": hex(&gone.key) }).to_string(),
@@ -192,7 +181,7 @@ fn ago(secs: u64) -> String {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -110,7 +110,7 @@ impl ReceiveArgs {
 
 /// How to find the peer, from the flags and the config file; a relay that is not `HOST:PORT`, or
 /// `--force-relay` without a relay, is a bad command line, reported before anything else happens.
-fn peer_options(
+pub(crate) fn peer_options(
     relay: Option<String>,
     force_relay: bool,
     no_discovery: bool,
@@ -154,7 +154,7 @@ fn check_relay_address(relay: &str) -> Result<(), Usage> {
 }
 
 /// Reports how the peer was reached.
-fn report_path(ui: &Ui, c: &Connected) {
+pub(crate) fn report_path(ui: &Ui, c: &Connected) {
     let how = match c.path {
         "relay" => format!("through the relay {}", c.peer),
         "same-host" => format!("directly on this host ({})", c.peer),

@@ -39,6 +39,19 @@ pub enum CodeError {
 pub struct Code {
     nameplate: u32,
     words: [&'static str; WORD_COUNT],
+    purpose: CodePurpose,
+}
+
+/// What a code is for. The same words meet under a different rendezvous hash and PAKE password for each
+/// purpose, so a `ferry receive` given a pairing code finds no sender rather than a peer speaking another
+/// protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CodePurpose {
+    /// `ferry send` / `ferry receive`.
+    #[default]
+    Transfer,
+    /// `ferry pair`.
+    Pairing,
 }
 
 /// What rendezvous sees of a code: the rendezvous hash, never the number or the words.
@@ -54,15 +67,27 @@ pub struct NameplateHash(pub [u8; 32]);
 
 /// Domain of the rendezvous hash; v1 hashed the nameplate alone (999 values, enumerable).
 const RENDEZVOUS_CONTEXT: &str = "ferry 2026 rendezvous v2";
+/// Domain of a pairing code's rendezvous hash.
+const PAIRING_CONTEXT: &str = "ferry 2026 pairing rendezvous v1";
 
 impl NameplateHash {
     /// The rendezvous hash of a code with this nameplate and first word:
     /// `BLAKE3-derive_key("ferry 2026 rendezvous v2", decimal(nameplate) || 0x00 || first_word)`.
     pub fn rendezvous(nameplate: u32, first_word: &str) -> Self {
+        Self::rendezvous_for(CodePurpose::Transfer, nameplate, first_word)
+    }
+
+    /// The rendezvous hash for a code of `purpose`: as [`NameplateHash::rendezvous`], with the context
+    /// `"ferry 2026 pairing rendezvous v1"` for pairing codes.
+    pub fn rendezvous_for(purpose: CodePurpose, nameplate: u32, first_word: &str) -> Self {
         let mut material = nameplate.to_string().into_bytes();
         material.push(0);
         material.extend_from_slice(first_word.as_bytes());
-        NameplateHash(blake3::derive_key(RENDEZVOUS_CONTEXT, &material))
+        let context = match purpose {
+            CodePurpose::Transfer => RENDEZVOUS_CONTEXT,
+            CodePurpose::Pairing => PAIRING_CONTEXT,
+        };
+        NameplateHash(blake3::derive_key(context, &material))
     }
 
     /// An arbitrary, fixed hash numbered `n`, for tests that need distinct hashes. It is not the
@@ -104,15 +129,38 @@ impl Code {
     /// A fresh random code whose rendezvous hash satisfies `free` (for example: not in use on
     /// this host). The words are drawn first; the nameplate is the first, from a random start,
     /// whose hash with the first word is free (or the start itself when every one is taken).
-    pub fn generate(mut free: impl FnMut(&NameplateHash) -> bool) -> Code {
+    pub fn generate(free: impl FnMut(&NameplateHash) -> bool) -> Code {
+        Self::generate_for(CodePurpose::Transfer, free)
+    }
+
+    /// A fresh random code for `purpose` (see [`Code::generate`]).
+    pub fn generate_for(
+        purpose: CodePurpose,
+        mut free: impl FnMut(&NameplateHash) -> bool,
+    ) -> Code {
         let words: [&'static str; WORD_COUNT] =
             std::array::from_fn(|_| WORDS[random_below(WORDS.len() as u32) as usize]);
         let start = random_below(GENERATED_NAMEPLATES);
         let nameplate = (0..GENERATED_NAMEPLATES)
             .map(|i| 1 + (start + i) % GENERATED_NAMEPLATES)
-            .find(|&n| free(&NameplateHash::rendezvous(n, words[0])))
+            .find(|&n| free(&NameplateHash::rendezvous_for(purpose, n, words[0])))
             .unwrap_or(1 + start);
-        Code { nameplate, words }
+        Code {
+            nameplate,
+            words,
+            purpose,
+        }
+    }
+
+    /// The same code, used for `purpose` (a code typed by the user parses as a transfer code).
+    pub fn with_purpose(mut self, purpose: CodePurpose) -> Code {
+        self.purpose = purpose;
+        self
+    }
+
+    /// What the code is for.
+    pub fn purpose(&self) -> CodePurpose {
+        self.purpose
     }
 
     /// The nameplate number.
@@ -123,12 +171,16 @@ impl Code {
     /// The rendezvous hash under which the two sides meet (relay, same-host registry, mDNS):
     /// nameplate and first word, see [`NameplateHash::rendezvous`].
     pub fn nameplate_hash(&self) -> NameplateHash {
-        NameplateHash::rendezvous(self.nameplate, self.words[0])
+        NameplateHash::rendezvous_for(self.purpose, self.nameplate, self.words[0])
     }
 
-    /// The PAKE password: the whole normalised code.
+    /// The PAKE password: the whole normalised code, after `pair:` for a pairing code.
     pub fn password(&self) -> Vec<u8> {
-        self.to_string().into_bytes()
+        let prefix = match self.purpose {
+            CodePurpose::Transfer => "",
+            CodePurpose::Pairing => "pair:",
+        };
+        format!("{prefix}{self}").into_bytes()
     }
 }
 
@@ -179,6 +231,7 @@ impl FromStr for Code {
         Ok(Code {
             nameplate,
             words: out,
+            purpose: CodePurpose::Transfer,
         })
     }
 }
@@ -194,6 +247,22 @@ mod tests {
         w.sort_unstable();
         w.dedup();
         assert_eq!(w.len(), 2048);
+    }
+
+    #[test]
+    fn a_pairing_code_meets_and_authenticates_apart_from_a_transfer_code() {
+        let transfer: Code = "7-apple-orbit-violin".parse().unwrap();
+        let pairing = transfer.clone().with_purpose(CodePurpose::Pairing);
+        assert_eq!(pairing.to_string(), transfer.to_string());
+        assert_ne!(pairing.nameplate_hash(), transfer.nameplate_hash());
+        assert_ne!(pairing.password(), transfer.password());
+        let generated = Code::generate_for(CodePurpose::Pairing, |h| {
+            assert_ne!(*h, NameplateHash::rendezvous(1, "x"));
+            true
+        });
+        assert_eq!(generated.purpose(), CodePurpose::Pairing);
+        let typed: Code = generated.to_string().parse().unwrap();
+        assert_eq!(typed.with_purpose(CodePurpose::Pairing), generated);
     }
 
     #[test]

@@ -20,4 +20,4 @@ pub mod local;
 pub mod mdns;
 pub mod netif;
 
-pub use code::{Code, CodeError, NameplateHash, WORDS, WORD_COUNT};
+pub use code::{Code, CodeError, CodePurpose, NameplateHash, WORDS, WORD_COUNT};

@@ -1,0 +1,156 @@
+//! `ferry pair` between two installations on this host (two config directories, one rendezvous directory).
+
+mod common;
+
+use std::fs;
+use std::process::{Command, Stdio};
+
+use common::{assert_failure, event, events, Watched, World};
+use serde_json::Value;
+
+/// A `ferry` command of installation `who` ("a" or "b"): its own config directory.
+fn as_(w: &World, who: &str) -> Command {
+    let mut c = w.cmd();
+    c.env("XDG_CONFIG_HOME", w.path(&format!("config-{who}")));
+    c
+}
+
+fn fingerprint_and_key(w: &World, who: &str) -> (String, String) {
+    let out = as_(w, who).args(["id", "--json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["fingerprint"].as_str().unwrap().to_string(),
+        v["key"].as_str().unwrap().to_string(),
+    )
+}
+
+fn peers_of(w: &World, who: &str) -> Vec<Value> {
+    let out = as_(w, who).args(["peers", "--json"]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["peers"].as_array().unwrap().clone()
+}
+
+/// Starts `ferry pair` on `a` and returns it with the code it printed.
+fn start_pairing(w: &World, extra: &[&str]) -> (Watched, String) {
+    let child = as_(w, "a")
+        .args(["pair", "--json"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut a = Watched::new(child);
+    let code = a.wait_for(|e| e["event"] == "code")["code"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    (a, code)
+}
+
+#[test]
+fn two_machines_pair_and_each_pins_the_others_key() {
+    let w = World::new();
+    let (fa, ka) = fingerprint_and_key(&w, "a");
+    let (fb, kb) = fingerprint_and_key(&w, "b");
+    let (a, code) = start_pairing(&w, &["--name", "bob"]);
+    let b = as_(&w, "b")
+        .args(["pair", &code, "--json", "--name", "alice"])
+        .output()
+        .unwrap();
+    let a = a.finish();
+    for (who, out) in [("a", &a), ("b", &b)] {
+        assert!(
+            out.status.success(),
+            "{who}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let paired_a = events(&a.stdout);
+    let paired_a = event(&paired_a, "paired").unwrap();
+    assert_eq!(paired_a["name"], "bob");
+    assert_eq!(paired_a["fingerprint"], fb.as_str());
+    assert_eq!(paired_a["own_fingerprint"], fa.as_str());
+    let paired_b = events(&b.stdout);
+    assert_eq!(
+        event(&paired_b, "paired").unwrap()["fingerprint"],
+        fa.as_str()
+    );
+
+    let at_a = peers_of(&w, "a");
+    let at_b = peers_of(&w, "b");
+    assert_eq!((at_a.len(), at_b.len()), (1, 1));
+    assert_eq!(at_a[0]["name"], "bob");
+    assert_eq!(at_a[0]["key"], kb.as_str());
+    assert_eq!(at_b[0]["name"], "alice");
+    assert_eq!(at_b[0]["key"], ka.as_str());
+    // Both stored the same secret, which neither key determines.
+    let secret = |who: &str| {
+        let text = fs::read_to_string(w.path(&format!("config-{who}/ferry/peers.toml"))).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("secret"))
+            .unwrap()
+            .to_string();
+        line
+    };
+    assert_eq!(secret("a"), secret("b"));
+    assert!(!secret("a").contains(&ka) && !secret("a").contains(&kb));
+}
+
+#[test]
+fn a_wrong_code_pairs_nobody() {
+    let w = World::new();
+    let (a, code) = start_pairing(&w, &[]);
+    // The same nameplate and first word (so the two meet), other words: the PAKE fails.
+    let mut parts: Vec<&str> = code.split('-').collect();
+    parts[3] = if parts[3] == "zoo" { "zone" } else { "zoo" };
+    let wrong = parts.join("-");
+    let b = as_(&w, "b")
+        .args(["pair", &wrong, "--json"])
+        .output()
+        .unwrap();
+    let a = a.finish();
+    assert_failure("joiner with a wrong code", &b, 3, "wrong-code");
+    assert_failure("code holder", &a, 3, "wrong-code");
+    assert!(peers_of(&w, "a").is_empty());
+    assert!(peers_of(&w, "b").is_empty());
+}
+
+#[test]
+fn a_name_taken_on_one_side_stops_both() {
+    let w = World::new();
+    // b already knows another machine as "alice".
+    let dir = w.path("config-b/ferry");
+    fs::create_dir_all(&dir).unwrap();
+    let other = "ab".repeat(32);
+    fs::write(
+        dir.join("peers.toml"),
+        format!(
+            "[[peer]]\nname = \"alice\"\nkey = \"{other}\"\nsecret = \"{other}\"\npaired_at = 1\n"
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
+
+    let (a, code) = start_pairing(&w, &[]);
+    let b = as_(&w, "b")
+        .args(["pair", &code, "--json", "--name", "alice"])
+        .output()
+        .unwrap();
+    let a = a.finish();
+    assert_failure("the side with the clash", &b, 2, "usage");
+    assert_eq!(
+        a.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&a.stdout)
+    );
+    assert!(String::from_utf8_lossy(&a.stdout).contains("refused the pairing"));
+    assert!(
+        peers_of(&w, "a").is_empty(),
+        "nothing stored on the other side"
+    );
+    assert_eq!(peers_of(&w, "b").len(), 1, "the existing peer is untouched");
+}
