@@ -1,0 +1,866 @@
+//! Every message of the share protocol, in one place: its type byte, its fields and their checks.
+//!
+//! One message per channel packet: a type byte, then the fields, integers little-endian. Requests (client to
+//! server) carry an id the client chose (`u32`, unique among its requests in flight); every response carries
+//! the id of the request it answers. A path is `u16` length + bytes: `/`-separated, relative to the share,
+//! checked by the receiver's name rules (`ferry_transfer::path::check_path`); the empty path is the share
+//! itself.
+//!
+//! | type | direction | fields |
+//! | --- | --- | --- |
+//! | [`HELLO`] | both, first | version u16, most requests in flight u32, share name (u16 + bytes, ≤ 255) |
+//! | [`LIST`] | client | id, path, cursor u64 (0 = from the start), most entries u32 |
+//! | [`STAT`] | client | id, path |
+//! | [`READ`] | client | id, path, has version u8 (0/1), version root \[32\], offset u64, length u64 |
+//! | [`SUBSCRIBE`] | client | id |
+//! | [`CANCEL`] | client | id of the request to cancel |
+//! | [`ENTRIES`] | server | id, count u32, entries, next cursor u64 ([`END`] when the listing is complete) |
+//! | [`ATTR`] | server | id, entry |
+//! | [`VERSION`] | server | id, size u64, root \[32\]: the version a read is served from, before its data |
+//! | [`DATA`] | server | id, offset u64, length u32, then the piece: its bytes with their proof (the rest) |
+//! | [`DONE`] | server | id: the request is complete |
+//! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
+//! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
+//!
+//! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
+//! 1 directory, 2 symlink), size u64, mode u32 (permission bits), mtime seconds i64, mtime nanoseconds u32,
+//! and for a symlink its target (u16 + bytes, ≤ 4096).
+
+use ferry_transfer::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
+use ferry_wire::{Put, Reader, WireError};
+
+/// Protocol version in [`HELLO`].
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Hello: the first message each way.
+pub const HELLO: u8 = 1;
+/// List a directory, one page.
+pub const LIST: u8 = 2;
+/// Attributes of one path.
+pub const STAT: u8 = 3;
+/// Read a byte range of a file.
+pub const READ: u8 = 4;
+/// Subscribe to change notifications.
+pub const SUBSCRIBE: u8 = 5;
+/// Cancel a request in flight.
+pub const CANCEL: u8 = 6;
+/// A page of a listing.
+pub const ENTRIES: u8 = 64;
+/// Attributes.
+pub const ATTR: u8 = 65;
+/// The version a read is served from.
+pub const VERSION: u8 = 66;
+/// A verified piece of a read.
+pub const DATA: u8 = 67;
+/// A request is complete.
+pub const DONE: u8 = 68;
+/// Paths that changed.
+pub const CHANGED: u8 = 69;
+/// A request failed.
+pub const ERROR: u8 = 70;
+
+/// The cursor of a listing's last page.
+pub const END: u64 = u64::MAX;
+/// Most entries in one page.
+pub const MAX_PAGE_ENTRIES: u32 = 4096;
+/// Most paths in one change notification.
+pub const MAX_CHANGED: u32 = 1024;
+/// Longest error message.
+pub const MAX_MESSAGE: usize = 1024;
+/// Smallest encoded entry (an empty name, no target), to bound counts by the bytes present.
+const MIN_ENTRY: usize = 2 + 1 + 8 + 4 + 8 + 4;
+
+/// Request id, chosen by the client.
+pub type RequestId = u32;
+
+/// A message that is not a valid share message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Bad framing or a field out of bounds.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A path or name breaks the name rules.
+    #[error("unsafe path: {0}")]
+    UnsafePath(PathProblem),
+    /// An unknown message type (for its direction).
+    #[error("unknown message type {0}")]
+    UnknownType(u8),
+}
+
+/// A path inside the share: empty for the share itself, otherwise checked by the name rules.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct SharePath(Vec<u8>);
+
+impl SharePath {
+    /// The share itself.
+    pub fn root() -> Self {
+        SharePath(Vec::new())
+    }
+
+    /// Checks `bytes` (`/`-separated, relative; empty is the share itself).
+    pub fn new(bytes: &[u8]) -> Result<Self, PathProblem> {
+        if !bytes.is_empty() {
+            check_path(bytes)?;
+        }
+        Ok(SharePath(bytes.to_vec()))
+    }
+
+    /// The path's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Whether this is the share itself.
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let bytes = r.bytes16(MAX_PATH)?;
+        SharePath::new(bytes).map_err(DecodeError::UnsafePath)
+    }
+
+    fn encode(&self, out: &mut impl Put) {
+        out.put_bytes16(&self.0);
+    }
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+}
+
+/// One directory entry or the attributes of one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its name (one component; empty for the share itself).
+    pub name: Vec<u8>,
+    /// File, directory or symlink.
+    pub kind: Kind,
+    /// Size in bytes (0 unless a file).
+    pub size: u64,
+    /// Permission bits.
+    pub mode: u32,
+    /// Modification time, seconds.
+    pub mtime: i64,
+    /// Modification time, nanoseconds.
+    pub mtime_nsec: u32,
+    /// A symlink's target, as stored (the client applies its own rules before following it).
+    pub target: Vec<u8>,
+}
+
+impl Entry {
+    fn encode(&self, out: &mut impl Put) {
+        out.put_bytes16(&self.name);
+        out.put_u8(match self.kind {
+            Kind::File => 0,
+            Kind::Dir => 1,
+            Kind::Symlink => 2,
+        });
+        out.put_u64(self.size);
+        out.put_u32(self.mode);
+        out.put_i64(self.mtime);
+        out.put_u32(self.mtime_nsec);
+        if self.kind == Kind::Symlink {
+            out.put_bytes16(&self.target);
+        }
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let name = r.bytes16(MAX_NAME)?;
+        if !name.is_empty() {
+            check_name(name).map_err(DecodeError::UnsafePath)?;
+            if name.contains(&b'/') {
+                return Err(WireError::Invalid("name with a slash").into());
+            }
+        }
+        let kind = match r.u8()? {
+            0 => Kind::File,
+            1 => Kind::Dir,
+            2 => Kind::Symlink,
+            _ => return Err(WireError::Invalid("entry kind").into()),
+        };
+        let size = r.u64()?;
+        let mode = r.u32()? & 0o777;
+        let mtime = r.i64()?;
+        let mtime_nsec = r.u32()?;
+        if mtime_nsec >= 1_000_000_000 {
+            return Err(WireError::Invalid("nanoseconds").into());
+        }
+        if kind != Kind::File && size != 0 {
+            return Err(WireError::Invalid("size of a non-file").into());
+        }
+        let target = if kind == Kind::Symlink {
+            let t = r.bytes16(MAX_TARGET)?;
+            if t.is_empty() || t.contains(&0) {
+                return Err(WireError::Invalid("symlink target").into());
+            }
+            t.to_vec()
+        } else {
+            Vec::new()
+        };
+        Ok(Entry {
+            name: name.to_vec(),
+            kind,
+            size,
+            mode,
+            mtime,
+            mtime_nsec,
+            target,
+        })
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// No such path.
+    NotFound,
+    /// A directory operation on a non-directory, or the reverse.
+    WrongKind,
+    /// The path leaves the share (a symlink out of it, a device, ...): refused and logged.
+    UnsafePath,
+    /// The file is no longer the version the request named.
+    Changed,
+    /// The sharer may not read it.
+    Permission,
+    /// Too many requests in flight.
+    Busy,
+    /// The sharer hit an I/O error.
+    Io,
+    /// The request is not valid (a duplicate id, a range past the end, ...).
+    BadRequest,
+    /// The request was cancelled.
+    Cancelled,
+}
+
+impl ErrorCode {
+    const ALL: [ErrorCode; 9] = [
+        ErrorCode::NotFound,
+        ErrorCode::WrongKind,
+        ErrorCode::UnsafePath,
+        ErrorCode::Changed,
+        ErrorCode::Permission,
+        ErrorCode::Busy,
+        ErrorCode::Io,
+        ErrorCode::BadRequest,
+        ErrorCode::Cancelled,
+    ];
+
+    fn to_u8(self) -> u8 {
+        Self::ALL.iter().position(|&c| c == self).expect("listed") as u8 + 1
+    }
+
+    fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.get((v as usize).checked_sub(1)?).copied()
+    }
+
+    /// The stable code scripts see (`--json`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NotFound => "not-found",
+            ErrorCode::WrongKind => "wrong-kind",
+            ErrorCode::UnsafePath => "unsafe-path",
+            ErrorCode::Changed => "changed",
+            ErrorCode::Permission => "permission",
+            ErrorCode::Busy => "busy",
+            ErrorCode::Io => "io",
+            ErrorCode::BadRequest => "bad-request",
+            ErrorCode::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// The first message each way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// Most requests the sender of this hello keeps (client) or accepts (server) in flight.
+    pub max_in_flight: u32,
+    /// The share's name (server), empty from a client.
+    pub share: Vec<u8>,
+}
+
+/// A client's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// The client's hello.
+    Hello(Hello),
+    /// One page of a directory listing.
+    List {
+        /// Request id.
+        id: RequestId,
+        /// The directory.
+        path: SharePath,
+        /// Where the page starts (0, or a previous page's `next`).
+        cursor: u64,
+        /// Most entries wanted (at most [`MAX_PAGE_ENTRIES`]).
+        max: u32,
+    },
+    /// The attributes of one path.
+    Stat {
+        /// Request id.
+        id: RequestId,
+        /// The path.
+        path: SharePath,
+    },
+    /// A byte range of a file, verified against its version.
+    Read {
+        /// Request id.
+        id: RequestId,
+        /// The file.
+        path: SharePath,
+        /// The version the client expects (its root hash); another version is [`ErrorCode::Changed`].
+        version: Option<[u8; 32]>,
+        /// First byte.
+        offset: u64,
+        /// Bytes wanted (the range is cut at the end of the file).
+        len: u64,
+    },
+    /// Change notifications from now on.
+    Subscribe {
+        /// Request id.
+        id: RequestId,
+    },
+    /// Stop answering a request.
+    Cancel {
+        /// The request to cancel.
+        id: RequestId,
+    },
+}
+
+/// A server's message. `Data` borrows its piece from the packet it was decoded from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response<'a> {
+    /// The server's hello.
+    Hello(Hello),
+    /// One page of a listing.
+    Entries {
+        /// The request.
+        id: RequestId,
+        /// The entries.
+        entries: Vec<Entry>,
+        /// Cursor of the next page, or [`END`].
+        next: u64,
+    },
+    /// The attributes a stat asked for.
+    Attr {
+        /// The request.
+        id: RequestId,
+        /// The attributes.
+        entry: Entry,
+    },
+    /// The version a read is served from.
+    Version {
+        /// The request.
+        id: RequestId,
+        /// The file's size in this version.
+        size: u64,
+        /// Its BLAKE3 root hash.
+        root: [u8; 32],
+    },
+    /// A piece of a read: `len` bytes from `offset`, with their proof, encoded as the verification tree
+    /// defines.
+    Data {
+        /// The request.
+        id: RequestId,
+        /// First byte of the piece.
+        offset: u64,
+        /// Data bytes in the piece.
+        len: u32,
+        /// The encoded piece.
+        piece: &'a [u8],
+    },
+    /// The request is complete.
+    Done {
+        /// The request.
+        id: RequestId,
+    },
+    /// Paths that changed.
+    Changed {
+        /// The subscription.
+        id: RequestId,
+        /// Changed paths.
+        paths: Vec<SharePath>,
+    },
+    /// The request failed.
+    Error {
+        /// The request.
+        id: RequestId,
+        /// Why.
+        code: ErrorCode,
+        /// For people (untrusted text: escape before showing).
+        message: String,
+    },
+}
+
+impl Hello {
+    fn encode(&self, out: &mut impl Put) {
+        out.put_u8(HELLO);
+        out.put_u16(self.version);
+        out.put_u32(self.max_in_flight);
+        out.put_bytes16(&self.share);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        Ok(Hello {
+            version: r.u16()?,
+            max_in_flight: r.u32()?,
+            share: r.bytes16(MAX_NAME)?.to_vec(),
+        })
+    }
+}
+
+impl Request {
+    /// Appends the message.
+    pub fn encode(&self, out: &mut impl Put) {
+        match self {
+            Request::Hello(h) => h.encode(out),
+            Request::List {
+                id,
+                path,
+                cursor,
+                max,
+            } => {
+                out.put_u8(LIST);
+                out.put_u32(*id);
+                path.encode(out);
+                out.put_u64(*cursor);
+                out.put_u32(*max);
+            }
+            Request::Stat { id, path } => {
+                out.put_u8(STAT);
+                out.put_u32(*id);
+                path.encode(out);
+            }
+            Request::Read {
+                id,
+                path,
+                version,
+                offset,
+                len,
+            } => {
+                out.put_u8(READ);
+                out.put_u32(*id);
+                path.encode(out);
+                out.put_u8(u8::from(version.is_some()));
+                out.put(&version.unwrap_or_default());
+                out.put_u64(*offset);
+                out.put_u64(*len);
+            }
+            Request::Subscribe { id } => {
+                out.put_u8(SUBSCRIBE);
+                out.put_u32(*id);
+            }
+            Request::Cancel { id } => {
+                out.put_u8(CANCEL);
+                out.put_u32(*id);
+            }
+        }
+    }
+
+    /// Decodes one packet.
+    pub fn decode(packet: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(packet);
+        let req = match r.u8()? {
+            HELLO => Request::Hello(Hello::decode(&mut r)?),
+            LIST => {
+                let id = r.u32()?;
+                let path = SharePath::decode(&mut r)?;
+                let cursor = r.u64()?;
+                let max = r.u32()?;
+                if max == 0 || max > MAX_PAGE_ENTRIES {
+                    return Err(WireError::Invalid("page size").into());
+                }
+                Request::List {
+                    id,
+                    path,
+                    cursor,
+                    max,
+                }
+            }
+            STAT => Request::Stat {
+                id: r.u32()?,
+                path: SharePath::decode(&mut r)?,
+            },
+            READ => {
+                let id = r.u32()?;
+                let path = SharePath::decode(&mut r)?;
+                let has = r.u8()?;
+                let root: [u8; 32] = r.array()?;
+                let version = match has {
+                    0 => None,
+                    1 => Some(root),
+                    _ => return Err(WireError::Invalid("version flag").into()),
+                };
+                let offset = r.u64()?;
+                let len = r.u64()?;
+                if offset.checked_add(len).is_none() {
+                    return Err(WireError::Invalid("range").into());
+                }
+                Request::Read {
+                    id,
+                    path,
+                    version,
+                    offset,
+                    len,
+                }
+            }
+            SUBSCRIBE => Request::Subscribe { id: r.u32()? },
+            CANCEL => Request::Cancel { id: r.u32()? },
+            t => return Err(DecodeError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+impl Response<'_> {
+    /// Appends the message. A `Data` message is usually built in place instead: [`data_header`] then the
+    /// piece.
+    pub fn encode(&self, out: &mut impl Put) {
+        match self {
+            Response::Hello(h) => h.encode(out),
+            Response::Entries { id, entries, next } => {
+                out.put_u8(ENTRIES);
+                out.put_u32(*id);
+                out.put_u32(entries.len() as u32);
+                for e in entries {
+                    e.encode(out);
+                }
+                out.put_u64(*next);
+            }
+            Response::Attr { id, entry } => {
+                out.put_u8(ATTR);
+                out.put_u32(*id);
+                entry.encode(out);
+            }
+            Response::Version { id, size, root } => {
+                out.put_u8(VERSION);
+                out.put_u32(*id);
+                out.put_u64(*size);
+                out.put(root);
+            }
+            Response::Data {
+                id,
+                offset,
+                len,
+                piece,
+            } => {
+                data_header(out, *id, *offset, *len);
+                out.put(piece);
+            }
+            Response::Done { id } => {
+                out.put_u8(DONE);
+                out.put_u32(*id);
+            }
+            Response::Changed { id, paths } => {
+                out.put_u8(CHANGED);
+                out.put_u32(*id);
+                out.put_u32(paths.len() as u32);
+                for p in paths {
+                    p.encode(out);
+                }
+            }
+            Response::Error { id, code, message } => {
+                out.put_u8(ERROR);
+                out.put_u32(*id);
+                out.put_u8(code.to_u8());
+                let mut end = message.len().min(MAX_MESSAGE);
+                while !message.is_char_boundary(end) {
+                    end -= 1;
+                }
+                out.put_bytes16(&message.as_bytes()[..end]);
+            }
+        }
+    }
+}
+
+/// Writes the header of a [`DATA`] message; the encoded piece follows.
+pub fn data_header(out: &mut impl Put, id: RequestId, offset: u64, len: u32) {
+    out.put_u8(DATA);
+    out.put_u32(id);
+    out.put_u64(offset);
+    out.put_u32(len);
+}
+
+/// Bytes of a [`DATA`] header.
+pub const DATA_HEADER_LEN: usize = 1 + 4 + 8 + 4;
+
+impl<'a> Response<'a> {
+    /// Decodes one packet; a `Data` piece borrows from it.
+    pub fn decode(packet: &'a [u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(packet);
+        let rsp = match r.u8()? {
+            HELLO => Response::Hello(Hello::decode(&mut r)?),
+            ENTRIES => {
+                let id = r.u32()?;
+                let n = r.count(MAX_PAGE_ENTRIES, MIN_ENTRY)?;
+                let mut entries = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let e = Entry::decode(&mut r)?;
+                    if e.name.is_empty() {
+                        return Err(DecodeError::UnsafePath(PathProblem::Empty));
+                    }
+                    entries.push(e);
+                }
+                Response::Entries {
+                    id,
+                    entries,
+                    next: r.u64()?,
+                }
+            }
+            ATTR => Response::Attr {
+                id: r.u32()?,
+                entry: Entry::decode(&mut r)?,
+            },
+            VERSION => Response::Version {
+                id: r.u32()?,
+                size: r.u64()?,
+                root: r.array()?,
+            },
+            DATA => {
+                let id = r.u32()?;
+                let offset = r.u64()?;
+                let len = r.u32()?;
+                if offset.checked_add(len as u64).is_none() {
+                    return Err(WireError::Invalid("range").into());
+                }
+                Response::Data {
+                    id,
+                    offset,
+                    len,
+                    piece: r.rest(),
+                }
+            }
+            DONE => Response::Done { id: r.u32()? },
+            CHANGED => {
+                let id = r.u32()?;
+                let n = r.count(MAX_CHANGED, 2)?;
+                let mut paths = Vec::with_capacity(n);
+                for _ in 0..n {
+                    paths.push(SharePath::decode(&mut r)?);
+                }
+                Response::Changed { id, paths }
+            }
+            ERROR => {
+                let id = r.u32()?;
+                let code = ErrorCode::from_u8(r.u8()?).ok_or(WireError::Invalid("error code"))?;
+                let message = String::from_utf8_lossy(r.bytes16(MAX_MESSAGE)?).into_owned();
+                Response::Error { id, code, message }
+            }
+            t => return Err(DecodeError::UnknownType(t)),
+        };
+        r.finish()?;
+        Ok(rsp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &[u8], kind: Kind) -> Entry {
+        Entry {
+            name: name.to_vec(),
+            kind,
+            size: if kind == Kind::File { 12345 } else { 0 },
+            mode: 0o644,
+            mtime: 1_795_000_000,
+            mtime_nsec: 123,
+            target: if kind == Kind::Symlink {
+                b"../x".to_vec()
+            } else {
+                Vec::new()
+            },
+        }
+    }
+
+    fn requests() -> Vec<Request> {
+        let p = SharePath::new(b"photos/2026/a.jpg").unwrap();
+        vec![
+            Request::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                max_in_flight: 64,
+                share: Vec::new(),
+            }),
+            Request::List {
+                id: 1,
+                path: SharePath::root(),
+                cursor: 0,
+                max: 100,
+            },
+            Request::Stat {
+                id: 2,
+                path: p.clone(),
+            },
+            Request::Read {
+                id: 3,
+                path: p.clone(),
+                version: Some([9; 32]),
+                offset: 4096,
+                len: 4096,
+            },
+            Request::Read {
+                id: 4,
+                path: p,
+                version: None,
+                offset: 0,
+                len: u64::MAX,
+            },
+            Request::Subscribe { id: 5 },
+            Request::Cancel { id: 3 },
+        ]
+    }
+
+    fn responses() -> Vec<Response<'static>> {
+        vec![
+            Response::Hello(Hello {
+                version: PROTOCOL_VERSION,
+                max_in_flight: 256,
+                share: b"photos".to_vec(),
+            }),
+            Response::Entries {
+                id: 1,
+                entries: vec![
+                    entry(b"a.jpg", Kind::File),
+                    entry(b"dir", Kind::Dir),
+                    entry(b"link", Kind::Symlink),
+                ],
+                next: END,
+            },
+            Response::Attr {
+                id: 2,
+                entry: entry(b"", Kind::Dir),
+            },
+            Response::Version {
+                id: 3,
+                size: 1 << 40,
+                root: [7; 32],
+            },
+            Response::Data {
+                id: 3,
+                offset: 16384,
+                len: 3,
+                piece: b"abc",
+            },
+            Response::Done { id: 3 },
+            Response::Changed {
+                id: 5,
+                paths: vec![SharePath::root(), SharePath::new(b"a/b").unwrap()],
+            },
+            Response::Error {
+                id: 4,
+                code: ErrorCode::Changed,
+                message: "photos/a.jpg changed".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for req in requests() {
+            let mut buf = Vec::new();
+            req.encode(&mut buf);
+            assert_eq!(Request::decode(&buf).unwrap(), req);
+            for cut in 0..buf.len() {
+                assert!(
+                    Request::decode(&buf[..cut]).is_err(),
+                    "{req:?} cut at {cut}"
+                );
+            }
+            buf.push(0);
+            assert!(
+                Request::decode(&buf).is_err(),
+                "trailing byte after {req:?}"
+            );
+        }
+        for rsp in responses() {
+            let mut buf = Vec::new();
+            rsp.encode(&mut buf);
+            assert_eq!(Response::decode(&buf).unwrap(), rsp);
+            // A Data piece is the rest of the packet: every other message refuses a cut.
+            if !matches!(rsp, Response::Data { .. }) {
+                for cut in 0..buf.len() {
+                    assert!(
+                        Response::decode(&buf[..cut]).is_err(),
+                        "{rsp:?} cut at {cut}"
+                    );
+                }
+            }
+        }
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::from_u8(code.to_u8()), Some(code));
+        }
+        assert_eq!(ErrorCode::from_u8(0), None);
+    }
+
+    #[test]
+    fn hostile_paths_and_fields_are_refused() {
+        for bad in [&b"../etc"[..], b"/etc", b"a//b", b"a/./b", b"a\0b", b"a/.."] {
+            let mut buf = vec![STAT, 1, 0, 0, 0];
+            buf.put_bytes16(bad);
+            assert!(
+                matches!(Request::decode(&buf), Err(DecodeError::UnsafePath(_))),
+                "{bad:?}"
+            );
+        }
+        // An entry named "..", or with a slash, in a listing.
+        for bad in [&b".."[..], b"a/b", b""] {
+            let mut e = entry(b"x", Kind::File);
+            e.name = bad.to_vec();
+            let mut buf = Vec::new();
+            Response::Entries {
+                id: 1,
+                entries: vec![e],
+                next: END,
+            }
+            .encode(&mut buf);
+            assert!(Response::decode(&buf).is_err(), "{bad:?}");
+        }
+        // A directory with a size, a bad kind, a huge count.
+        let mut dir = entry(b"d", Kind::Dir);
+        dir.size = 1;
+        let mut buf = Vec::new();
+        Response::Attr { id: 1, entry: dir }.encode(&mut buf);
+        assert!(Response::decode(&buf).is_err());
+        let mut buf = vec![ENTRIES, 1, 0, 0, 0];
+        buf.put_u32(MAX_PAGE_ENTRIES);
+        assert!(Response::decode(&buf).is_err());
+        // A read whose range overflows, a page of zero entries.
+        let mut buf = Vec::new();
+        Request::Read {
+            id: 1,
+            path: SharePath::root(),
+            version: None,
+            offset: u64::MAX,
+            len: 2,
+        }
+        .encode(&mut buf);
+        assert!(Request::decode(&buf).is_err());
+        let mut buf = Vec::new();
+        Request::List {
+            id: 1,
+            path: SharePath::root(),
+            cursor: 0,
+            max: 0,
+        }
+        .encode(&mut buf);
+        assert!(Request::decode(&buf).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoding_any_bytes_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let _ = Request::decode(&bytes);
+            let _ = Response::decode(&bytes);
+        }
+    }
+}
