@@ -8,4 +8,5 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod tree;
 pub mod wire;
