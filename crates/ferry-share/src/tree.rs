@@ -90,6 +90,15 @@ pub fn last_group(size: u64) -> Range<u64> {
     covering(size, size.saturating_sub(1), 1)
 }
 
+/// Whether a piece may cover `range` in a file of `size` bytes: it starts on a group and ends on one or at
+/// the end of the file.
+fn is_piece_range(size: u64, range: &Range<u64>) -> bool {
+    range.start.is_multiple_of(GROUP)
+        && range.start <= range.end
+        && range.end <= size
+        && (range.end.is_multiple_of(GROUP) || range.end == size)
+}
+
 fn chunks(range: &Range<u64>) -> ChunkRanges {
     ChunkRanges::from(ChunkNum(range.start / 1024)..ChunkNum(range.end.div_ceil(1024)))
 }
@@ -104,8 +113,7 @@ pub fn encode_piece(
     out: &mut Vec<u8>,
 ) -> io::Result<()> {
     let size = outboard.0.tree.size();
-    if range.start % GROUP != 0 || range.end > size || (range.end % GROUP != 0 && range.end != size)
-    {
+    if !is_piece_range(size, &range) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "piece range is not group-aligned inside the file",
@@ -140,8 +148,7 @@ pub fn verify_piece(
     out: &mut Vec<u8>,
 ) -> Result<(), VerifyError> {
     let size = version.size;
-    if range.start % GROUP != 0 || range.end > size || (range.end % GROUP != 0 && range.end != size)
-    {
+    if !is_piece_range(size, &range) {
         return Err(VerifyError::Range);
     }
     let tree = BaoTree::new(size, block_size());
