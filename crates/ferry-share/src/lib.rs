@@ -8,5 +8,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod client;
+pub mod server;
 pub mod tree;
 pub mod wire;

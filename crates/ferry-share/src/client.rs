@@ -1,0 +1,361 @@
+//! The client's side of a share session, as a state machine: requests in, packets out; packets in, verified
+//! events out. No sockets, no clocks.
+//!
+//! Every byte a [`Event::Data`] hands on has been verified against the version the read announced
+//! ([`crate::tree::verify_piece`]); a piece that does not verify fails its read with [`Failure::Integrity`]
+//! and hands on nothing. Pieces of one read arrive in order (the server sends them so); reads interleave.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use crate::tree::{covering, verify_piece, Version};
+use crate::wire::{
+    DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath, PROTOCOL_VERSION,
+};
+
+/// How a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The sharer refused or failed it.
+    Remote(ErrorCode, String),
+    /// Data that does not match its version: the file changed while it was read, or the sharer lies.
+    Integrity,
+}
+
+/// What the session learned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The sharer's hello: the session is open.
+    Ready {
+        /// The share's name.
+        share: Vec<u8>,
+    },
+    /// A stat's answer.
+    Attr {
+        /// The request.
+        id: RequestId,
+        /// The attributes.
+        entry: Entry,
+    },
+    /// One page of a listing; `next` is [`crate::wire::END`] after the last.
+    Entries {
+        /// The request.
+        id: RequestId,
+        /// The entries.
+        entries: Vec<Entry>,
+        /// The next page's cursor.
+        next: u64,
+    },
+    /// The version a read is served from (before its data).
+    Version {
+        /// The request.
+        id: RequestId,
+        /// The version.
+        version: Version,
+    },
+    /// Verified bytes of a read, from `offset`.
+    Data {
+        /// The request.
+        id: RequestId,
+        /// Offset of the first byte.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// A read (or another request) completed.
+    Done {
+        /// The request.
+        id: RequestId,
+    },
+    /// Paths changed on the sharer.
+    Changed {
+        /// The paths.
+        paths: Vec<SharePath>,
+    },
+    /// A request failed.
+    Failed {
+        /// The request.
+        id: RequestId,
+        /// Why.
+        failure: Failure,
+    },
+}
+
+/// The sharer broke the protocol; the session ends.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// A packet did not decode.
+    #[error("malformed answer: {0}")]
+    Malformed(#[from] DecodeError),
+    /// No hello first, or an incompatible version.
+    #[error("the sharer did not start with a compatible hello")]
+    Hello,
+    /// An answer that fits no request in flight.
+    #[error("unexpected answer for request {0}")]
+    Unexpected(RequestId),
+}
+
+/// All requests in flight are used: wait for answers first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("too many requests in flight")]
+pub struct Busy;
+
+#[derive(Debug)]
+enum Pending {
+    Stat,
+    List,
+    Read {
+        want: Range<u64>,
+        version: Option<Version>,
+        /// Start of the next piece expected.
+        next: u64,
+        end: u64,
+    },
+    Subscribe,
+}
+
+/// One session with a sharer.
+#[derive(Debug)]
+pub struct Client {
+    hello_seen: bool,
+    max_in_flight: u32,
+    next_id: RequestId,
+    pending: HashMap<RequestId, Pending>,
+    /// Cancelled reads whose last answers may still be on their way.
+    cancelled: HashMap<RequestId, ()>,
+    out: VecDeque<Vec<u8>>,
+}
+
+impl Client {
+    /// A session that keeps at most `max_in_flight` requests in flight (the sharer may lower it); its hello
+    /// is the first packet out.
+    pub fn new(max_in_flight: u32) -> Self {
+        let mut hello = Vec::new();
+        Request::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            max_in_flight,
+            share: Vec::new(),
+        })
+        .encode(&mut hello);
+        Client {
+            hello_seen: false,
+            max_in_flight: max_in_flight.max(1),
+            next_id: 1,
+            pending: HashMap::new(),
+            cancelled: HashMap::new(),
+            out: VecDeque::from([hello]),
+        }
+    }
+
+    /// Whether another request fits in flight.
+    pub fn has_room(&self) -> bool {
+        self.pending.len() < self.max_in_flight as usize
+    }
+
+    /// Asks for `path`'s attributes.
+    pub fn stat(&mut self, path: SharePath) -> Result<RequestId, Busy> {
+        self.send(Pending::Stat, |id| Request::Stat { id, path })
+    }
+
+    /// Asks for one page of a listing.
+    pub fn list(&mut self, path: SharePath, cursor: u64, max: u32) -> Result<RequestId, Busy> {
+        let max = max.clamp(1, crate::wire::MAX_PAGE_ENTRIES);
+        self.send(Pending::List, |id| Request::List {
+            id,
+            path,
+            cursor,
+            max,
+        })
+    }
+
+    /// Asks for `len` bytes from `offset` of `path` (cut at its end), of `version` if given.
+    pub fn read(
+        &mut self,
+        path: SharePath,
+        version: Option<[u8; 32]>,
+        offset: u64,
+        len: u64,
+    ) -> Result<RequestId, Busy> {
+        let want = offset..offset.saturating_add(len);
+        self.send(
+            Pending::Read {
+                want,
+                version: None,
+                next: 0,
+                end: 0,
+            },
+            |id| Request::Read {
+                id,
+                path,
+                version,
+                offset,
+                len,
+            },
+        )
+    }
+
+    /// Asks for change notifications.
+    pub fn subscribe(&mut self) -> Result<RequestId, Busy> {
+        self.send(Pending::Subscribe, |id| Request::Subscribe { id })
+    }
+
+    /// Cancels a request; answers already on their way are dropped.
+    pub fn cancel(&mut self, id: RequestId) {
+        if self.pending.remove(&id).is_some() {
+            self.cancelled.insert(id, ());
+            let mut buf = Vec::new();
+            Request::Cancel { id }.encode(&mut buf);
+            self.out.push_back(buf);
+        }
+    }
+
+    /// The next packet to send.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        self.out.pop_front()
+    }
+
+    /// Takes one packet from the sharer.
+    pub fn handle(&mut self, packet: &[u8]) -> Result<Option<Event>, ClientError> {
+        let rsp = Response::decode(packet)?;
+        if !self.hello_seen {
+            return match rsp {
+                Response::Hello(h) if h.version == PROTOCOL_VERSION => {
+                    self.hello_seen = true;
+                    self.max_in_flight = self.max_in_flight.min(h.max_in_flight.max(1));
+                    Ok(Some(Event::Ready { share: h.share }))
+                }
+                _ => Err(ClientError::Hello),
+            };
+        }
+        let id = match &rsp {
+            Response::Hello(_) => return Err(ClientError::Hello),
+            Response::Entries { id, .. }
+            | Response::Attr { id, .. }
+            | Response::Version { id, .. }
+            | Response::Data { id, .. }
+            | Response::Done { id }
+            | Response::Changed { id, .. }
+            | Response::Error { id, .. } => *id,
+        };
+        let Some(pending) = self.pending.get_mut(&id) else {
+            if self.cancelled.contains_key(&id) {
+                if matches!(rsp, Response::Error { .. } | Response::Done { .. }) {
+                    self.cancelled.remove(&id);
+                }
+                return Ok(None);
+            }
+            return Err(ClientError::Unexpected(id));
+        };
+        let event = match (pending, rsp) {
+            (_, Response::Error { code, message, .. }) => {
+                self.pending.remove(&id);
+                Event::Failed {
+                    id,
+                    failure: Failure::Remote(code, message),
+                }
+            }
+            (Pending::Stat, Response::Attr { entry, .. }) => {
+                self.pending.remove(&id);
+                Event::Attr { id, entry }
+            }
+            (Pending::List, Response::Entries { entries, next, .. }) => {
+                self.pending.remove(&id);
+                Event::Entries { id, entries, next }
+            }
+            (Pending::Subscribe, Response::Changed { paths, .. }) => Event::Changed { paths },
+            (
+                Pending::Read {
+                    want,
+                    version: v @ None,
+                    next,
+                    end,
+                },
+                Response::Version { size, root, .. },
+            ) => {
+                let version = Version { size, root };
+                let range = covering(size, want.start, want.end - want.start);
+                *v = Some(version);
+                *next = range.start;
+                *end = range.end;
+                Event::Version { id, version }
+            }
+            (
+                Pending::Read {
+                    want,
+                    version: Some(version),
+                    next,
+                    end,
+                },
+                Response::Data {
+                    offset, len, piece, ..
+                },
+            ) => {
+                let range = offset..offset + u64::from(len);
+                let in_order = offset == *next && range.end <= *end;
+                let mut bytes = Vec::with_capacity(len as usize);
+                if !in_order || verify_piece(version, range.clone(), piece, &mut bytes).is_err() {
+                    // Stop the read's other pieces; they are dropped when they come.
+                    self.cancel(id);
+                    return Ok(Some(Event::Failed {
+                        id,
+                        failure: Failure::Integrity,
+                    }));
+                }
+                *next = range.end;
+                // Hand on only what was asked for.
+                let from = want.start.max(range.start);
+                let to = want.end.min(range.end).max(from);
+                let bytes =
+                    bytes[(from - range.start) as usize..(to - range.start) as usize].to_vec();
+                Event::Data {
+                    id,
+                    offset: from,
+                    bytes,
+                }
+            }
+            (
+                Pending::Read {
+                    version: Some(_),
+                    next,
+                    end,
+                    ..
+                },
+                Response::Done { .. },
+            ) => {
+                let complete = next == end;
+                self.pending.remove(&id);
+                if !complete {
+                    return Ok(Some(Event::Failed {
+                        id,
+                        failure: Failure::Integrity,
+                    }));
+                }
+                Event::Done { id }
+            }
+            _ => return Err(ClientError::Unexpected(id)),
+        };
+        Ok(Some(event))
+    }
+
+    fn send(
+        &mut self,
+        pending: Pending,
+        request: impl FnOnce(RequestId) -> Request,
+    ) -> Result<RequestId, Busy> {
+        if !self.has_room() {
+            return Err(Busy);
+        }
+        let id = self.next_id;
+        // Ids wrap after 4 billion requests; one still in flight is skipped.
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        while self.pending.contains_key(&self.next_id) || self.cancelled.contains_key(&self.next_id)
+        {
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+        }
+        let mut buf = Vec::new();
+        request(id).encode(&mut buf);
+        self.out.push_back(buf);
+        self.pending.insert(id, pending);
+        Ok(id)
+    }
+}

@@ -1,0 +1,382 @@
+//! The sharer's side of one client connection, as a state machine: packets in, jobs for the file-system
+//! layer out, answers and pieces back in, packets out. No sockets, no files, no clocks.
+//!
+//! The IO layer loops: feed every packet from the channel to [`Server::handle`]; run each [`Job`] from
+//! [`Server::next_job`] against the share and report the result (`*_done`, [`Server::read_opened`]); send
+//! everything [`Server::poll_transmit`] gives; and while it gives nothing, build the next piece that
+//! [`Server::next_piece`] names (a [`crate::wire::data_header`] and [`crate::tree::encode_piece`] into one
+//! packet). Small answers always go before the next piece, and reads take turns piece by piece, so a large
+//! read never holds back a stat.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use crate::tree::{covering, Version, GROUP};
+use crate::wire::{
+    self, DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath,
+    PROTOCOL_VERSION,
+};
+
+/// Settings of a share's sessions.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The share's name, sent in the hello.
+    pub share: Vec<u8>,
+    /// Most requests one client may have in flight; more are answered [`ErrorCode::Busy`].
+    pub max_in_flight: u32,
+    /// Largest piece, in bytes (a multiple of [`GROUP`]).
+    pub max_piece: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            share: Vec::new(),
+            max_in_flight: 256,
+            max_piece: 1 << 20,
+        }
+    }
+}
+
+/// Work for the file-system layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Stat `path`; report with [`Server::stat_done`].
+    Stat {
+        /// The request.
+        id: RequestId,
+        /// The path.
+        path: SharePath,
+    },
+    /// List one page of `path`; report with [`Server::list_done`].
+    List {
+        /// The request.
+        id: RequestId,
+        /// The directory.
+        path: SharePath,
+        /// Where the page starts.
+        cursor: u64,
+        /// Most entries.
+        max: u32,
+    },
+    /// Open `path` for reading and find its version (outboard); report with [`Server::read_opened`] and keep
+    /// the file open until the read is done or failed.
+    Open {
+        /// The request.
+        id: RequestId,
+        /// The file.
+        path: SharePath,
+    },
+}
+
+/// A piece to build: the data of `range` of the read `id`, with its proof.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// The read.
+    pub id: RequestId,
+    /// Group-aligned byte range.
+    pub range: Range<u64>,
+}
+
+/// A client broke the protocol; the session ends.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ServerError {
+    /// A packet did not decode.
+    #[error("malformed request: {0}")]
+    Malformed(#[from] DecodeError),
+    /// The first message was not a hello, or the version is not ours.
+    #[error("the client did not start with a compatible hello")]
+    Hello,
+    /// An id that is already in flight.
+    #[error("request id {0} is already in flight")]
+    DuplicateId(RequestId),
+}
+
+/// What a request in flight is waiting for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum InFlight {
+    Job,
+    Opening {
+        version: Option<[u8; 32]>,
+        offset: u64,
+        len: u64,
+    },
+    Reading,
+    Subscribed,
+}
+
+/// One client's session.
+#[derive(Debug)]
+pub struct Server {
+    config: ServerConfig,
+    greeted: bool,
+    out: VecDeque<Vec<u8>>,
+    jobs: VecDeque<Job>,
+    in_flight: HashMap<RequestId, InFlight>,
+    /// Reads with pieces left, taking turns: id and the bytes still to send.
+    reads: VecDeque<(RequestId, Range<u64>)>,
+}
+
+impl Server {
+    /// A session; its hello is the first packet out.
+    pub fn new(config: ServerConfig) -> Self {
+        assert!(
+            config.max_piece >= GROUP && config.max_piece.is_multiple_of(GROUP),
+            "pieces are whole groups"
+        );
+        let mut hello = Vec::new();
+        Response::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            max_in_flight: config.max_in_flight,
+            share: config.share.clone(),
+        })
+        .encode(&mut hello);
+        Server {
+            config,
+            greeted: false,
+            out: VecDeque::from([hello]),
+            jobs: VecDeque::new(),
+            in_flight: HashMap::new(),
+            reads: VecDeque::new(),
+        }
+    }
+
+    /// Takes one packet from the client.
+    pub fn handle(&mut self, packet: &[u8]) -> Result<(), ServerError> {
+        let req = Request::decode(packet)?;
+        if !self.greeted {
+            return match req {
+                Request::Hello(h) if h.version == PROTOCOL_VERSION => {
+                    self.greeted = true;
+                    Ok(())
+                }
+                _ => Err(ServerError::Hello),
+            };
+        }
+        let (id, job, state) = match req {
+            Request::Hello(_) => return Err(ServerError::Hello),
+            Request::Cancel { id } => {
+                self.cancel(id);
+                return Ok(());
+            }
+            Request::Stat { id, path } => (id, Some(Job::Stat { id, path }), InFlight::Job),
+            Request::List {
+                id,
+                path,
+                cursor,
+                max,
+            } => (
+                id,
+                Some(Job::List {
+                    id,
+                    path,
+                    cursor,
+                    max,
+                }),
+                InFlight::Job,
+            ),
+            Request::Read {
+                id,
+                path,
+                version,
+                offset,
+                len,
+            } => (
+                id,
+                Some(Job::Open { id, path }),
+                InFlight::Opening {
+                    version,
+                    offset,
+                    len,
+                },
+            ),
+            Request::Subscribe { id } => (id, None, InFlight::Subscribed),
+        };
+        if self.in_flight.contains_key(&id) {
+            return Err(ServerError::DuplicateId(id));
+        }
+        if self.in_flight.len() >= self.config.max_in_flight as usize {
+            self.error(id, ErrorCode::Busy, "too many requests in flight");
+            return Ok(());
+        }
+        self.in_flight.insert(id, state);
+        self.jobs.extend(job);
+        Ok(())
+    }
+
+    /// The next job for the file-system layer.
+    pub fn next_job(&mut self) -> Option<Job> {
+        self.jobs.pop_front()
+    }
+
+    /// Reports a stat.
+    pub fn stat_done(&mut self, id: RequestId, result: Result<Entry, (ErrorCode, String)>) {
+        if self.in_flight.remove(&id).is_none() {
+            return; // cancelled meanwhile
+        }
+        match result {
+            Ok(entry) => self.push(Response::Attr { id, entry }),
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// Reports one page of a listing (`next` is [`wire::END`] after the last page).
+    pub fn list_done(
+        &mut self,
+        id: RequestId,
+        result: Result<(Vec<Entry>, u64), (ErrorCode, String)>,
+    ) {
+        if self.in_flight.remove(&id).is_none() {
+            return;
+        }
+        match result {
+            Ok((entries, next)) => self.push(Response::Entries { id, entries, next }),
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// Reports an opened file's version; its pieces follow. A read that named another version fails with
+    /// [`ErrorCode::Changed`] (after the current version, so the client learns it).
+    pub fn read_opened(&mut self, id: RequestId, result: Result<Version, (ErrorCode, String)>) {
+        let Some(InFlight::Opening {
+            version: wanted,
+            offset,
+            len,
+        }) = self.in_flight.get(&id).cloned()
+        else {
+            return;
+        };
+        let version = match result {
+            Ok(v) => v,
+            Err((code, message)) => {
+                self.in_flight.remove(&id);
+                return self.error(id, code, &message);
+            }
+        };
+        self.push(Response::Version {
+            id,
+            size: version.size,
+            root: version.root,
+        });
+        if wanted.is_some_and(|w| w != version.root) {
+            self.in_flight.remove(&id);
+            return self.error(
+                id,
+                ErrorCode::Changed,
+                "the file changed since that version",
+            );
+        }
+        if offset > version.size {
+            self.in_flight.remove(&id);
+            return self.error(
+                id,
+                ErrorCode::BadRequest,
+                "the range starts past the end of the file",
+            );
+        }
+        let range = covering(version.size, offset, len);
+        self.in_flight.insert(id, InFlight::Reading);
+        if range.is_empty() && version.size != 0 {
+            self.finish(id);
+        } else {
+            self.reads.push_back((id, range));
+        }
+    }
+
+    /// The next piece to build, when no answer is waiting to go out: reads take turns. After building it,
+    /// call [`Server::piece_sent`] (or [`Server::fail`]).
+    pub fn next_piece(&mut self) -> Option<Piece> {
+        if !self.out.is_empty() {
+            return None;
+        }
+        let (id, left) = self.reads.pop_front()?;
+        let end = if left.is_empty() {
+            left.end // the one piece of an empty file
+        } else {
+            (left.start + self.config.max_piece).min(left.end)
+        };
+        let piece = Piece {
+            id,
+            range: left.start..end,
+        };
+        if end < left.end {
+            self.reads.push_back((id, end..left.end));
+        }
+        Some(piece)
+    }
+
+    /// The piece `piece` was sent; the read is done after its last one.
+    pub fn piece_sent(&mut self, piece: &Piece) {
+        if !self.reads.iter().any(|(id, _)| *id == piece.id) {
+            self.finish(piece.id);
+        }
+    }
+
+    /// A request failed in the file-system layer (a read error, a file that changed under its outboard).
+    pub fn fail(&mut self, id: RequestId, code: ErrorCode, message: &str) {
+        if self.in_flight.remove(&id).is_some() {
+            self.reads.retain(|(r, _)| *r != id);
+            self.error(id, code, message);
+        }
+    }
+
+    /// Tells subscribed clients that `paths` changed.
+    pub fn changed(&mut self, paths: &[SharePath]) {
+        let subs: Vec<RequestId> = self
+            .in_flight
+            .iter()
+            .filter(|(_, s)| **s == InFlight::Subscribed)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in subs {
+            for batch in paths.chunks(wire::MAX_CHANGED as usize) {
+                self.push(Response::Changed {
+                    id,
+                    paths: batch.to_vec(),
+                });
+            }
+        }
+    }
+
+    /// The next packet to send.
+    pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
+        self.out.pop_front()
+    }
+
+    /// Requests in flight.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        if self.in_flight.remove(&id).is_some() {
+            self.jobs.retain(|j| match j {
+                Job::Stat { id: j, .. } | Job::List { id: j, .. } | Job::Open { id: j, .. } => {
+                    *j != id
+                }
+            });
+            self.reads.retain(|(r, _)| *r != id);
+            self.error(id, ErrorCode::Cancelled, "cancelled");
+        }
+    }
+
+    fn finish(&mut self, id: RequestId) {
+        if self.in_flight.remove(&id).is_some() {
+            self.push(Response::Done { id });
+        }
+    }
+
+    fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
+        self.push(Response::Error {
+            id,
+            code,
+            message: message.to_string(),
+        });
+    }
+
+    fn push(&mut self, rsp: Response<'_>) {
+        let mut buf = Vec::new();
+        rsp.encode(&mut buf);
+        self.out.push_back(buf);
+    }
+}
