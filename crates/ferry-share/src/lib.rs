@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod fs;
 pub mod server;
 pub mod tree;
 pub mod wire;
