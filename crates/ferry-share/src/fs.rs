@@ -317,12 +317,8 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn share() -> (tempfile::TempDir, ShareRoot) {
-        let t = tempfile::Builder::new()
-            .prefix("ferry-share-")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
+    fn share() -> (ferry_testkit::TempDir, ShareRoot) {
+        let t = ferry_testkit::temp_dir("ferry-share-");
         let d = t.path().join("share");
         std::fs::create_dir_all(d.join("sub")).unwrap();
         std::fs::write(d.join("a.txt"), b"alpha").unwrap();

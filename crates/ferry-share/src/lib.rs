@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod fs;
+pub mod io;
 pub mod server;
 pub mod tree;
 pub mod wire;

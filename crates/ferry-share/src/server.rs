@@ -17,6 +17,10 @@ use crate::wire::{
     PROTOCOL_VERSION,
 };
 
+/// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in one
+/// group.
+pub const DEFAULT_PIECE: u64 = (1 << 20) - GROUP;
+
 /// Settings of a share's sessions.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -33,7 +37,7 @@ impl Default for ServerConfig {
         ServerConfig {
             share: Vec::new(),
             max_in_flight: 256,
-            max_piece: 1 << 20,
+            max_piece: DEFAULT_PIECE,
         }
     }
 }
@@ -341,6 +345,11 @@ impl Server {
     /// The next packet to send.
     pub fn poll_transmit(&mut self) -> Option<Vec<u8>> {
         self.out.pop_front()
+    }
+
+    /// Whether `id` is a read that still has pieces to come (its file must stay open).
+    pub fn is_reading(&self, id: RequestId) -> bool {
+        self.in_flight.get(&id) == Some(&InFlight::Reading)
     }
 
     /// Requests in flight.

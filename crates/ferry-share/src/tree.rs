@@ -202,15 +202,7 @@ mod tests {
     use super::*;
 
     fn data(len: usize) -> Vec<u8> {
-        let mut x = 0x2545f4914f6cdd1du64;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
+        ferry_testkit::pseudo_random(len, 0x2545f4914f6cdd1d)
     }
 
     #[test]

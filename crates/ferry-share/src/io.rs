@@ -1,0 +1,306 @@
+//! Blocking IO around the sans-IO sessions: a share served, and a share used, over an established channel.
+//!
+//! The server reads packets on a thread of its own (so a client's cancel or stat reaches the session while
+//! pieces are being written) and runs everything else on the caller's thread: the session's jobs against
+//! [`ShareRoot`], its answers, then its pieces, each built and sent before the next packet is handled.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::sync::mpsc;
+
+use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::ChannelError;
+
+use crate::client::{Client, ClientError, Event, Failure};
+use crate::fs::{OutboardCache, ShareRoot};
+use crate::server::{Job, Server, ServerConfig, ServerError};
+use crate::tree::{encode_piece, Outboard, Version};
+use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, END};
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The channel failed (the peer went away, or tampering).
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// The client broke the protocol.
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    /// The sharer broke the protocol.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A request failed.
+    #[error("{}: {}", .0.as_str(), .1)]
+    Remote(ErrorCode, String),
+    /// Data did not verify against its version.
+    #[error("the data does not match its version's hash (the file changed while it was read, or the sharer is faulty)")]
+    Integrity,
+    /// A local file could not be written.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    /// The peer closed the session.
+    #[error("the peer closed the session")]
+    Closed,
+}
+
+/// Serves `root` to one client until it hangs up. Requests that try to leave the share are refused with
+/// `unsafe-path` and reported to `log`.
+pub fn serve<R, W>(
+    mut reader: SecureReader<R>,
+    mut writer: SecureWriter<W>,
+    root: &ShareRoot,
+    cache: &OutboardCache,
+    config: ServerConfig,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), SessionError>
+where
+    R: Read + Send + 'static,
+    W: Write,
+{
+    let (tx, rx) = mpsc::sync_channel::<Result<Vec<u8>, ChannelError>>(64);
+    std::thread::spawn(move || loop {
+        let item = match reader.recv() {
+            Ok(Some(p)) => Ok(p.to_vec()),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        let failed = item.is_err();
+        if tx.send(item).is_err() || failed {
+            return;
+        }
+    });
+    let mut server = Server::new(config);
+    let mut open: HashMap<RequestId, (File, Outboard)> = HashMap::new();
+    let mut packet = Vec::with_capacity(1 << 20);
+    loop {
+        // Answers first, then one piece; block for input only when there is nothing to send.
+        while let Some(out) = server.poll_transmit() {
+            writer.send(&out)?;
+        }
+        let idle = match server.next_piece() {
+            Some(piece) => {
+                let (file, outboard) = &open[&piece.id];
+                packet.clear();
+                let len = (piece.range.end - piece.range.start) as u32;
+                wire::data_header(&mut packet, piece.id, piece.range.start, len);
+                match encode_piece(file, outboard, piece.range.clone(), &mut packet) {
+                    Ok(()) => {
+                        writer.send(&packet)?;
+                        server.piece_sent(&piece);
+                    }
+                    Err(e) => server.fail(piece.id, ErrorCode::Io, &e.to_string()),
+                }
+                false
+            }
+            None => true,
+        };
+        open.retain(|id, _| server.is_reading(*id));
+        let next = if idle {
+            writer.flush()?;
+            match rx.recv() {
+                Ok(p) => Some(p),
+                Err(_) => return Ok(()), // the client hung up
+            }
+        } else {
+            rx.try_recv().ok()
+        };
+        if let Some(p) = next {
+            server.handle(&p?)?;
+            while let Ok(p) = rx.try_recv() {
+                server.handle(&p?)?;
+            }
+        }
+        while let Some(job) = server.next_job() {
+            run_job(&mut server, job, root, cache, &mut open, log);
+        }
+    }
+}
+
+fn run_job(
+    server: &mut Server,
+    job: Job,
+    root: &ShareRoot,
+    cache: &OutboardCache,
+    open: &mut HashMap<RequestId, (File, Outboard)>,
+    log: &mut dyn FnMut(&str),
+) {
+    let mut note = |r: Option<&(ErrorCode, String)>| {
+        if let Some((ErrorCode::UnsafePath, msg)) = r {
+            log(&format!("refused: {msg}"));
+        }
+    };
+    match job {
+        Job::Stat { id, path } => {
+            let r = root.stat(&path);
+            note(r.as_ref().err());
+            server.stat_done(id, r);
+        }
+        Job::List {
+            id,
+            path,
+            cursor,
+            max,
+        } => {
+            let r = root.list(&path, cursor, max);
+            note(r.as_ref().err());
+            server.list_done(id, r);
+        }
+        Job::Open { id, path } => {
+            let r = root.open_file(&path).and_then(|f| {
+                cache
+                    .outboard(&f)
+                    .map(|(ob, _)| (f, ob))
+                    .map_err(|e| (ErrorCode::Io, e.to_string()))
+            });
+            note(r.as_ref().err());
+            match r {
+                Ok((file, ob)) => {
+                    let version = ob.version();
+                    open.insert(id, (file, ob));
+                    server.read_opened(id, Ok(version));
+                }
+                Err(e) => server.read_opened(id, Err(e)),
+            }
+        }
+    }
+}
+
+/// A session with a sharer, driven one request at a time or pipelined.
+pub struct Session<R: Read, W: Write> {
+    client: Client,
+    reader: SecureReader<R>,
+    writer: SecureWriter<W>,
+    share: Vec<u8>,
+}
+
+impl<R: Read, W: Write> Session<R, W> {
+    /// Opens a session over an established channel: hellos both ways.
+    pub fn open(
+        reader: SecureReader<R>,
+        writer: SecureWriter<W>,
+        max_in_flight: u32,
+    ) -> Result<Self, SessionError> {
+        let mut s = Session {
+            client: Client::new(max_in_flight),
+            reader,
+            writer,
+            share: Vec::new(),
+        };
+        match s.next_event()? {
+            Event::Ready { share } => s.share = share,
+            _ => return Err(ClientError::Hello.into()),
+        }
+        Ok(s)
+    }
+
+    /// The share's name.
+    pub fn share(&self) -> &[u8] {
+        &self.share
+    }
+
+    /// The protocol state, to issue requests directly (then drive with [`Session::next_event`]).
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+
+    /// Sends what is queued, then waits for the next event.
+    pub fn next_event(&mut self) -> Result<Event, SessionError> {
+        loop {
+            let mut sent = false;
+            while let Some(p) = self.client.poll_transmit() {
+                self.writer.send(&p)?;
+                sent = true;
+            }
+            if sent {
+                self.writer.flush()?;
+            }
+            let packet = self.reader.recv()?.ok_or(SessionError::Closed)?;
+            if let Some(ev) = self.client.handle(packet)? {
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// The attributes of `path`.
+    pub fn stat(&mut self, path: SharePath) -> Result<Entry, SessionError> {
+        let id = self.client.stat(path).map_err(|_| busy())?;
+        loop {
+            match self.next_event()? {
+                Event::Attr { id: i, entry } if i == id => return Ok(entry),
+                Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Every entry of the directory `path`, page by page.
+    pub fn list_all(&mut self, path: SharePath) -> Result<Vec<Entry>, SessionError> {
+        let mut all = Vec::new();
+        let mut cursor = 0;
+        while cursor != END {
+            let id = self
+                .client
+                .list(path.clone(), cursor, wire::MAX_PAGE_ENTRIES)
+                .map_err(|_| busy())?;
+            loop {
+                match self.next_event()? {
+                    Event::Entries {
+                        id: i,
+                        entries,
+                        next,
+                    } if i == id => {
+                        all.extend(entries);
+                        cursor = next;
+                        break;
+                    }
+                    Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
+                    _ => {}
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    /// Reads `len` bytes from `offset` of `path` into `out` (positioned writes), every byte verified;
+    /// returns the version read. Nothing unverified is written.
+    pub fn read_into(
+        &mut self,
+        path: SharePath,
+        offset: u64,
+        len: u64,
+        out: &mut impl std::os::unix::fs::FileExt,
+    ) -> Result<Version, SessionError> {
+        let id = self
+            .client
+            .read(path, None, offset, len)
+            .map_err(|_| busy())?;
+        let mut version = None;
+        loop {
+            match self.next_event()? {
+                Event::Version { id: i, version: v } if i == id => version = Some(v),
+                Event::Data {
+                    id: i,
+                    offset,
+                    bytes,
+                } if i == id => out.write_all_at(&bytes, offset)?,
+                Event::Done { id: i } if i == id => {
+                    return version.ok_or(SessionError::Integrity);
+                }
+                Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn busy() -> SessionError {
+    SessionError::Remote(ErrorCode::Busy, "too many requests in flight".into())
+}
+
+fn failed(f: Failure) -> SessionError {
+    match f {
+        Failure::Remote(code, msg) => SessionError::Remote(code, msg),
+        Failure::Integrity => SessionError::Integrity,
+    }
+}

@@ -1,0 +1,160 @@
+//! A share served over a real encrypted channel on loopback TCP, both sides authenticated by pinned identity
+//! keys, with real files.
+
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ferry_channel::blocking::{handshake_until, split_tcp};
+use ferry_channel::{Auth, ChannelError, Config, Handshake, IdentityKey, Role};
+use ferry_share::fs::{OutboardCache, ShareRoot};
+use ferry_share::io::{serve, Session, SessionError};
+use ferry_share::server::ServerConfig;
+use ferry_share::wire::{ErrorCode, Kind, SharePath};
+use ferry_testkit::pseudo_random;
+
+fn handshake(
+    stream: TcpStream,
+    role: Role,
+    key: IdentityKey,
+    pinned: [u8; 32],
+) -> Result<ferry_channel::Established, ChannelError> {
+    let hs = Handshake::new(
+        role,
+        Config::ferry(),
+        Auth::Identity {
+            key,
+            pinned: Some(pinned),
+        },
+    );
+    let mut s = stream;
+    handshake_until(&mut s, hs, Instant::now() + Duration::from_secs(10))
+}
+
+struct Sharer {
+    dir: ferry_testkit::TempDir,
+    log: Arc<Mutex<Vec<String>>>,
+    addr: std::net::SocketAddr,
+    key: [u8; 32],
+}
+
+/// Shares a fresh directory; accepts one client whose key is `client`.
+fn start(client: [u8; 32]) -> Sharer {
+    let dir = ferry_testkit::temp_dir("ferry-share-");
+    let share = dir.path().join("share");
+    std::fs::create_dir_all(share.join("docs")).unwrap();
+    std::fs::write(
+        share.join("big.bin"),
+        pseudo_random(3 * 1024 * 1024 + 777, 5),
+    )
+    .unwrap();
+    std::fs::write(share.join("docs/note.txt"), b"hello from the sharer").unwrap();
+    std::fs::write(dir.path().join("secret"), b"not shared").unwrap();
+    std::os::unix::fs::symlink("../secret", share.join("escape")).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let key = IdentityKey::generate();
+    let public = key.public();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (log2, cache_dir) = (Arc::clone(&log), dir.path().join("cache"));
+    std::thread::spawn(move || {
+        let (stream, _) = listener.accept().unwrap();
+        let est = match handshake(stream.try_clone().unwrap(), Role::Responder, key, client) {
+            Ok(e) => e,
+            Err(e) => {
+                log2.lock().unwrap().push(format!("handshake: {e}"));
+                return;
+            }
+        };
+        let (reader, writer) = split_tcp(stream, est).unwrap();
+        let root = ShareRoot::open(&share).unwrap();
+        let cache = OutboardCache::new(cache_dir);
+        let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
+        let _ = serve(
+            reader,
+            writer,
+            &root,
+            &cache,
+            ServerConfig::default(),
+            &mut log,
+        );
+    });
+    Sharer {
+        dir,
+        log,
+        addr,
+        key: public,
+    }
+}
+
+fn connect(s: &Sharer, key: IdentityKey) -> Result<Session<TcpStream, TcpStream>, SessionError> {
+    let stream = TcpStream::connect(s.addr).unwrap();
+    let est = handshake(stream.try_clone().unwrap(), Role::Initiator, key, s.key)?;
+    let (reader, writer) = split_tcp(stream, est).unwrap();
+    Session::open(reader, writer, 64)
+}
+
+fn p(s: &str) -> SharePath {
+    SharePath::new(s.as_bytes()).unwrap()
+}
+
+#[test]
+fn a_paired_client_lists_stats_and_pulls_verified_files() {
+    let me = IdentityKey::generate();
+    let sharer = start(me.public());
+    let mut session = connect(&sharer, me).unwrap();
+    let names: Vec<(String, Kind)> = session
+        .list_all(SharePath::root())
+        .unwrap()
+        .into_iter()
+        .map(|e| (String::from_utf8_lossy(&e.name).into_owned(), e.kind))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("big.bin".to_string(), Kind::File),
+            ("docs".to_string(), Kind::Dir),
+            ("escape".to_string(), Kind::Symlink)
+        ]
+    );
+    assert_eq!(session.stat(p("docs/note.txt")).unwrap().size, 21);
+
+    let out_path = sharer.dir.path().join("pulled.bin");
+    let mut out = std::fs::File::create(&out_path).unwrap();
+    let version = session
+        .read_into(p("big.bin"), 0, u64::MAX, &mut out)
+        .unwrap();
+    let original = std::fs::read(sharer.dir.path().join("share/big.bin")).unwrap();
+    assert_eq!(std::fs::read(&out_path).unwrap(), original);
+    assert_eq!(version.root, *blake3::hash(&original).as_bytes());
+
+    // A range from the middle, and a request that tries to leave the share.
+    let mut part = std::fs::File::create(sharer.dir.path().join("part")).unwrap();
+    session
+        .read_into(p("big.bin"), 1_000_000, 5000, &mut part)
+        .unwrap();
+    let got = std::fs::read(sharer.dir.path().join("part")).unwrap();
+    assert_eq!(&got[1_000_000..], &original[1_000_000..1_005_000]);
+    let err = session
+        .read_into(p("escape"), 0, 10, &mut part)
+        .unwrap_err();
+    assert!(
+        matches!(err, SessionError::Remote(ErrorCode::UnsafePath, _)),
+        "{err}"
+    );
+    assert!(sharer
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("refused") && l.contains("escape")));
+}
+
+#[test]
+fn an_unpaired_key_gets_nothing() {
+    let paired = IdentityKey::generate();
+    let sharer = start(paired.public());
+    let stranger = IdentityKey::generate();
+    let err = connect(&sharer, stranger).err().expect("refused");
+    assert!(matches!(err, SessionError::Channel(_)), "{err}");
+}

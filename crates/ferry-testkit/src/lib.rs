@@ -1,0 +1,39 @@
+//! Helpers shared by ferry's tests (a dev-dependency only): one copy of each, instead of one per crate.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub use tempfile::TempDir;
+
+/// `len` deterministic pseudo-random bytes (xorshift64 from `seed`): incompressible test data that two
+/// places can regenerate alike.
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A temporary directory on tmpfs (`/dev/shm`) when there is one (the disk here is slow and erratic), else
+/// in the system's temporary directory.
+pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::Builder::new().prefix(prefix).tempdir())
+        .expect("a temporary directory")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn data_is_deterministic_and_seeded() {
+        assert_eq!(super::pseudo_random(64, 1), super::pseudo_random(64, 1));
+        assert_ne!(super::pseudo_random(64, 1), super::pseudo_random(64, 2));
+        assert!(super::temp_dir("ferry-testkit-").path().is_dir());
+    }
+}
