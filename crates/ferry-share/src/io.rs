@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
@@ -44,6 +45,48 @@ pub enum SessionError {
     Closed,
 }
 
+/// What reaches a session's loop: a packet from its client, or changes in the share.
+enum Input {
+    Packet(Result<Vec<u8>, ChannelError>),
+    /// The client hung up.
+    Closed,
+    Changed(Vec<SharePath>),
+}
+
+/// A session's inbox, and whether a change announcement did not fit in it.
+type Inbox = (mpsc::SyncSender<Input>, Arc<AtomicBool>);
+
+/// Change announcements for every session of a share (from [`crate::watch`]).
+#[derive(Clone, Default)]
+pub struct Changes {
+    sessions: Arc<Mutex<Vec<Inbox>>>,
+}
+
+impl Changes {
+    /// Announces `paths` to every session. A session whose inbox is full is told later that anything
+    /// may have changed (the whole share), so nothing is lost and nothing waits for a slow client.
+    pub fn publish(&self, paths: Vec<SharePath>) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        sessions.retain(
+            |(tx, missed)| match tx.try_send(Input::Changed(paths.clone())) {
+                Ok(()) => true,
+                Err(mpsc::TrySendError::Full(_)) => {
+                    missed.store(true, Ordering::Relaxed);
+                    true
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => false,
+            },
+        );
+    }
+
+    fn register(&self, inbox: Inbox) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(inbox);
+    }
+}
+
 /// Serves `root` to one client until it hangs up. Requests that try to leave the share are refused with
 /// `unsafe-path` and reported to `log`.
 pub fn serve<R, W>(
@@ -51,6 +94,7 @@ pub fn serve<R, W>(
     mut writer: SecureWriter<W>,
     root: &ShareRoot,
     cache: &OutboardCache,
+    changes: &Changes,
     config: ServerConfig,
     log: &mut dyn FnMut(&str),
 ) -> Result<(), SessionError>
@@ -58,15 +102,17 @@ where
     R: Read + Send + 'static,
     W: Write,
 {
-    let (tx, rx) = mpsc::sync_channel::<Result<Vec<u8>, ChannelError>>(64);
+    let (tx, rx) = mpsc::sync_channel::<Input>(64);
+    let missed = Arc::new(AtomicBool::new(false));
+    changes.register((tx.clone(), Arc::clone(&missed)));
     std::thread::spawn(move || loop {
         let item = match reader.recv() {
-            Ok(Some(p)) => Ok(p.to_vec()),
-            Ok(None) => return,
-            Err(e) => Err(e),
+            Ok(Some(p)) => Input::Packet(Ok(p.to_vec())),
+            Ok(None) => Input::Closed,
+            Err(e) => Input::Packet(Err(e)),
         };
-        let failed = item.is_err();
-        if tx.send(item).is_err() || failed {
+        let last = !matches!(item, Input::Packet(Ok(_)));
+        if tx.send(item).is_err() || last {
             return;
         }
     });
@@ -98,18 +144,21 @@ where
         open.retain(|id, _| server.is_reading(*id));
         let next = if idle {
             writer.flush()?;
-            match rx.recv() {
-                Ok(p) => Some(p),
-                Err(_) => return Ok(()), // the client hung up
-            }
+            rx.recv().ok()
         } else {
             rx.try_recv().ok()
         };
-        if let Some(p) = next {
-            server.handle(&p?)?;
-            while let Ok(p) = rx.try_recv() {
-                server.handle(&p?)?;
+        let mut next = next;
+        while let Some(input) = next {
+            match input {
+                Input::Packet(p) => server.handle(&p?)?,
+                Input::Closed => return Ok(()),
+                Input::Changed(paths) => server.changed(&paths),
             }
+            next = rx.try_recv().ok();
+        }
+        if missed.swap(false, Ordering::Relaxed) {
+            server.changed(&[SharePath::root()]);
         }
         while let Some(job) = server.next_job() {
             run_job(&mut server, job, root, cache, &mut open, log);

@@ -13,4 +13,5 @@ pub mod fs;
 pub mod io;
 pub mod server;
 pub mod tree;
+pub mod watch;
 pub mod wire;

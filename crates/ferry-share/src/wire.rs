@@ -88,7 +88,7 @@ pub enum DecodeError {
 }
 
 /// A path inside the share: empty for the share itself, otherwise checked by the name rules.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SharePath(Vec<u8>);
 
 impl SharePath {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ferry_channel::blocking::{handshake_until, split_tcp};
 use ferry_channel::{Auth, ChannelError, Config, Handshake, IdentityKey, Role};
 use ferry_share::fs::{OutboardCache, ShareRoot};
-use ferry_share::io::{serve, Session, SessionError};
+use ferry_share::io::{serve, Changes, Session, SessionError};
 use ferry_share::server::ServerConfig;
 use ferry_share::wire::{ErrorCode, Kind, SharePath};
 use ferry_testkit::pseudo_random;
@@ -69,15 +69,18 @@ fn start(client: [u8; 32]) -> Sharer {
         let (reader, writer) = split_tcp(stream, est).unwrap();
         let root = ShareRoot::open(&share).unwrap();
         let cache = OutboardCache::new(cache_dir);
+        let changes = Changes::default();
+        let publisher = changes.clone();
+        let _watch = ferry_share::watch::watch(
+            &share,
+            Duration::from_millis(50),
+            move |paths| publisher.publish(paths),
+            |_| {},
+        )
+        .unwrap();
         let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
-        let _ = serve(
-            reader,
-            writer,
-            &root,
-            &cache,
-            ServerConfig::default(),
-            &mut log,
-        );
+        let config = ServerConfig::default();
+        let _ = serve(reader, writer, &root, &cache, &changes, config, &mut log);
     });
     Sharer {
         dir,
@@ -89,6 +92,10 @@ fn start(client: [u8; 32]) -> Sharer {
 
 fn connect(s: &Sharer, key: IdentityKey) -> Result<Session<TcpStream, TcpStream>, SessionError> {
     let stream = TcpStream::connect(s.addr).unwrap();
+    // No test waits forever: a read that gets nothing for 10 s fails.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let est = handshake(stream.try_clone().unwrap(), Role::Initiator, key, s.key)?;
     let (reader, writer) = split_tcp(stream, est).unwrap();
     Session::open(reader, writer, 64)
@@ -148,6 +155,27 @@ fn a_paired_client_lists_stats_and_pulls_verified_files() {
         .unwrap()
         .iter()
         .any(|l| l.contains("refused") && l.contains("escape")));
+}
+
+#[test]
+fn a_subscribed_client_hears_of_a_write_on_the_sharer() {
+    let me = IdentityKey::generate();
+    let sharer = start(me.public());
+    let stream_timeout = Duration::from_secs(10);
+    let mut session = connect(&sharer, me).unwrap();
+    session.client().subscribe().unwrap();
+    // A stat round trip makes sure the subscription is in place before the write.
+    session.stat(SharePath::root()).unwrap();
+    let started = Instant::now();
+    std::fs::write(sharer.dir.path().join("share/docs/new.txt"), b"fresh").unwrap();
+    loop {
+        assert!(started.elapsed() < stream_timeout, "no change announced");
+        if let ferry_share::client::Event::Changed { paths } = session.next_event().unwrap() {
+            if paths.contains(&p("docs/new.txt")) {
+                break;
+            }
+        }
+    }
 }
 
 #[test]

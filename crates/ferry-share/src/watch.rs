@@ -1,0 +1,225 @@
+//! Change notifications: the shared directory watched with inotify, changes gathered for a short while and
+//! announced together, as share paths.
+//!
+//! Every directory of the share gets a watch (new ones as they appear; symlinks are not followed). A
+//! change announces the changed entry and its directory (a listing of the directory is stale too). When the
+//! kernel's queue overflowed, the whole share is announced (the empty path). When the watch limit
+//! (`fs.inotify.max_user_watches`) is reached, the directories that got no watch are reported once through
+//! the warning callback; changes below them are not announced (clients still see them on their next
+//! listing or read, as versions are checked on every read).
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+
+use crate::wire::SharePath;
+
+/// A running watch; dropping it stops it.
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn flags() -> WatchFlags {
+    WatchFlags::CREATE
+        | WatchFlags::DELETE
+        | WatchFlags::MODIFY
+        | WatchFlags::CLOSE_WRITE
+        | WatchFlags::MOVED_FROM
+        | WatchFlags::MOVED_TO
+        | WatchFlags::ATTRIB
+        | WatchFlags::ONLYDIR
+        | WatchFlags::DONT_FOLLOW
+}
+
+/// Watches `root`; `on_change` gets the changed paths (sorted, each once) at most every `debounce`, and
+/// `on_warning` what cannot be watched.
+pub fn watch(
+    root: &Path,
+    debounce: Duration,
+    mut on_change: impl FnMut(Vec<SharePath>) + Send + 'static,
+    mut on_warning: impl FnMut(String) + Send + 'static,
+) -> io::Result<Watcher> {
+    let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)?;
+    let mut state = State {
+        fd,
+        root: root.to_path_buf(),
+        dirs: HashMap::new(),
+        full: false,
+    };
+    state.add_tree(&[], &mut on_warning);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 << 10];
+        let mut pending = BTreeSet::new();
+        let mut since: Option<Instant> = None;
+        let tick = Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        while !stop2.load(Ordering::Relaxed) {
+            let mut fds = [PollFd::new(&state.fd, PollFlags::IN)];
+            let _ = rustix::event::poll(&mut fds, Some(&tick));
+            let mut reader = inotify::Reader::new(&state.fd, &mut buf);
+            let mut new_dirs = Vec::new();
+            loop {
+                let ev = match reader.next() {
+                    Ok(ev) => ev,
+                    Err(Errno::AGAIN) | Err(_) => break,
+                };
+                let flags = ev.events();
+                if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                    pending.insert(SharePath::root());
+                    continue;
+                }
+                let Some(dir) = state.dirs.get(&ev.wd()).cloned() else {
+                    continue;
+                };
+                if flags.contains(ReadFlags::IGNORED) {
+                    state.dirs.remove(&ev.wd());
+                    continue;
+                }
+                pending.extend(SharePath::new(&dir).ok());
+                if let Some(name) = ev.file_name() {
+                    let path = join(&dir, name.to_bytes());
+                    if let Ok(p) = SharePath::new(&path) {
+                        if flags.contains(ReadFlags::ISDIR)
+                            && flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO)
+                        {
+                            new_dirs.push(path);
+                        }
+                        pending.insert(p);
+                    }
+                }
+            }
+            for d in new_dirs {
+                state.add_tree(&d, &mut on_warning);
+            }
+            if !pending.is_empty() {
+                let first = *since.get_or_insert_with(Instant::now);
+                if first.elapsed() >= debounce {
+                    on_change(std::mem::take(&mut pending).into_iter().collect());
+                    since = None;
+                }
+            }
+        }
+    });
+    Ok(Watcher {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+struct State {
+    fd: std::os::fd::OwnedFd,
+    root: PathBuf,
+    /// Watch descriptor → the directory's share path.
+    dirs: HashMap<i32, Vec<u8>>,
+    /// The watch limit was reached (reported once).
+    full: bool,
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+impl State {
+    /// Watches the directory `rel` and every directory below it (not through symlinks).
+    fn add_tree(&mut self, rel: &[u8], warn: &mut dyn FnMut(String)) {
+        let mut stack = vec![rel.to_vec()];
+        while let Some(dir) = stack.pop() {
+            let full = self.root.join(OsStr::from_bytes(&dir));
+            match inotify::add_watch(&self.fd, &full, flags()) {
+                Ok(wd) => {
+                    self.dirs.insert(wd, dir.clone());
+                }
+                Err(Errno::NOSPC) => {
+                    if !self.full {
+                        self.full = true;
+                        warn(format!(
+                            "the inotify watch limit is reached (fs.inotify.max_user_watches): changes in {} and other directories are not announced",
+                            full.display()
+                        ));
+                    }
+                    continue;
+                }
+                Err(_) => continue, // gone meanwhile, or not a directory any more
+            }
+            let Ok(read) = std::fs::read_dir(&full) else {
+                continue;
+            };
+            for entry in read.flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    stack.push(join(&dir, entry.file_name().as_bytes()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn p(s: &str) -> SharePath {
+        SharePath::new(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn writes_anywhere_in_the_share_are_announced_once() {
+        let t = ferry_testkit::temp_dir("ferry-watch-");
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let _w = watch(
+            t.path(),
+            Duration::from_millis(50),
+            move |paths| tx.send(paths).unwrap(),
+            |w| panic!("{w}"),
+        )
+        .unwrap();
+        std::fs::write(t.path().join("a/b/new.txt"), b"x").unwrap();
+        let got = rx.recv_timeout(Duration::from_secs(5)).expect("announced");
+        assert!(
+            got.contains(&p("a/b/new.txt")) && got.contains(&p("a/b")),
+            "{got:?}"
+        );
+        // A directory made after the watch started is watched too.
+        std::fs::create_dir(t.path().join("later")).unwrap();
+        let _ = rx
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the new directory");
+        std::fs::write(t.path().join("later/inside"), b"y").unwrap();
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !seen.contains(&p("later/inside")) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            seen.extend(rx.recv_timeout(left).expect("a write in a new directory"));
+        }
+    }
+}
