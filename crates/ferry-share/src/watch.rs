@@ -83,11 +83,8 @@ pub fn watch(
             let _ = rustix::event::poll(&mut fds, Some(&tick));
             let mut reader = inotify::Reader::new(&state.fd, &mut buf);
             let mut new_dirs = Vec::new();
-            loop {
-                let ev = match reader.next() {
-                    Ok(ev) => ev,
-                    Err(Errno::AGAIN) | Err(_) => break,
-                };
+            // Until EAGAIN: everything queued now.
+            while let Ok(ev) = reader.next() {
                 let flags = ev.events();
                 if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
                     pending.insert(SharePath::root());
