@@ -11,6 +11,7 @@ mod interrupt;
 mod peer;
 mod relay_cmd;
 mod settings;
+mod spool;
 mod transfer_cmd;
 mod ui;
 mod upgrade;
@@ -58,8 +59,7 @@ fn main() -> ExitCode {
         interrupt::install(json);
     }
     let result = match cli.command {
-        Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
-            .and_then(|_| transfer_cmd::send(args, &mut ui)),
+        Command::Send(args) => args.check().and_then(|_| transfer_cmd::send(args, &mut ui)),
         Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),

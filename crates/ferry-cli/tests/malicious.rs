@@ -50,6 +50,8 @@ struct Lie {
     many: Option<Many>,
     data: Vec<Vec<u8>>,
     ending: Ending,
+    /// Offered as a text message.
+    text: bool,
 }
 
 /// A manifest of `count` entries made one at a time by `entry(i)` and encoded page by page.
@@ -68,6 +70,7 @@ impl Lie {
             many: None,
             data: Vec::new(),
             ending: Ending::Verdict,
+            text: false,
         }
     }
 }
@@ -238,6 +241,7 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
         manifest_bytes: lie.manifest_bytes.unwrap_or(m.encoded_len()),
         totals: Totals::of(&m.entries).expect("totals"),
         offer_id: m.offer_id(),
+        text: lie.text,
     }
     .encode(&mut msg);
     let err = |e: ferry_channel::ChannelError| e.to_string();
@@ -284,6 +288,7 @@ fn send_many(
         manifest_bytes: manifest_bytes.unwrap_or(bytes),
         totals,
         offer_id: id.finish().expect("all bytes hashed"),
+        text: false,
     }
     .encode(&mut msg);
     let err = |e: ferry_channel::ChannelError| e.to_string();
@@ -646,6 +651,25 @@ fn less_data_than_the_declared_size_is_refused() {
     assert_failure("50 bytes for 100", v.output(), 8, "size-mismatch");
     assert_eq!(v.seen.error.as_deref(), Some("size-mismatch"));
     assert_only_verified_finals(&v.out, &[]);
+}
+
+/// Issue 10: a text message is held in memory until verified, so a text offer over
+/// [`wire::MAX_TEXT`] is refused from its header, before it is shown, and one that is not exactly
+/// one file is a protocol error.
+#[test]
+fn text_offers_over_the_limit_or_of_several_entries_are_refused() {
+    let size = wire::MAX_TEXT + 1;
+    let mut lie = Lie::offer(vec![file(b"text", size)]);
+    lie.text = true;
+    lie.data = vec![whole_file(0, &vec![b'x'; size as usize], &[0; 32])];
+    let v = attack(lie);
+    v.assert_refused_offer("a text of 1 MiB + 1", 8, "text-too-large");
+    let err = String::from_utf8_lossy(&v.output().stdout);
+    assert!(err.contains("1048577 bytes"), "{err}");
+
+    let mut lie = Lie::offer(vec![dir(b"d"), file(b"d/text", 3)]);
+    lie.text = true;
+    attack(lie).assert_refused_offer("a text of two entries", 8, "protocol");
 }
 
 /// The sender stops after half of a file and ends the stream (cleanly or not): the receiver reports
