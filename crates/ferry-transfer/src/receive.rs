@@ -328,19 +328,12 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             None => (h.chunks.len() as u64 * CHUNK).min(entries[*i as usize].size),
         })
         .sum();
-    let offer = Offer {
-        totals: header.totals,
-        offer_id: header.offer_id,
-        entries: &entries,
+    let (offer, mut pstate) = offer_of(
+        &header,
+        &entries,
+        (&top_level, top_level_count),
         resumable_bytes,
-        top_level: &top_level,
-        top_level_count,
-        text: header.text,
-    };
-    let mut pstate = ProgressState {
-        totals: header.totals,
-        ..Default::default()
-    };
+    );
     answer(sink, &offer, accept, &held, progress, &pstate)?;
 
     // What this run creates is on record before it exists: the directories (so that a resumed
@@ -410,19 +403,7 @@ fn receive_stream<S: PacketSource, K: PacketSink>(
     progress: &mut dyn Progress,
 ) -> Result<ReceiveReport, TransferError> {
     let (top_level, top_level_count) = top_level_names(entries, &[0]);
-    let offer = Offer {
-        totals: header.totals,
-        offer_id: header.offer_id,
-        entries,
-        resumable_bytes: 0,
-        top_level: &top_level,
-        top_level_count,
-        text: header.text,
-    };
-    let mut pstate = ProgressState {
-        totals: header.totals,
-        ..Default::default()
-    };
+    let (offer, mut pstate) = offer_of(header, entries, (&top_level, top_level_count), 0);
     let held = HashMap::new();
     answer(sink, &offer, accept, &held, progress, &pstate)?;
     let (report, done) = writer::with_stream(out, |writer| {
@@ -433,6 +414,30 @@ fn receive_stream<S: PacketSource, K: PacketSink>(
     sink.flush()?;
     progress.done(&pstate);
     Ok(report)
+}
+
+/// The offer to ask about (`top_level`: the first names and how many there are) and the
+/// progress before any data.
+fn offer_of<'a>(
+    header: &OfferHeader,
+    entries: &'a [Entry],
+    top_level: (&'a [&'a [u8]], u64),
+    resumable_bytes: u64,
+) -> (Offer<'a>, ProgressState) {
+    let offer = Offer {
+        totals: header.totals,
+        offer_id: header.offer_id,
+        entries,
+        resumable_bytes,
+        top_level: top_level.0,
+        top_level_count: top_level.1,
+        text: header.text,
+    };
+    let pstate = ProgressState {
+        totals: header.totals,
+        ..Default::default()
+    };
+    (offer, pstate)
 }
 
 /// Shows the offer and asks `accept`: declines, or accepts with the resume pages of `held`.
