@@ -830,3 +830,42 @@ fn terminal_escapes_from_the_peer_are_shown_escaped() {
         "{error}"
     );
 }
+
+/// Issue 10: `-o NAME` keeps its own resume log. A run with `-o a` that is cut has created `a`;
+/// the same offer received with `-o b`, where `b` is the user's own directory, must not take `b`
+/// for the directory the earlier run created (and so merge into it and change its mode).
+#[test]
+fn a_renamed_run_does_not_claim_what_a_run_under_another_name_created() {
+    let world = World::new();
+    let out = world.out();
+    let offer = || vec![dir(b"d"), file(b"d/f", 100)];
+    let mut cut = Lie::offer(offer());
+    cut.data = vec![data_packet(&[&rec_start(1), &rec_data(&[9; 50])])];
+    cut.ending = Ending::Cut;
+    let (first, _) = lie_to(&world, cut, || {
+        receive_with(&world, &out, &["--json", "--yes", "-o", "a"])
+    });
+    assert_failure("-o a, cut", &first.output, 4, "peer-gone");
+    assert!(out.join("a").is_dir());
+
+    fs::create_dir(out.join("b")).unwrap();
+    fs::set_permissions(
+        out.join("b"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o751),
+    )
+    .unwrap();
+    let mut whole = Lie::offer(offer());
+    whole.data = vec![whole_file(1, &[9; 100], &file_hash(&[9; 100]))];
+    let (second, _) = lie_to(&world, whole, || {
+        receive_with(&world, &out, &["--json", "--yes", "-o", "b"])
+    });
+    assert_failure("-o b into the user's b", &second.output, 7, "conflict");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &fs::metadata(out.join("b")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o7777, 0o751, "the user's directory keeps its mode");
+    assert!(
+        list_all(&out.join("b")).is_empty(),
+        "nothing written into b"
+    );
+}
