@@ -41,6 +41,7 @@ fn offer() -> (Manifest, Vec<Vec<u8>>) {
         manifest_bytes: m.encoded_len(),
         totals: Totals::of(&m.entries).expect("totals"),
         offer_id: m.offer_id(),
+        text: false,
     }
     .encode(&mut header);
     let mut page = Vec::new();

@@ -41,6 +41,7 @@ fuzz_target!(|data: &[u8]| {
             manifest_bytes: body.len() as u64,
             totals,
             offer_id: blake3_of(body),
+            text: false,
         }
         .encode(&mut header);
         let mut page = vec![wire::MSG_MANIFEST];

@@ -103,9 +103,9 @@ fn transfer_code_exit(code: &str) -> u8 {
         "peer-gone" | "not-ferry" => 4,
         "integrity" | "tampered" => 5,
         "disk-full" => 6,
-        "conflict" | "declined" => 7,
-        "unsafe-path" | "too-many-entries" | "manifest-too-large" | "size-mismatch"
-        | "protocol" => 8,
+        "conflict" | "declined" | "output-mismatch" => 7,
+        "unsafe-path" | "too-many-entries" | "manifest-too-large" | "text-too-large"
+        | "size-mismatch" | "protocol" => 8,
         _ => EXIT_ERROR,
     }
 }
@@ -144,11 +144,13 @@ const KNOWN_CODES: &[&str] = &[
     "unsafe-path",
     "too-many-entries",
     "manifest-too-large",
+    "text-too-large",
     "protocol",
     "size-mismatch",
     "integrity",
     "conflict",
     "declined",
+    "output-mismatch",
     "source-changed",
 ];
 

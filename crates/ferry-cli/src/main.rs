@@ -13,6 +13,7 @@ mod peer;
 mod peers_cmd;
 mod relay_cmd;
 mod settings;
+mod spool;
 mod transfer_cmd;
 mod ui;
 mod upgrade;
@@ -69,8 +70,7 @@ fn main() -> ExitCode {
         interrupt::install(json);
     }
     let result = match cli.command {
-        Command::Send(args) => transfer_cmd::check_send_paths(args.paths())
-            .and_then(|_| transfer_cmd::send(args, &mut ui)),
+        Command::Send(args) => args.check().and_then(|_| transfer_cmd::send(args, &mut ui)),
         Command::Receive(args) => transfer_cmd::receive(args, &mut ui),
         Command::Pair(args) => pair_cmd::pair(args, &mut ui),
         Command::Id(args) => peers_cmd::id(args),

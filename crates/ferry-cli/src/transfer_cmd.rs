@@ -1,33 +1,45 @@
 //! `ferry send` and `ferry receive`: find the peer, open the secure channel, run the transfer engine.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{BufRead, IsTerminal};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use clap::Args;
 use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::Code;
-use ferry_transfer::{Offer, ReceiveOptions, SendOptions, TransferError};
+use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
 use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::settings::Settings;
-use crate::ui::{count, human_bytes, show_offer, stderr_line, stderr_text, Ui};
+use crate::spool;
+use crate::ui::{count, human_bytes, show_offer, show_text, stderr_line, stderr_text, Ui};
 use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]
 pub struct SendArgs {
-    /// Files and directories to send (directories recursively).
-    #[arg(required = true)]
+    /// Files and directories to send (directories recursively); `-` alone sends standard input as
+    /// one file (named by --name).
+    #[arg(required_unless_present = "text")]
     paths: Vec<PathBuf>,
+    /// Send a text message instead of files (`-`: read it from standard input); the receiver
+    /// prints it. At most 1 MiB.
+    #[arg(long, value_name = "TEXT", conflicts_with = "paths")]
+    text: Option<String>,
+    /// The name standard input arrives under with `ferry send -` (default: stdin).
+    #[arg(long, value_name = "NAME")]
+    name: Option<OsString>,
     /// Use this code instead of a generated one (form: NUMBER-word-word-word).
     #[arg(long)]
     code: Option<String>,
@@ -83,6 +95,11 @@ pub struct ReceiveArgs {
     /// Use only the relay, no direct paths.
     #[arg(long)]
     force_relay: bool,
+    /// Receive the offer's one item (a file, a directory or a text message) under NAME in --out;
+    /// an offer of more than one item is refused. `-`: write the one file to standard output (not
+    /// a terminal, not with --json; no resume).
+    #[arg(long, short = 'o', value_name = "NAME")]
+    output: Option<OsString>,
     /// Refuse offers whose file list needs more memory than SIZE before it is accepted (each entry
     /// counts 155 bytes plus its name and link target; suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
@@ -95,9 +112,14 @@ impl SendArgs {
         self.json
     }
 
-    /// The paths to send.
-    pub fn paths(&self) -> &[PathBuf] {
-        &self.paths
+    /// Rejects a bad command line before anything else happens: the paths (see
+    /// [`check_send_paths`]), standard input and text (see [`spool::check_args`]).
+    pub fn check(&self) -> anyhow::Result<()> {
+        spool::check_args(&self.paths, self.text.as_deref(), self.name.as_deref())?;
+        if spool::is_stdin(&self.paths) {
+            return Ok(());
+        }
+        check_send_paths(&self.paths)
     }
 }
 
@@ -191,7 +213,21 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
     let mut rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
-    let walked = ferry_transfer::walk(&args.paths)?;
+    let spooled = match &args.text {
+        Some(text) => Some(spool::text(text, args.json)?),
+        None if spool::is_stdin(&args.paths) => {
+            Some(spool::stdin(args.name.as_deref(), args.json)?)
+        }
+        None => None,
+    };
+    let walked_paths;
+    let walked = match &spooled {
+        Some(s) => &s.walked,
+        None => {
+            walked_paths = ferry_transfer::walk(&args.paths)?;
+            &walked_paths
+        }
+    };
 
     let totals = walked.manifest.totals();
     ui.event(
@@ -206,11 +242,18 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         Some(r) => format!("--relay {r} "),
         None => String::new(),
     };
+    let what = if args.text.is_some() {
+        format!("a text message ({})", human_bytes(totals.bytes))
+    } else {
+        format!(
+            "{}, {} ({})",
+            count(totals.files, "file", "files"),
+            human_bytes(totals.bytes),
+            count(totals.dirs, "directory", "directories"),
+        )
+    };
     ui.info(&format!(
-        "Sending {}, {} ({}).\nCode: {code}\nOn the other side run:  ferry receive {relay}{code}",
-        count(totals.files, "file", "files"),
-        human_bytes(totals.bytes),
-        count(totals.dirs, "directory", "directories"),
+        "Sending {what}.\nCode: {code}\nOn the other side run:  ferry receive {relay}{code}"
     ));
     if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
         ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
@@ -238,7 +281,10 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         &mut sink,
         &mut source,
         &walked.manifest,
-        &SendOptions { max_packet },
+        &SendOptions {
+            max_packet,
+            text: args.text.is_some(),
+        },
         ui,
     )?;
     sink.0.close()?;
@@ -290,6 +336,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
         _ => {}
     }
+    let output = output(args.output.as_deref(), args.json)?;
     let code: Code = args.code.parse()?;
     let connected = receiver_connect(&code, &opts, args.peer, ui)?;
     report_path(ui, &connected);
@@ -308,32 +355,75 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.overwrite = args.overwrite;
     ropts.merge = args.merge;
     ropts.max_manifest = args.max_manifest;
+    let stream = matches!(output, Output::Stream(_));
+    let on_disk = !matches!(output, Output::Offered);
+    ropts.output = output;
     let (yes, json) = (args.yes, ui.is_json());
     let mut interrupted = false;
-    let mut accept = |offer: &Offer<'_>| match accept_offer(offer, yes, json) {
-        Answer::Yes => true,
-        Answer::No => false,
-        Answer::Interrupted => {
-            interrupted = true;
-            false
-        }
-    };
+    let mut accepted = false;
+    // A text message shown on stdout writes nothing to disk: it is accepted without a question.
+    let mut accept =
+        |offer: &Offer<'_>| match accept_offer(offer, yes || offer.text && !on_disk, json) {
+            Answer::Yes => {
+                accepted = true;
+                true
+            }
+            Answer::No => false,
+            Answer::Interrupted => {
+                interrupted = true;
+                false
+            }
+        };
     let received = ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui);
     if interrupted {
         // The engine told the sender it was declined; nothing was written.
         return Err(InterruptedAtQuestion.into());
     }
-    received.map_err(|e| {
-        if let TransferError::Conflict { .. } = e {
-            anyhow::Error::new(e).context(
-                "not writing into what exists (--merge adds to existing directories, --overwrite replaces files)",
-            )
-        } else {
-            e.into()
+    let report = received.map_err(|e| match e {
+        TransferError::Conflict { .. } => anyhow::Error::new(e).context(
+            "not writing into what exists (--merge adds to existing directories, --overwrite replaces files)",
+        ),
+        TransferError::Integrity { .. } if stream && accepted => anyhow::Error::new(e)
+            .context("what was written to standard output is not to be trusted"),
+        _ if stream && accepted => {
+            anyhow::Error::new(e).context("what was written to standard output is incomplete")
         }
+        _ => e.into(),
     })?;
     sink.0.close()?;
+    if let Some(text) = report.text {
+        show_text(ui, &text);
+    }
     Ok(())
+}
+
+/// Where `receive -o` puts the offer: `-` is standard output (refused with `--json`, whose events go
+/// there, and on a terminal, where a peer's bytes could drive it), any other value one file name.
+fn output(name: Option<&OsStr>, json: bool) -> anyhow::Result<Output> {
+    let Some(name) = name else {
+        return Ok(Output::Offered);
+    };
+    if name != "-" {
+        spool::check_file_name("-o", name)?;
+        return Ok(Output::Named(name.as_bytes().to_vec()));
+    }
+    if json {
+        return Err(Usage(
+            "-o - writes the data to standard output, where --json writes its events; give one of them"
+                .into(),
+        )
+        .into());
+    }
+    let stdout = std::io::stdout();
+    if stdout.is_terminal() {
+        return Err(Usage(
+            "-o - does not write a peer's bytes to a terminal; pipe or redirect standard output, or give -o NAME"
+                .into(),
+        )
+        .into());
+    }
+    let fd = stdout.as_fd().try_clone_to_owned()?;
+    Ok(Output::Stream(Arc::new(File::from(fd))))
 }
 
 /// The answer to the offer's question.

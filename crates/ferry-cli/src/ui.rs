@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use ferry_transfer::{Entry, Offer, Progress, ProgressState, Totals};
@@ -109,6 +109,31 @@ fn escape_lines(s: &str) -> String {
     s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
 }
 
+/// Shows a received text message: a `text` event with `--json` (invalid UTF-8 replaced by U+FFFD);
+/// on a terminal, escaped like any peer text except that line breaks and tabs stay, ending with a
+/// line break; to a pipe or file, its exact bytes and nothing else.
+pub fn show_text(ui: &Ui, text: &[u8]) {
+    if ui.is_json() {
+        ui.event("text", json!({ "text": String::from_utf8_lossy(text) }));
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    if !out.is_terminal() {
+        let _ = out.write_all(text).and_then(|_| out.flush());
+        return;
+    }
+    let lossy = String::from_utf8_lossy(text);
+    let mut shown = lossy
+        .split('\n')
+        .map(|line| line.split('\t').map(escape).collect::<Vec<_>>().join("\t"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    if !shown.ends_with('\n') {
+        shown.push('\n');
+    }
+    let _ = out.write_all(shown.as_bytes()).and_then(|_| out.flush());
+}
+
 /// Prints one JSON event on stdout.
 fn print_event(event: &str, mut fields: Value) {
     if let Value::Object(map) = &mut fields {
@@ -151,8 +176,12 @@ pub fn show_offer(offer: &Offer<'_>, json: bool) -> String {
                 "names": names.clone().collect::<Vec<_>>(),
                 "names_total": offer.top_level_count,
                 "resumable_bytes": offer.resumable_bytes,
+                "text": offer.text,
             }),
         );
+    }
+    if offer.text {
+        return format!("Text message, {}", human_bytes(t.bytes));
     }
     let resumable = if offer.resumable_bytes > 0 {
         format!(

@@ -50,6 +50,8 @@ struct Lie {
     many: Option<Many>,
     data: Vec<Vec<u8>>,
     ending: Ending,
+    /// Offered as a text message.
+    text: bool,
 }
 
 /// A manifest of `count` entries made one at a time by `entry(i)` and encoded page by page.
@@ -68,6 +70,7 @@ impl Lie {
             many: None,
             data: Vec::new(),
             ending: Ending::Verdict,
+            text: false,
         }
     }
 }
@@ -238,6 +241,7 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
         manifest_bytes: lie.manifest_bytes.unwrap_or(m.encoded_len()),
         totals: Totals::of(&m.entries).expect("totals"),
         offer_id: m.offer_id(),
+        text: lie.text,
     }
     .encode(&mut msg);
     let err = |e: ferry_channel::ChannelError| e.to_string();
@@ -284,6 +288,7 @@ fn send_many(
         manifest_bytes: manifest_bytes.unwrap_or(bytes),
         totals,
         offer_id: id.finish().expect("all bytes hashed"),
+        text: false,
     }
     .encode(&mut msg);
     let err = |e: ferry_channel::ChannelError| e.to_string();
@@ -648,6 +653,25 @@ fn less_data_than_the_declared_size_is_refused() {
     assert_only_verified_finals(&v.out, &[]);
 }
 
+/// Issue 10: a text message is held in memory until verified, so a text offer over
+/// [`wire::MAX_TEXT`] is refused from its header, before it is shown, and one that is not exactly
+/// one file is a protocol error.
+#[test]
+fn text_offers_over_the_limit_or_of_several_entries_are_refused() {
+    let size = wire::MAX_TEXT + 1;
+    let mut lie = Lie::offer(vec![file(b"text", size)]);
+    lie.text = true;
+    lie.data = vec![whole_file(0, &vec![b'x'; size as usize], &[0; 32])];
+    let v = attack(lie);
+    v.assert_refused_offer("a text of 1 MiB + 1", 8, "text-too-large");
+    let err = String::from_utf8_lossy(&v.output().stdout);
+    assert!(err.contains("1048577 bytes"), "{err}");
+
+    let mut lie = Lie::offer(vec![dir(b"d"), file(b"d/text", 3)]);
+    lie.text = true;
+    attack(lie).assert_refused_offer("a text of two entries", 8, "protocol");
+}
+
 /// The sender stops after half of a file and ends the stream (cleanly or not): the receiver reports
 /// the peer gone and keeps the half only under its temporary name.
 fn sender_stops_after_half(ending: Ending) {
@@ -804,5 +828,44 @@ fn terminal_escapes_from_the_peer_are_shown_escaped() {
     assert!(
         error["message"].as_str().unwrap().contains(EVIL_ERROR),
         "{error}"
+    );
+}
+
+/// Issue 10: `-o NAME` keeps its own resume log. A run with `-o a` that is cut has created `a`;
+/// the same offer received with `-o b`, where `b` is the user's own directory, must not take `b`
+/// for the directory the earlier run created (and so merge into it and change its mode).
+#[test]
+fn a_renamed_run_does_not_claim_what_a_run_under_another_name_created() {
+    let world = World::new();
+    let out = world.out();
+    let offer = || vec![dir(b"d"), file(b"d/f", 100)];
+    let mut cut = Lie::offer(offer());
+    cut.data = vec![data_packet(&[&rec_start(1), &rec_data(&[9; 50])])];
+    cut.ending = Ending::Cut;
+    let (first, _) = lie_to(&world, cut, || {
+        receive_with(&world, &out, &["--json", "--yes", "-o", "a"])
+    });
+    assert_failure("-o a, cut", &first.output, 4, "peer-gone");
+    assert!(out.join("a").is_dir());
+
+    fs::create_dir(out.join("b")).unwrap();
+    fs::set_permissions(
+        out.join("b"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o751),
+    )
+    .unwrap();
+    let mut whole = Lie::offer(offer());
+    whole.data = vec![whole_file(1, &[9; 100], &file_hash(&[9; 100]))];
+    let (second, _) = lie_to(&world, whole, || {
+        receive_with(&world, &out, &["--json", "--yes", "-o", "b"])
+    });
+    assert_failure("-o b into the user's b", &second.output, 7, "conflict");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &fs::metadata(out.join("b")).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o7777, 0o751, "the user's directory keeps its mode");
+    assert!(
+        list_all(&out.join("b")).is_empty(),
+        "nothing written into b"
     );
 }

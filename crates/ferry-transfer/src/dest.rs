@@ -20,7 +20,7 @@
 use crate::error::lossy;
 use crate::fsys::{process_umask, set_file_times, Dir, DirCursor, FileKind};
 use crate::hash::FileHasher;
-use crate::path::{split_parent, MAX_NAME};
+use crate::path::{check_name, split_parent, MAX_NAME, MAX_PATH};
 use crate::{Entry, EntryKind, TransferError};
 use std::fs::{File, Permissions};
 use std::io;
@@ -437,6 +437,72 @@ impl Destination {
         hasher.start(e.size, &expected[..good]);
         Some(hasher)
     }
+}
+
+/// The offer's one top-level entry, or a refusal naming how many there are.
+fn only_top(entries: &[Entry], what: &str) -> Result<usize, TransferError> {
+    let mut tops = entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.path.contains(&b'/'))
+        .map(|(i, _)| i);
+    match (tops.next(), tops.next()) {
+        (Some(i), None) => Ok(i),
+        _ => Err(TransferError::OutputMismatch {
+            reason: format!(
+                "the offer has {} top-level items; {what} takes exactly one",
+                entries.iter().filter(|e| !e.path.contains(&b'/')).count()
+            ),
+        }),
+    }
+}
+
+/// Gives the offer's one top-level entry (and so everything under it) the name `name`, before
+/// anything is checked against the destination. Symlink targets need no change: they never climb
+/// above their top-level entry ([`crate::path::symlink_target_inside`]).
+pub(crate) fn rename_top(entries: &mut [Entry], name: &[u8]) -> Result<(), TransferError> {
+    check_name(name).map_err(|problem| TransferError::UnsafePath {
+        path: lossy(name),
+        problem,
+    })?;
+    if name.contains(&b'/') {
+        return Err(TransferError::OutputMismatch {
+            reason: format!("the new name {:?} is more than one name", lossy(name)),
+        });
+    }
+    let top = entries[only_top(entries, "a new name")?].path.len();
+    for e in entries.iter_mut() {
+        let mut path = Vec::with_capacity(name.len() + e.path.len() - top);
+        path.extend_from_slice(name);
+        path.extend_from_slice(&e.path[top..]);
+        if path.len() > MAX_PATH {
+            return Err(TransferError::UnsafePath {
+                path: lossy(&path),
+                problem: crate::path::PathProblem::PathTooLong,
+            });
+        }
+        e.path = path;
+    }
+    Ok(())
+}
+
+/// Refuses, before it is accepted, an offer that is not one regular file (what a stream takes).
+pub(crate) fn check_one_file(entries: &[Entry]) -> Result<(), TransferError> {
+    let e = &entries[only_top(entries, "a stream")?];
+    if e.kind != EntryKind::File {
+        return Err(TransferError::OutputMismatch {
+            reason: format!(
+                "the offer is {} {:?}, not a regular file; a stream takes exactly one file",
+                if e.kind == EntryKind::Dir {
+                    "a directory"
+                } else {
+                    "a symlink"
+                },
+                e.path_lossy()
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -75,6 +75,23 @@ pub enum TransferError {
         /// The receiver's limit.
         limit: u64,
     },
+    /// A text offer is larger than the receiver takes ([`crate::wire::MAX_TEXT`]).
+    #[error(
+        "the text message has {size} bytes, more than the limit of {limit} (send it as a file)"
+    )]
+    TextTooLarge {
+        /// Bytes the offer announces.
+        size: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// The offer does not fit the receiver's output: a new name or a stream takes exactly one item
+    /// (a stream, one regular file).
+    #[error("{reason}")]
+    OutputMismatch {
+        /// What does not fit, in words.
+        reason: String,
+    },
     /// A message does not follow the wire format.
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -143,6 +160,8 @@ impl TransferError {
             | TransferError::SymlinkEscapes { .. } => "unsafe-path",
             TransferError::TooManyEntries { .. } => "too-many-entries",
             TransferError::ManifestTooLarge { .. } => "manifest-too-large",
+            TransferError::TextTooLarge { .. } => "text-too-large",
+            TransferError::OutputMismatch { .. } => "output-mismatch",
             TransferError::Protocol(_) => "protocol",
             TransferError::SizeMismatch { .. } => "size-mismatch",
             TransferError::Integrity { .. } => "integrity",

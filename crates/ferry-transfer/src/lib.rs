@@ -67,8 +67,8 @@ pub use progress::{Progress, ProgressState};
 #[doc(hidden)]
 pub use receive::read_offer;
 pub use receive::{
-    receive, Offer, ReceiveOptions, ReceiveReport, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_MANIFEST,
-    OFFER_NAMES,
+    receive, Offer, Output, ReceiveOptions, ReceiveReport, DEFAULT_MAX_ENTRIES,
+    DEFAULT_MAX_MANIFEST, OFFER_NAMES,
 };
 pub use send::{send, SendOptions, SendReport};
 pub use walk::{walk, Walk, WalkWarning};

@@ -1,6 +1,6 @@
 //! The receiving side: read and check the offer, answer, write and verify every file, acknowledge.
 
-use crate::dest::Destination;
+use crate::dest::{self, Destination};
 use crate::hash::{has_chunks, FileHasher};
 use crate::manifest::{check_tree, manifest_cost, Entry, EntryKind, Totals};
 use crate::progress::{Progress, ProgressState};
@@ -10,7 +10,10 @@ use crate::writer::{self, FileWriter};
 use crate::{PacketSink, PacketSource, TransferError, CHUNK};
 use blake3::hazmat::ChainingValue;
 use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 /// Default limit on the number of entries an offer may announce.
 pub const DEFAULT_MAX_ENTRIES: u64 = 10_000_000;
@@ -41,6 +44,26 @@ pub struct ReceiveOptions {
     /// Where partial-transfer logs live; `None` for [`resume::default_root`]. If no location can
     /// be found, resume information is not recorded.
     pub partial_dir: Option<PathBuf>,
+    /// Where what is accepted goes.
+    pub output: Output,
+}
+
+/// Where [`receive`] puts what it accepts.
+#[derive(Debug, Clone, Default)]
+pub enum Output {
+    /// Into `out_dir` under the offered names. A text offer is not written: it is returned in
+    /// [`ReceiveReport::text`], accepted without resume.
+    #[default]
+    Offered,
+    /// Into `out_dir`, the offer's one top-level entry (file, directory or text) under this name
+    /// (one path component; resumed like any offer). An offer of more than one top-level entry
+    /// is refused with [`TransferError::OutputMismatch`] before it is accepted.
+    Named(Vec<u8>),
+    /// The offer's one regular file (or text) written to this file or pipe as it arrives, in
+    /// order: no temporary file and no resume. Every chunk is verified as it arrives, but after it
+    /// was written: on an error, what was written is not to be trusted. Any other offer is
+    /// refused with [`TransferError::OutputMismatch`] before it is accepted.
+    Stream(Arc<File>),
 }
 
 impl ReceiveOptions {
@@ -53,6 +76,7 @@ impl ReceiveOptions {
             max_entries: DEFAULT_MAX_ENTRIES,
             max_manifest: DEFAULT_MAX_MANIFEST,
             partial_dir: None,
+            output: Output::Offered,
         }
     }
 }
@@ -73,13 +97,15 @@ pub struct Offer<'a> {
     pub top_level: &'a [&'a [u8]],
     /// How many top-level names the offer has in all.
     pub top_level_count: u64,
+    /// A text message: one file of at most [`wire::MAX_TEXT`] bytes.
+    pub text: bool,
 }
 
 /// Most top-level names an [`Offer`] lists.
 pub const OFFER_NAMES: usize = 32;
 
 /// What a successful [`receive`] did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReceiveReport {
     /// Counts and total size of what is now in place.
     pub totals: Totals,
@@ -87,6 +113,9 @@ pub struct ReceiveReport {
     pub bytes_received: u64,
     /// File bytes kept from an earlier run instead.
     pub bytes_resumed: u64,
+    /// A text offer received with [`Output::Offered`]: its bytes, verified (raw peer bytes:
+    /// escape before showing them).
+    pub text: Option<Vec<u8>>,
 }
 
 /// What the receiver holds of one file from an earlier run, verified against the log.
@@ -129,6 +158,18 @@ pub fn read_offer<S: PacketSource>(
     opts: &ReceiveOptions,
 ) -> Result<(OfferHeader, Vec<Entry>), TransferError> {
     let header = OfferHeader::decode(recv_packet(source)?)?;
+    if header.text {
+        // Checked again against the manifest through the totals.
+        if header.entries != 1 || header.totals.files != 1 {
+            return Err(TransferError::protocol("a text offer is exactly one file"));
+        }
+        if header.totals.bytes > wire::MAX_TEXT {
+            return Err(TransferError::TextTooLarge {
+                size: header.totals.bytes,
+                limit: wire::MAX_TEXT,
+            });
+        }
+    }
     if header.entries > opts.max_entries {
         return Err(TransferError::TooManyEntries {
             announced: header.entries,
@@ -193,14 +234,49 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     accept: &mut dyn FnMut(&Offer<'_>) -> bool,
     progress: &mut dyn Progress,
 ) -> Result<ReceiveReport, TransferError> {
-    let (header, entries) = read_offer(source, opts)?;
+    let (header, mut entries) = read_offer(source, opts)?;
     let order = check_tree(&entries)?;
+    // The resume log of a renamed offer is its own: what one name's run created says nothing
+    // about a directory that has another name.
+    let mut log_key = header.offer_id;
+    match &opts.output {
+        Output::Stream(out) => {
+            dest::check_one_file(&entries)?;
+            return receive_stream(
+                source,
+                sink,
+                &header,
+                &entries,
+                &mut &**out,
+                accept,
+                progress,
+            );
+        }
+        Output::Offered if header.text => {
+            let mut text = Vec::new();
+            let report =
+                receive_stream(source, sink, &header, &entries, &mut text, accept, progress)?;
+            return Ok(ReceiveReport {
+                text: Some(text),
+                ..report
+            });
+        }
+        Output::Named(name) => {
+            dest::rename_top(&mut entries, name)?;
+            log_key = *blake3::Hasher::new()
+                .update(&header.offer_id)
+                .update(name)
+                .finalize()
+                .as_bytes();
+        }
+        Output::Offered => {}
+    }
 
     let mut dest = Destination::open(&opts.out_dir, opts.overwrite, opts.merge)?;
     let out = std::fs::canonicalize(&opts.out_dir)
         .map_err(|e| TransferError::file(opts.out_dir.display().to_string(), e))?;
     let root = opts.partial_dir.clone().or_else(resume::default_root);
-    let mut state = root.map(|root| PartialState::open(&root, &header.offer_id, &out, &entries));
+    let mut state = root.map(|root| PartialState::open(&root, &log_key, &out, &entries));
     if let Some(state) = &state {
         dest.set_token(state.token());
     }
@@ -252,26 +328,13 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             None => (h.chunks.len() as u64 * CHUNK).min(entries[*i as usize].size),
         })
         .sum();
-    let offer = Offer {
-        totals: header.totals,
-        offer_id: header.offer_id,
-        entries: &entries,
+    let (offer, mut pstate) = offer_of(
+        &header,
+        &entries,
+        (&top_level, top_level_count),
         resumable_bytes,
-        top_level: &top_level,
-        top_level_count,
-    };
-    let mut pstate = ProgressState {
-        totals: header.totals,
-        ..Default::default()
-    };
-    progress.offer(&pstate);
-    if !accept(&offer) {
-        sink.send(&[wire::MSG_DECLINE])?;
-        sink.flush()?;
-        return Err(TransferError::Declined);
-    }
-    send_accept(sink, &held)?;
-    progress.accepted(&pstate);
+    );
+    answer(sink, &offer, accept, &held, progress, &pstate)?;
 
     // What this run creates is on record before it exists: the directories (so that a resumed
     // run may enter them and give them their modes) and the temporary-name token. A log that
@@ -302,32 +365,10 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     let threaded = header.totals.files > 0
         && header.totals.bytes / header.totals.files < writer::THREAD_BELOW_MEAN_SIZE;
     let (report, done) = writer::with_writer(&mut dest, &entries, threaded, |writer| {
-        let mut rx = Incoming {
-            entries: &entries,
-            held,
-            writer,
-            state: state.as_mut(),
-            next_file: 0,
-            cur: None,
-            hasher: FileHasher::default(),
-            verified: 0,
-            unlogged_done: HashMap::new(),
-            report: ReceiveReport {
-                totals: header.totals,
-                ..Default::default()
-            },
-        };
-        let result = rx.data(source, progress, &mut pstate);
-        if let Err(e) = &result {
-            rx.abandon(e);
-        }
-        result.map(|()| rx.report)
+        let rx = Incoming::new(&entries, header.totals, held, writer, state.as_mut());
+        rx.run(source, progress, &mut pstate)
     })?;
-    pstate.bytes_done = report.bytes_received + report.bytes_resumed;
-    for i in done {
-        pstate.files_done += 1;
-        progress.file_done(&pstate, &entries[i as usize]);
-    }
+    report_done(&report, done, &entries, progress, &mut pstate);
 
     for &i in &order {
         let e = &entries[i as usize];
@@ -348,6 +389,90 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     sink.flush()?;
     progress.done(&pstate);
     Ok(report)
+}
+
+/// Receives an offer's one file into `out` as it arrives ([`Output::Stream`], or a text offer
+/// held in memory): nothing is written to the destination and nothing is resumed.
+fn receive_stream<S: PacketSource, K: PacketSink>(
+    source: &mut S,
+    sink: &mut K,
+    header: &OfferHeader,
+    entries: &[Entry],
+    out: &mut dyn Write,
+    accept: &mut dyn FnMut(&Offer<'_>) -> bool,
+    progress: &mut dyn Progress,
+) -> Result<ReceiveReport, TransferError> {
+    let (top_level, top_level_count) = top_level_names(entries, &[0]);
+    let (offer, mut pstate) = offer_of(header, entries, (&top_level, top_level_count), 0);
+    let held = HashMap::new();
+    answer(sink, &offer, accept, &held, progress, &pstate)?;
+    let (report, done) = writer::with_stream(out, |writer| {
+        Incoming::new(entries, header.totals, held, writer, None).run(source, progress, &mut pstate)
+    })?;
+    report_done(&report, done, entries, progress, &mut pstate);
+    sink.send(&[wire::MSG_DONE])?;
+    sink.flush()?;
+    progress.done(&pstate);
+    Ok(report)
+}
+
+/// The offer to ask about (`top_level`: the first names and how many there are) and the
+/// progress before any data.
+fn offer_of<'a>(
+    header: &OfferHeader,
+    entries: &'a [Entry],
+    top_level: (&'a [&'a [u8]], u64),
+    resumable_bytes: u64,
+) -> (Offer<'a>, ProgressState) {
+    let offer = Offer {
+        totals: header.totals,
+        offer_id: header.offer_id,
+        entries,
+        resumable_bytes,
+        top_level: top_level.0,
+        top_level_count: top_level.1,
+        text: header.text,
+    };
+    let pstate = ProgressState {
+        totals: header.totals,
+        ..Default::default()
+    };
+    (offer, pstate)
+}
+
+/// Shows the offer and asks `accept`: declines, or accepts with the resume pages of `held`.
+fn answer<K: PacketSink>(
+    sink: &mut K,
+    offer: &Offer<'_>,
+    accept: &mut dyn FnMut(&Offer<'_>) -> bool,
+    held: &HashMap<u32, Held>,
+    progress: &mut dyn Progress,
+    pstate: &ProgressState,
+) -> Result<(), TransferError> {
+    progress.offer(pstate);
+    if !accept(offer) {
+        sink.send(&[wire::MSG_DECLINE])?;
+        sink.flush()?;
+        return Err(TransferError::Declined);
+    }
+    send_accept(sink, held)?;
+    progress.accepted(pstate);
+    Ok(())
+}
+
+/// Reports the files the writer finished after the last packet.
+fn report_done(
+    report: &ReceiveReport,
+    done: Vec<u32>,
+    entries: &[Entry],
+    progress: &mut dyn Progress,
+    pstate: &mut ProgressState,
+) {
+    pstate.bytes_done = report.bytes_received + report.bytes_resumed;
+    for i in done {
+        pstate.files_done += 1;
+        progress.file_done(pstate, &entries[i as usize]);
+    }
 }
 
 /// The first [`OFFER_NAMES`] top-level names in `order`, and how many there are.
@@ -467,7 +592,45 @@ struct Incoming<'a, 'b> {
     report: ReceiveReport,
 }
 
-impl Incoming<'_, '_> {
+impl<'a, 'b> Incoming<'a, 'b> {
+    fn new(
+        entries: &'a [Entry],
+        totals: Totals,
+        held: HashMap<u32, Held>,
+        writer: &'a mut FileWriter<'b>,
+        state: Option<&'a mut PartialState>,
+    ) -> Self {
+        Incoming {
+            entries,
+            held,
+            writer,
+            state,
+            next_file: 0,
+            cur: None,
+            hasher: FileHasher::default(),
+            verified: 0,
+            unlogged_done: HashMap::new(),
+            report: ReceiveReport {
+                totals,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The data phase; after an error, what was written is kept or removed ([`Self::abandon`]).
+    fn run<S: PacketSource>(
+        mut self,
+        source: &mut S,
+        progress: &mut dyn Progress,
+        pstate: &mut ProgressState,
+    ) -> Result<ReceiveReport, TransferError> {
+        let result = self.data(source, progress, pstate);
+        if let Err(e) = &result {
+            self.abandon(e);
+        }
+        result.map(|()| self.report)
+    }
+
     fn data<S: PacketSource>(
         &mut self,
         source: &mut S,

@@ -18,12 +18,16 @@ pub struct SendOptions {
     /// Largest packet to build (at least 64 KiB; [`MAX_PACKET`] by default). Must not exceed what
     /// the sink and the peer's source accept.
     pub max_packet: usize,
+    /// Offer the manifest as a text message ([`wire::OFFER_TEXT`]): it must be one file of at
+    /// most [`wire::MAX_TEXT`] bytes.
+    pub text: bool,
 }
 
 impl Default for SendOptions {
     fn default() -> Self {
         SendOptions {
             max_packet: MAX_PACKET,
+            text: false,
         }
     }
 }
@@ -78,6 +82,9 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         return Err(TransferError::protocol("manifest has no local sources"));
     }
     let totals = totals_of(manifest)?;
+    if opts.text {
+        check_text(manifest)?;
+    }
     let mut state = ProgressState {
         totals,
         ..Default::default()
@@ -90,6 +97,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         manifest_bytes: manifest.encoded_len(),
         totals,
         offer_id: manifest.offer_id(),
+        text: opts.text,
     }
     .encode(&mut msg);
     sink.send(&msg)?;
@@ -145,6 +153,18 @@ fn send_inner<K: PacketSink, S: PacketSource>(
             progress.done(&state);
             Ok(stream.report)
         }
+    }
+}
+
+/// A text offer is one file of at most [`wire::MAX_TEXT`] bytes (what every receiver takes).
+fn check_text(manifest: &Manifest) -> Result<(), TransferError> {
+    match manifest.entries.as_slice() {
+        [e] if e.kind == EntryKind::File && e.size <= wire::MAX_TEXT => Ok(()),
+        [e] if e.kind == EntryKind::File => Err(TransferError::TextTooLarge {
+            size: e.size,
+            limit: wire::MAX_TEXT,
+        }),
+        _ => Err(TransferError::protocol("a text offer is exactly one file")),
     }
 }
 

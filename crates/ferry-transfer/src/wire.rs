@@ -4,7 +4,7 @@
 //!
 //! | type | sender | body |
 //! | --- | --- | --- |
-//! | [`MSG_OFFER`] | sender | version u8, entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
+//! | [`MSG_OFFER`] | sender | version u8, flags u8 ([`OFFER_TEXT`]; other bits refused), entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
 //! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
 //! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
 //! | [`MSG_DECLINE`] | receiver | — |
@@ -20,8 +20,15 @@
 
 use crate::TransferError;
 
-/// Version byte of the offer (2: the offer announces its manifest's size).
-pub const VERSION: u8 = 2;
+/// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte).
+pub const VERSION: u8 = 3;
+
+/// Offer flag: the offer is a text message, one file of at most [`MAX_TEXT`] bytes that the
+/// receiver shows instead of writing (unless told to write it).
+pub const OFFER_TEXT: u8 = 1;
+
+/// Largest text message a receiver takes (1 MiB): it is held in memory until verified.
+pub const MAX_TEXT: u64 = 1 << 20;
 
 /// Offer header: totals and offer id.
 pub const MSG_OFFER: u8 = 1;
@@ -62,7 +69,7 @@ pub const MAX_PAGE: usize = 1 << 20;
 pub const MAX_ERROR_MESSAGE: usize = 1024;
 
 /// Size of the offer message.
-pub const OFFER_LEN: usize = 2 + 6 * 8 + 32;
+pub const OFFER_LEN: usize = 3 + 6 * 8 + 32;
 /// Size of a [`REC_START`] record.
 pub const START_LEN: usize = 1 + 4 + 8;
 /// Size of a [`REC_DATA`] header.
@@ -209,6 +216,8 @@ pub struct OfferHeader {
     pub totals: crate::Totals,
     /// BLAKE3 of the manifest encoding.
     pub offer_id: [u8; 32],
+    /// A text message ([`OFFER_TEXT`]): one file of at most [`MAX_TEXT`] bytes.
+    pub text: bool,
 }
 
 impl OfferHeader {
@@ -216,6 +225,7 @@ impl OfferHeader {
     pub fn encode(&self, out: &mut Vec<u8>) {
         out.put_u8(MSG_OFFER);
         out.put_u8(VERSION);
+        out.put_u8(if self.text { OFFER_TEXT } else { 0 });
         out.put_u64(self.entries);
         out.put_u64(self.manifest_bytes);
         out.put_u64(self.totals.files);
@@ -235,6 +245,12 @@ impl OfferHeader {
                 "unsupported offer version {version}"
             )));
         }
+        let flags = r.u8()?;
+        if flags & !OFFER_TEXT != 0 {
+            return Err(TransferError::protocol(format!(
+                "unknown offer flags {flags:#04x}"
+            )));
+        }
         let h = OfferHeader {
             entries: r.u64()?,
             manifest_bytes: r.u64()?,
@@ -245,6 +261,7 @@ impl OfferHeader {
                 bytes: r.u64()?,
             },
             offer_id: r.array()?,
+            text: flags & OFFER_TEXT != 0,
         };
         r.finish()?;
         Ok(h)
@@ -330,12 +347,17 @@ mod tests {
                 bytes: 9,
             },
             offer_id: [7; 32],
+            text: true,
         };
         let mut buf = Vec::new();
         h.encode(&mut buf);
         assert_eq!(buf.len(), OFFER_LEN);
         assert_eq!(OfferHeader::decode(&buf).unwrap(), h);
         assert!(OfferHeader::decode(&buf[..buf.len() - 1]).is_err());
+        // A flag this version does not know is refused, not ignored.
+        let mut unknown = buf.clone();
+        unknown[2] |= 0x80;
+        assert!(OfferHeader::decode(&unknown).is_err());
         buf.push(0);
         assert!(OfferHeader::decode(&buf).is_err());
     }

@@ -99,6 +99,9 @@ enum Mode<'a> {
         allocated: usize,
         cur: Batch,
     },
+    /// Straight into one stream, in order: the single file of an offer sent to a pipe (or a text
+    /// message into memory). No temporary file, so nothing to name or remove.
+    Stream(&'a mut dyn Write),
 }
 
 /// The receiving thread's handle on the file work.
@@ -166,6 +169,20 @@ pub(crate) fn with_writer<T>(
     })
 }
 
+/// Runs `body` with a [`FileWriter`] that writes the file data to `out` (see [`Mode::Stream`]);
+/// returns like [`with_writer`].
+pub(crate) fn with_stream<T>(
+    out: &mut dyn Write,
+    body: impl FnOnce(&mut FileWriter<'_>) -> Result<T, TransferError>,
+) -> Result<(T, Vec<u32>), TransferError> {
+    let mut w = FileWriter {
+        mode: Mode::Stream(out),
+        done: Vec::new(),
+    };
+    let result = body(&mut w)?;
+    Ok((result, w.done))
+}
+
 fn report(batch: &Batch, done: &mut Vec<u32>) {
     for op in &batch.ops {
         if let Op::Finish { index, .. } | Op::Done { index } = *op {
@@ -185,6 +202,21 @@ impl FileWriter<'_> {
                 apply(dest, entries, open, op, data)?;
                 if let Op::Finish { index, .. } | Op::Done { index } = op {
                     self.done.push(index);
+                }
+            }
+            Mode::Stream(out) => {
+                let err = |e| TransferError::file("the output", e);
+                match op {
+                    // Receiving resumes nothing into a stream, so every file starts at 0.
+                    Op::Open { offset, .. } if offset != 0 => {
+                        return Err(TransferError::protocol("resumed data for a stream"))
+                    }
+                    Op::Write { .. } => out.write_all(data).map_err(err)?,
+                    Op::Finish { index, .. } | Op::Done { index } => {
+                        out.flush().map_err(err)?;
+                        self.done.push(index);
+                    }
+                    Op::Open { .. } | Op::Remove { .. } => {}
                 }
             }
             Mode::Queued { cur, .. } => {

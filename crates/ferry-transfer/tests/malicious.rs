@@ -53,6 +53,7 @@ fn attack(
             manifest_bytes: m.encoded_len(),
             totals: Totals::of(&m.entries).unwrap(),
             offer_id: m.offer_id(),
+            text: false,
         };
         header.encode(&mut msg);
         sink.send(&msg).unwrap();

@@ -33,6 +33,7 @@ fn offer_stream(m: &Manifest, manifest_bytes: u64) -> Vec<u8> {
         manifest_bytes,
         totals: Totals::of(&m.entries).unwrap(),
         offer_id: m.offer_id(),
+        text: false,
     }
     .encode(&mut msg);
     packets.push(msg.clone());

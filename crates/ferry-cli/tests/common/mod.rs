@@ -518,3 +518,11 @@ impl Drop for RelayProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Skips a test whose tool or privilege this run lacks, loudly; with `CI` set that is a failure.
+pub fn skip(test: &str, reason: &str) {
+    let msg = format!("SKIPPED {test}: {reason}");
+    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
+    eprintln!("{msg}");
+    println!("{msg}");
+}
