@@ -9,6 +9,7 @@ mod bench;
 mod failure;
 mod interrupt;
 mod peer;
+mod prompt;
 mod relay_cmd;
 mod settings;
 mod transfer_cmd;
