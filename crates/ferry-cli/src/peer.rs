@@ -525,14 +525,15 @@ fn direct_candidates(
 }
 
 /// The pause between two rounds over every path, until `until` (`None`: until the relay answers). It
-/// ends early when the relay answers (returned) or when a sender appears in this host's `registry`
-/// (a local file, read every few milliseconds, so that a sender started a moment later is met at once).
+/// ends early when the relay answers (returned) or when a sender with an address not dialled yet
+/// (`fresh`) appears in this host's `registry` (a local file, read every few milliseconds, so that a
+/// sender started a moment later is met at once; an address that was dialled waits for the next round).
 fn pause(
     until: Option<Instant>,
     relay: Option<&mpsc::Receiver<RelayAnswer>>,
     registry: Option<&LocalRegistry>,
     hash: &NameplateHash,
-    tried: &HashSet<SocketAddr>,
+    fresh: impl Fn(&SocketAddr) -> bool,
 ) -> anyhow::Result<Option<RelayAnswer>> {
     let mut step = Duration::from_millis(2);
     loop {
@@ -546,7 +547,7 @@ fn pause(
             }
         }
         if let Some(registry) = registry {
-            if registry.lookup(hash)?.is_some_and(|a| !tried.contains(&a)) {
+            if registry.lookup(hash)?.is_some_and(|a| fresh(&a)) {
                 return Ok(None);
             }
         }
@@ -665,12 +666,13 @@ pub fn receiver_connect(
             (false, None) => break,
         };
         ui.waiting("Waiting for the sender...");
+        let fresh = |a: &SocketAddr| !tried.contains(a) && !unreachable.contains_key(a);
         match pause(
             until,
             relay_answers.as_ref(),
             registry.as_ref(),
             &hash,
-            &tried,
+            fresh,
         )? {
             None => {}
             Some(Ok(stream)) => {
