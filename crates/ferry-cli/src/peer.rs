@@ -731,7 +731,7 @@ fn not_found(
         .collect();
     let when = match wait.is_zero() {
         true => "at once (--wait 0)".to_string(),
-        false => format!("within {:#}", indicatif::HumanDuration(wait)),
+        false => format!("within {}", exact_duration(wait)),
     };
     PeerNotFound(format!(
         "no sender for nameplate {} found {when} (tried {}{failures}); is `ferry send` running? \
@@ -739,4 +739,31 @@ fn not_found(
         code.nameplate(),
         tried.join(", "),
     ))
+}
+
+/// `wait` as `--wait` takes it, exactly: `90s`, `5m`, `1h`, `250ms`.
+fn exact_duration(wait: Duration) -> String {
+    let secs = wait.as_secs();
+    match (secs, wait.subsec_millis()) {
+        (0, ms) => format!("{ms}ms"),
+        (s, 0) if s % 3600 == 0 => format!("{}h", s / 3600),
+        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, 0) => format!("{s}s"),
+        _ => format!("{}ms", wait.as_millis()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exact_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_are_shown_as_given() {
+        assert_eq!(exact_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(exact_duration(Duration::from_secs(300)), "5m");
+        assert_eq!(exact_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(exact_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(exact_duration(Duration::from_millis(1500)), "1500ms");
+    }
 }
