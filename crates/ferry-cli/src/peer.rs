@@ -35,7 +35,7 @@ const RETRY_FIRST: Duration = Duration::from_millis(250);
 /// The longest pause between two rounds over every path.
 const RETRY_MOST: Duration = Duration::from_secs(2);
 /// The longest step between two reads of this host's registry during a pause (a local file: cheap).
-const REGISTRY_POLL_MOST: Duration = Duration::from_millis(10);
+const REGISTRY_POLL_MOST: Duration = Duration::from_millis(5);
 /// Least time given to one TCP connect, even when less of the wait is left.
 const CONNECT_LEAST: Duration = Duration::from_secs(3);
 /// Least time one wait at the relay lasts, even with `--wait 0`: a round trip and a pairing.
