@@ -37,6 +37,11 @@ pub struct NotARelay(pub String);
 #[error("interrupted at the question; the offer was declined and nothing was received")]
 pub struct InterruptedAtQuestion;
 
+/// Ctrl-C at the code prompt: nothing was sought or received.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted at the code prompt; nothing was received")]
+pub struct InterruptedAtPrompt;
+
 /// The user interrupted the transfer.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted; partial data is kept, run the same command again to resume")]
@@ -165,6 +170,7 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         }
         if cause.downcast_ref::<Interrupted>().is_some()
             || cause.downcast_ref::<InterruptedAtQuestion>().is_some()
+            || cause.downcast_ref::<InterruptedAtPrompt>().is_some()
         {
             return Failure {
                 code: "interrupted",

@@ -11,6 +11,7 @@ mod interrupt;
 mod pair_cmd;
 mod peer;
 mod peers_cmd;
+mod prompt;
 mod relay_cmd;
 mod settings;
 mod spool;

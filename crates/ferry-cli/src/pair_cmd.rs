@@ -47,6 +47,9 @@ pub struct PairArgs {
     /// Use only the relay, no direct paths.
     #[arg(long)]
     force_relay: bool,
+    /// How long the side that types the code looks for the other (30s, 5m, 1h, or seconds; 0 tries once).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::transfer_cmd::parse_duration)]
+    wait: std::time::Duration,
 }
 
 impl PairArgs {
@@ -96,7 +99,9 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
         Some(typed) => {
             let code = typed.parse::<Code>()?.with_purpose(CodePurpose::Pairing);
-            receiver_connect(&code, &opts, args.peer, ui)?
+            let connected = receiver_connect(&code, &opts, args.peer, args.wait, ui);
+            ui.waited();
+            connected?
         }
     };
     report_path(ui, &connected);

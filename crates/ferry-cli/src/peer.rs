@@ -3,7 +3,7 @@
 //! Direct paths come first; the relay is the fallback (or the only path with `--force-relay`). Whatever the
 //! path, the PAKE decides who the peer is: a path only proposes a connection.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -28,10 +28,18 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_HANDSHAKES: usize = 16;
 /// Most handshakes at once from one source address, so one host cannot take every slot.
 const MAX_HANDSHAKES_PER_SOURCE: usize = 4;
-/// How long a receiver looks for its sender on this host when there is no other way to find it.
-const FIND_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a receiver looks on this host before trying other paths.
+/// How long a receiver looks on this host before asking the relay.
 const FIND_BRIEFLY: Duration = Duration::from_millis(500);
+/// The first pause between two rounds over every path; each pause doubles, up to [`RETRY_MOST`].
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+/// The longest pause between two rounds over every path.
+const RETRY_MOST: Duration = Duration::from_secs(2);
+/// The longest step between two reads of this host's registry during a pause (a local file: cheap).
+const REGISTRY_POLL_MOST: Duration = Duration::from_millis(5);
+/// Least time given to one TCP connect, even when less of the wait is left.
+const CONNECT_LEAST: Duration = Duration::from_secs(3);
+/// Least time one wait at the relay lasts, even with `--wait 0`: a round trip and a pairing.
+const RELAY_LEAST: Duration = Duration::from_secs(5);
 /// How long one mDNS browse listens for the sender.
 const BROWSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most LAN (mDNS) candidates one receive dials.
@@ -466,78 +474,119 @@ fn relay_error(relay: &str, e: ferry_relay::RelayError) -> anyhow::Error {
     }
 }
 
-/// Finds the sender of `code` on this host, waiting up to `wait` for it to appear.
-fn find_local(hash: &NameplateHash, wait: Duration) -> anyhow::Result<Option<SocketAddr>> {
-    let registry = LocalRegistry::open_default()?;
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(2);
-    loop {
-        if let Some(addr) = registry.lookup(hash)? {
-            return Ok(Some(addr));
-        }
-        if Instant::now() >= deadline {
-            return Ok(None);
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(5));
-    }
+/// The relay's answer to a receiver waiting there: a paired stream, or why not.
+type RelayAnswer = Result<TcpStream, ferry_relay::RelayError>;
+
+/// Waits at `relay` for the sender of `hash`, up to `wait`, on its own thread: direct paths are retried
+/// meanwhile.
+fn wait_at_relay(relay: &str, hash: NameplateHash, wait: Duration) -> mpsc::Receiver<RelayAnswer> {
+    let (tx, rx) = mpsc::channel();
+    let relay = relay.to_string();
+    std::thread::spawn(move || {
+        let answer =
+            ferry_relay::connect(relay.as_str(), ferry_relay::Role::Receiver, hash.0, wait);
+        let _ = tx.send(answer);
+    });
+    rx
 }
 
-/// Where the receiver may find the sender directly: `--peer`, this host, then the LAN (mDNS). Addresses in
-/// `tried` already failed and are not proposed again.
+/// Where the receiver may find the sender directly, looked at once: `--peer`, this host (`registry`),
+/// then the LAN (mDNS). Addresses in `tried` already failed a handshake and are not proposed again.
 fn direct_candidates(
     code: &Code,
     opts: &PeerOptions,
     peer: Option<SocketAddr>,
+    registry: Option<&LocalRegistry>,
     tried: &HashSet<SocketAddr>,
-    deadline: Instant,
 ) -> anyhow::Result<Vec<(SocketAddr, &'static str)>> {
     if let Some(addr) = peer {
-        return Ok(vec![(addr, "direct")]);
+        let fresh = !tried.contains(&addr);
+        return Ok(fresh.then_some((addr, "direct")).into_iter().collect());
     }
-    if opts.force_relay {
+    let Some(registry) = registry else {
         return Ok(Vec::new());
-    }
+    };
     let hash = code.nameplate_hash();
+    if let Some(addr) = registry.lookup(&hash)?.filter(|a| !tried.contains(a)) {
+        return Ok(vec![(addr, "same-host")]);
+    }
+    if !opts.no_discovery && tried.len() < MAX_LAN_CANDIDATES {
+        // A failed browse (no multicast here) is no error: other paths remain. The browse returns only
+        // addresses on a directly attached network: an announcement naming a routed one is a spoofer's.
+        let found: Vec<_> = mdns::browse(&hash, BROWSE_TIMEOUT)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| !tried.contains(a))
+            .take(MAX_LAN_CANDIDATES - tried.len())
+            .collect();
+        return Ok(found.into_iter().map(|a| (a, "lan")).collect());
+    }
+    Ok(Vec::new())
+}
+
+/// The pause between two rounds over every path, until `until` (`None`: until the relay answers). It
+/// ends early when the relay answers (returned) or when a sender with an address not dialled yet
+/// (`fresh`) appears in this host's `registry` (a local file, read every few milliseconds, so that a
+/// sender started a moment later is met at once; an address that was dialled waits for the next round).
+fn pause(
+    until: Option<Instant>,
+    relay: Option<&mpsc::Receiver<RelayAnswer>>,
+    registry: Option<&LocalRegistry>,
+    hash: &NameplateHash,
+    fresh: impl Fn(&SocketAddr) -> bool,
+) -> anyhow::Result<Option<RelayAnswer>> {
+    let mut step = Duration::from_millis(2);
     loop {
-        let fallback = opts.relay.is_some() || !opts.no_discovery;
-        let wait = if fallback { FIND_BRIEFLY } else { FIND_TIMEOUT };
-        if let Some(addr) = find_local(&hash, wait)?.filter(|a| !tried.contains(a)) {
-            return Ok(vec![(addr, "same-host")]);
-        }
-        if !opts.no_discovery && tried.len() < MAX_LAN_CANDIDATES {
-            // A failed browse (no multicast here) is no error: other paths remain. The browse returns only
-            // addresses on a directly attached network: an announcement naming a routed one is a spoofer's.
-            let found: Vec<_> = mdns::browse(&hash, BROWSE_TIMEOUT)
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|a| !tried.contains(a))
-                .take(MAX_LAN_CANDIDATES - tried.len())
-                .collect();
-            if !found.is_empty() {
-                return Ok(found.into_iter().map(|a| (a, "lan")).collect());
+        if let Some(rx) = relay {
+            match rx.try_recv() {
+                Ok(answer) => return Ok(Some(answer)),
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Ok(Some(Err(ferry_relay::RelayError::Closed)))
+                }
             }
         }
-        if opts.relay.is_some() || Instant::now() >= deadline {
-            return Ok(Vec::new());
+        if let Some(registry) = registry {
+            if registry.lookup(hash)?.is_some_and(|a| fresh(&a)) {
+                return Ok(None);
+            }
         }
+        let now = Instant::now();
+        if until.is_some_and(|u| now >= u) {
+            return Ok(None);
+        }
+        let step_now = until.map_or(step, |u| step.min(u - now));
+        std::thread::sleep(step_now);
+        step = (step * 2).min(REGISTRY_POLL_MOST);
     }
 }
 
-/// The receiver's side: `--peer`, then this host, then the LAN, then the relay.
+/// The receiver's side: `--peer`, then this host, then the LAN, then the relay, round after round until
+/// one answers or `wait` is over (`0`: one round). A connection that never reached the PAKE (nobody
+/// listening yet, a timeout) costs the code no guess, so waiting spends none of the budget; a round over
+/// the network starts at most every [`RETRY_MOST`] (sooner at first), and the relay is waited at once, on
+/// its own thread.
 pub fn receiver_connect(
     code: &Code,
     opts: &PeerOptions,
     peer: Option<SocketAddr>,
-    ui: &Ui,
+    wait: Duration,
+    ui: &mut Ui,
 ) -> anyhow::Result<Connected> {
     if opts.force_relay && opts.relay.is_none() {
         anyhow::bail!(
             "--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file"
         );
     }
-    let deadline = Instant::now() + FIND_TIMEOUT;
+    let started = Instant::now();
+    let deadline = started + wait;
+    let hash = code.nameplate_hash();
+    let registry = match peer.is_none() && !opts.force_relay {
+        true => Some(LocalRegistry::open_default()?),
+        false => None,
+    };
     let mut tried = HashSet::new();
+    let mut unreachable = BTreeMap::new();
     let mut last_error = None;
     // Each attempt that reaches the PAKE hands the peer our confirmation, one guess it can check: a receive
     // gives at most MAX_FAILED_ATTEMPTS of them, whatever the LAN announces.
@@ -552,20 +601,24 @@ pub fn receiver_connect(
             deadline,
         )
     };
+    let mut relay_answers = None;
+    let mut relay_waited = false;
+    let mut retry = RETRY_FIRST;
     loop {
-        let candidates = direct_candidates(code, opts, peer, &tried, deadline)?;
-        if candidates.is_empty() {
-            break;
-        }
-        for (addr, path) in candidates {
-            tried.insert(addr);
-            let stream = match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+        for (addr, path) in direct_candidates(code, opts, peer, registry.as_ref(), &tried)? {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = CONNECT_TIMEOUT.min(left.max(CONNECT_LEAST));
+            let stream = match TcpStream::connect_timeout(&addr, timeout) {
                 Ok(s) => s,
                 Err(e) => {
-                    ui.warn(&format!("cannot reach {addr}: {e}"));
+                    // Maybe not listening yet: dialled again next round; said once.
+                    if unreachable.insert(addr, e.to_string()).is_none() {
+                        ui.warn(&format!("cannot reach {addr}: {e}; trying again"));
+                    }
                     continue;
                 }
             };
+            tried.insert(addr);
             match handshake(stream) {
                 Ok((stream, established)) => {
                     return Ok(Connected {
@@ -595,32 +648,122 @@ pub fn receiver_connect(
                 }
             }
         }
-        if peer.is_some() || opts.relay.is_some() || Instant::now() >= deadline {
-            break;
+        // Direct paths come first: the relay is asked once they had a moment, and then waited at for the
+        // rest of `wait` (at least RELAY_LEAST) while they are retried.
+        if let (Some(relay), None) = (&opts.relay, &relay_answers) {
+            if opts.force_relay || started.elapsed() >= FIND_BRIEFLY {
+                let left = deadline.saturating_duration_since(Instant::now());
+                relay_answers = Some(wait_at_relay(relay, hash, left.max(RELAY_LEAST)));
+            }
+        }
+        let now = Instant::now();
+        let until = match (now < deadline, &relay_answers) {
+            (true, _) => Some(now + retry.min(deadline - now)),
+            // Time is up, but the relay is still being waited at: its answer ends the wait.
+            (false, Some(_)) => None,
+            // Time is up before the relay was asked (`--wait 0`): it is asked after its moment.
+            (false, None) if opts.relay.is_some() => Some(started + FIND_BRIEFLY),
+            (false, None) => break,
+        };
+        ui.waiting("Waiting for the sender...");
+        let fresh = |a: &SocketAddr| !tried.contains(a) && !unreachable.contains_key(a);
+        match pause(
+            until,
+            relay_answers.as_ref(),
+            registry.as_ref(),
+            &hash,
+            fresh,
+        )? {
+            None => {}
+            Some(Ok(stream)) => {
+                let relay = opts.relay.clone().unwrap_or_default();
+                let (stream, established) = handshake(stream)?;
+                return Ok(Connected {
+                    stream,
+                    established,
+                    path: "relay",
+                    peer: relay,
+                });
+            }
+            Some(Err(ferry_relay::RelayError::TimedOut)) => {
+                relay_waited = true;
+                break;
+            }
+            Some(Err(e)) => return Err(relay_error(opts.relay.as_deref().unwrap_or_default(), e)),
+        }
+        retry = (retry * 2).min(RETRY_MOST);
+    }
+    if let Some(e) = last_error {
+        return Err(e.into());
+    }
+    Err(not_found(code, opts, peer, wait, &unreachable, relay_waited).into())
+}
+
+/// The end of a wait with no sender: what was tried, and what to do.
+fn not_found(
+    code: &Code,
+    opts: &PeerOptions,
+    peer: Option<SocketAddr>,
+    wait: Duration,
+    unreachable: &BTreeMap<SocketAddr, String>,
+    relay_waited: bool,
+) -> PeerNotFound {
+    let mut tried = Vec::new();
+    if let Some(addr) = peer {
+        tried.push(format!("--peer {addr}"));
+    } else if !opts.force_relay {
+        tried.push("this host".to_string());
+        if !opts.no_discovery {
+            tried.push("the LAN (mDNS)".to_string());
         }
     }
-    let Some(relay) = &opts.relay else {
-        if let Some(e) = last_error {
-            return Err(e.into());
-        }
-        return Err(PeerNotFound(format!(
-            "no sender for nameplate {} found (is `ferry send` running? on another machine give --relay or --peer ADDR)",
-            code.nameplate()
-        ))
-        .into());
+    if let Some(relay) = &opts.relay {
+        let how = if relay_waited {
+            " (no sender came)"
+        } else {
+            ""
+        };
+        tried.push(format!("the relay {relay}{how}"));
+    }
+    let failures: String = unreachable
+        .iter()
+        .map(|(addr, e)| format!("; {addr}: {e}"))
+        .collect();
+    let when = match wait.is_zero() {
+        true => "at once (--wait 0)".to_string(),
+        false => format!("within {}", exact_duration(wait)),
     };
-    let stream = ferry_relay::connect(
-        relay.as_str(),
-        ferry_relay::Role::Receiver,
-        code.nameplate_hash().0,
-        RELAY_WAIT,
-    )
-    .map_err(|e| relay_error(relay, e))?;
-    let (stream, established) = handshake(stream)?;
-    Ok(Connected {
-        stream,
-        established,
-        path: "relay",
-        peer: relay.clone(),
-    })
+    PeerNotFound(format!(
+        "no sender for nameplate {} found {when} (tried {}{failures}); is `ferry send` running? \
+         on another machine give --relay or --peer ADDR; --wait DURATION waits longer",
+        code.nameplate(),
+        tried.join(", "),
+    ))
+}
+
+/// `wait` as `--wait` takes it, exactly: `90s`, `5m`, `1h`, `250ms`.
+fn exact_duration(wait: Duration) -> String {
+    let secs = wait.as_secs();
+    match (secs, wait.subsec_millis()) {
+        (0, ms) => format!("{ms}ms"),
+        (s, 0) if s % 3600 == 0 => format!("{}h", s / 3600),
+        (s, 0) if s % 60 == 0 => format!("{}m", s / 60),
+        (s, 0) => format!("{s}s"),
+        _ => format!("{}ms", wait.as_millis()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exact_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn waits_are_shown_as_given() {
+        assert_eq!(exact_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(exact_duration(Duration::from_secs(300)), "5m");
+        assert_eq!(exact_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(exact_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(exact_duration(Duration::from_millis(1500)), "1500ms");
+    }
 }

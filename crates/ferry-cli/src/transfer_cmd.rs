@@ -9,6 +9,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use clap::Args;
 use ferry_channel::blocking::split_tcp;
@@ -20,9 +21,10 @@ use serde_json::json;
 use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
 use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
+use crate::prompt;
 use crate::settings::Settings;
 use crate::spool;
-use crate::ui::{count, human_bytes, show_offer, show_text, stderr_line, stderr_text, Ui};
+use crate::ui::{count, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui};
 use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
@@ -60,13 +62,16 @@ pub struct SendArgs {
     /// Use only the relay, no direct paths.
     #[arg(long)]
     force_relay: bool,
+    /// Also show the receiver's command as a QR code (on stderr).
+    #[arg(long)]
+    qr: bool,
 }
 
 /// Arguments of `ferry receive`.
 #[derive(Args, Debug)]
 pub struct ReceiveArgs {
-    /// The code the sender printed.
-    code: String,
+    /// The code the sender printed; without it, asked for at the terminal (Tab completes the words).
+    code: Option<String>,
     /// Directory to receive into.
     #[arg(long, default_value = ".")]
     out: PathBuf,
@@ -104,6 +109,14 @@ pub struct ReceiveArgs {
     /// counts 155 bytes plus its name and link target; suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     max_manifest: u64,
+    /// How long to look for a sender that is not there yet, trying every path again and again
+    /// (30s, 5m, 1h, or seconds; 0 tries once).
+    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
+    wait: Duration,
+    /// Show every name in the offer, with file sizes, before the question (`--json`: the offer's
+    /// `entries`).
+    #[arg(long)]
+    list: bool,
 }
 
 impl SendArgs {
@@ -252,9 +265,14 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             count(totals.dirs, "directory", "directories"),
         )
     };
+    let command = format!("ferry receive {relay}{code}");
     ui.info(&format!(
-        "Sending {what}.\nCode: {code}\nOn the other side run:  ferry receive {relay}{code}"
+        "Sending {what}.\nCode: {code}\nOn the other side run:  {command}"
     ));
+    if args.qr {
+        // Asked for: shown also with --json (on stderr, which carries no events).
+        stderr_text(&qr_code(&command));
+    }
     if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
         ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
     }
@@ -337,8 +355,20 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         _ => {}
     }
     let output = output(args.output.as_deref(), args.json)?;
-    let code: Code = args.code.parse()?;
-    let connected = receiver_connect(&code, &opts, args.peer, ui)?;
+    let code: Code = match &args.code {
+        Some(code) => code.parse()?,
+        None if !ui.is_json() && std::io::stdin().is_terminal() => prompt::ask_code()?,
+        None => {
+            return Err(Usage(
+                "give the code the sender printed: ferry receive CODE (it is asked for only at a terminal, without --json)"
+                    .into(),
+            )
+            .into())
+        }
+    };
+    let connected = receiver_connect(&code, &opts, args.peer, args.wait, ui);
+    ui.waited();
+    let connected = connected?;
     report_path(ui, &connected);
     let relayed = connected.path == "relay";
     let mut halves = split_tcp(connected.stream, connected.established)?;
@@ -358,12 +388,12 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let stream = matches!(output, Output::Stream(_));
     let on_disk = !matches!(output, Output::Offered);
     ropts.output = output;
-    let (yes, json) = (args.yes, ui.is_json());
+    let (yes, json, list) = (args.yes, ui.is_json(), args.list);
     let mut interrupted = false;
     let mut accepted = false;
     // A text message shown on stdout writes nothing to disk: it is accepted without a question.
     let mut accept =
-        |offer: &Offer<'_>| match accept_offer(offer, yes || offer.text && !on_disk, json) {
+        |offer: &Offer<'_>| match accept_offer(offer, yes || offer.text && !on_disk, json, list) {
             Answer::Yes => {
                 accepted = true;
                 true
@@ -436,8 +466,8 @@ enum Answer {
 
 /// Shows the offer and asks, unless `--yes`. A resumed offer asks like any other: the sender can
 /// cut a transfer itself, so an earlier acceptance says nothing about this run.
-fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool) -> Answer {
-    let summary = show_offer(offer, json);
+fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer {
+    let summary = show_offer(offer, json, list);
     if yes {
         if !json {
             stderr_line(&summary);
@@ -523,9 +553,43 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// Parses a duration such as `30s`, `5m`, `1h`, `250ms` or plain seconds (`90`, `0`).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (number, unit) = s.split_at(digits);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30s, 5m, 1h)"))?;
+    let unit_secs = match unit.trim().to_ascii_lowercase().as_str() {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "" | "s" | "sec" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        _ => return Err(format!("unknown unit {unit:?} (use s, m or h)")),
+    };
+    n.checked_mul(unit_secs)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{parse_duration, parse_size};
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert!(parse_duration("m").is_err());
+        assert!(parse_duration("5 fortnights").is_err());
+        assert!(parse_duration("99999999999999999h").is_err());
+    }
 
     #[test]
     fn sizes() {

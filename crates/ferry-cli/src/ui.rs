@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use ferry_transfer::{Entry, Offer, Progress, ProgressState, Totals};
+use ferry_transfer::{Entry, EntryKind, Offer, Progress, ProgressState, Totals};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
@@ -164,21 +164,24 @@ pub fn stderr_line(line: &str) {
 const PROMPT_NAMES: usize = 5;
 
 /// The receiver's view of an offer: the JSON `offer` event (with `--json`) or the text shown
-/// before the question, which names what would appear in the destination.
-pub fn show_offer(offer: &Offer<'_>, json: bool) -> String {
+/// before the question, which names what would appear in the destination; with `list`, every
+/// entry too (the JSON event's `entries`, exact paths; the text's lines, escaped, with file sizes).
+pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     let t = offer.totals;
     let names = offer.top_level.iter().map(|n| String::from_utf8_lossy(n));
     if json {
-        print_event(
-            "offer",
-            json!({
-                "files": t.files, "dirs": t.dirs, "symlinks": t.symlinks, "bytes": t.bytes,
-                "names": names.clone().collect::<Vec<_>>(),
-                "names_total": offer.top_level_count,
-                "resumable_bytes": offer.resumable_bytes,
-                "text": offer.text,
-            }),
-        );
+        let mut fields = json!({
+            "files": t.files, "dirs": t.dirs, "symlinks": t.symlinks, "bytes": t.bytes,
+            "names": names.clone().collect::<Vec<_>>(),
+            "names_total": offer.top_level_count,
+            "resumable_bytes": offer.resumable_bytes,
+            "text": offer.text,
+        });
+        if list {
+            let entries: Vec<String> = offer.entries.iter().map(Entry::path_lossy).collect();
+            fields["entries"] = json!(entries);
+        }
+        print_event("offer", fields);
     }
     if offer.text {
         return format!("Text message, {}", human_bytes(t.bytes));
@@ -201,13 +204,52 @@ pub fn show_offer(offer: &Offer<'_>, json: bool) -> String {
     } else {
         String::new()
     };
-    format!(
+    let mut text = format!(
         "Offer: {}, {}, {}{resumable}\n  {}{more}",
         count(t.files, "file", "files"),
         count(t.dirs, "directory", "directories"),
         human_bytes(t.bytes),
         shown.join(", "),
-    )
+    );
+    if list {
+        for entry in offer.entries {
+            text.push('\n');
+            text.push_str(&list_line(entry));
+        }
+    }
+    text
+}
+
+/// One line of `--list`: the size of a file, then the path (escaped); a directory ends in `/`, a
+/// symlink shows its target.
+fn list_line(entry: &Entry) -> String {
+    let path = escape(&entry.path_lossy()).into_owned();
+    match entry.kind {
+        EntryKind::File => format!("{:>12}  {path}", human_bytes(entry.size)),
+        EntryKind::Dir => format!("{:>12}  {path}/", ""),
+        EntryKind::Symlink => {
+            let target = String::from_utf8_lossy(&entry.target);
+            format!("{:>12}  {path} -> {}", "", escape(&target))
+        }
+    }
+}
+
+/// `text` as a QR code drawn with Unicode half blocks, two rows of modules per line, light modules
+/// drawn in the terminal's (light) text colour on its dark background, with the quiet zone around.
+pub fn qr_code(text: &str) -> String {
+    use qrcode::render::unicode::Dense1x2;
+    match qrcode::QrCode::new(text.as_bytes()) {
+        Ok(code) => {
+            let drawn = code
+                .render::<Dense1x2>()
+                .dark_color(Dense1x2::Light)
+                .light_color(Dense1x2::Dark)
+                .build();
+            drawn + "\n"
+        }
+        // Only a text too long for any QR code fails; a command line never is.
+        Err(e) => format!("(no QR code: {e})\n"),
+    }
 }
 
 /// Human-readable bytes (binary units).
@@ -277,6 +319,28 @@ impl Ui {
             self.event("error", json!({ "code": code, "message": message }));
         } else {
             stderr_line(&format!("ferry: {}", escape(message)));
+        }
+    }
+
+    /// Shows a spinner with `what` and the time waited so far ("Waiting for the sender... 12s") on a
+    /// terminal, not with `--json`, until [`Ui::waited`]; warnings meanwhile are printed above it.
+    pub fn waiting(&mut self, what: &str) {
+        if self.json || self.bar.is_some() {
+            return;
+        }
+        let spinner = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(10));
+        spinner.set_style(
+            ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"),
+        );
+        spinner.set_message(what.to_string());
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        self.bar = Some(spinner);
+    }
+
+    /// Ends what [`Ui::waiting`] shows, leaving no trace on the terminal.
+    pub fn waited(&mut self) {
+        if let Some(spinner) = self.bar.take() {
+            spinner.finish_and_clear();
         }
     }
 

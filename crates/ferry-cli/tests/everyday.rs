@@ -5,11 +5,10 @@
 mod common;
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -349,103 +348,6 @@ fn sigint_leaves_no_registry_entry() {
 #[test]
 fn sigterm_leaves_no_registry_entry() {
     signal_leaves_no_registry_entry(libc::SIGTERM);
-}
-
-/// A command running on a pseudo-terminal (util-linux `script`), its output collected as it comes.
-struct Pty {
-    child: Child,
-    stdin: ChildStdin,
-    output: Arc<Mutex<Vec<u8>>>,
-    reader: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Pty {
-    fn spawn(w: &World, args: &[&str]) -> Pty {
-        let quoted: Vec<String> = std::iter::once(ferry().display().to_string())
-            .chain(args.iter().map(|a| a.to_string()))
-            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
-            .collect();
-        // The world's environment (`cmd()`), given to `script` and so to `ferry`.
-        let cmd = w.cmd();
-        let mut script = Command::new("script");
-        script.args(["-qefc", &quoted.join(" "), "/dev/null"]);
-        for (k, v) in cmd.get_envs() {
-            match v {
-                Some(v) => script.env(k, v),
-                None => script.env_remove(k),
-            };
-        }
-        let mut child = script
-            .env("TERM", "xterm")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("util-linux script");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = child.stdout.take().unwrap();
-        let output = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&output);
-        let reader = std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock().unwrap().extend_from_slice(&buf[..n]);
-            }
-        });
-        Pty {
-            child,
-            stdin,
-            output,
-            reader: Some(reader),
-        }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
-    }
-
-    /// Waits until the output contains `what` (the process watchdog bounds the wait).
-    fn wait_for(&self, what: &str) {
-        let deadline = Instant::now() + PROCESS_DEADLINE;
-        while !self.text().contains(what) {
-            assert!(
-                Instant::now() < deadline,
-                "never saw {what:?}; got:\n{}",
-                self.text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn type_keys(&mut self, keys: &[u8]) {
-        self.stdin.write_all(keys).unwrap();
-        self.stdin.flush().unwrap();
-    }
-
-    /// Waits for the end; returns the exit status (script -e passes the command's on) and all output.
-    fn finish(mut self) -> (Option<i32>, String) {
-        let status = finish_status(&mut self.child);
-        if let Some(r) = self.reader.take() {
-            let _ = r.join();
-        }
-        (status, self.text())
-    }
-}
-
-fn finish_status(child: &mut Child) -> Option<i32> {
-    let deadline = Instant::now() + PROCESS_DEADLINE;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s.code();
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A sender (`--json`) of one file of `size` bytes, and a receiver at a terminal asking the question.

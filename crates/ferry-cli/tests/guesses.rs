@@ -106,9 +106,10 @@ fn guesses_that_hang_up_get_nothing_to_check_and_end_the_code_at_the_limit() {
         message.contains("spent"),
         "the sender says the code is spent: {message}"
     );
-    // And a receiver with the right code now finds nobody.
-    let recv = finish(w.spawn_receive(CODE, &w.out()));
-    assert!(!recv.status.success());
+    // And a receiver with the right code now finds nobody (and does not wait long for somebody).
+    let args = ["--json", "--yes", "--wait", "1s"];
+    let recv = finish(w.spawn_receive_with(&args, CODE, &w.out()));
+    assert_failure("a receiver after the code died", &recv, 4, "peer-not-found");
     assert!(!w.out().join("secret.txt").exists());
 }
 

@@ -279,6 +279,8 @@ fn no_sender_gives_a_clear_error() {
                 "receive",
                 "--json",
                 "--yes",
+                "--wait",
+                "1s",
                 "41-apple-orbit-violin",
                 "--out",
             ])

@@ -3,12 +3,12 @@
 #![allow(dead_code)]
 
 use std::fs;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -380,7 +380,6 @@ pub struct Measured {
 
 /// Like [`finish`], and also measures the process's run time and peak memory.
 pub fn finish_measured(mut child: Child) -> Measured {
-    use std::io::Read;
     use std::os::unix::process::ExitStatusExt;
 
     let started = Instant::now();
@@ -472,7 +471,6 @@ impl Watched {
     /// Reads the rest of the output and waits for the exit; `stdout` holds every line, also those
     /// [`Watched::wait_for`] read.
     pub fn finish(mut self) -> Output {
-        use std::io::Read;
         let mut rest = Vec::new();
         let _ = self.reader.read_to_end(&mut rest);
         self.stdout.extend_from_slice(&rest);
@@ -493,7 +491,6 @@ impl RelayProcess {
     /// Spawns `cmd` (a prepared `ferry relay ...` command), reads the address from its banner, and keeps
     /// draining its stderr so it never blocks.
     pub fn spawn(mut cmd: Command) -> RelayProcess {
-        use std::io::Read;
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn ferry relay");
         let mut lines = BufReader::new(child.stderr.take().unwrap());
@@ -525,4 +522,101 @@ pub fn skip(test: &str, reason: &str) {
     assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
     eprintln!("{msg}");
     println!("{msg}");
+}
+
+/// A command running on a pseudo-terminal (util-linux `script`), its output collected as it comes.
+pub struct Pty {
+    child: Child,
+    stdin: ChildStdin,
+    output: Arc<Mutex<Vec<u8>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pty {
+    pub fn spawn(w: &World, args: &[&str]) -> Pty {
+        let quoted: Vec<String> = std::iter::once(ferry().display().to_string())
+            .chain(args.iter().map(|a| a.to_string()))
+            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .collect();
+        // The world's environment (`cmd()`), given to `script` and so to `ferry`.
+        let cmd = w.cmd();
+        let mut script = Command::new("script");
+        script.args(["-qefc", &quoted.join(" "), "/dev/null"]);
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => script.env(k, v),
+                None => script.env_remove(k),
+            };
+        }
+        let mut child = script
+            .env("TERM", "xterm")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("util-linux script");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&output);
+        let reader = std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Pty {
+            child,
+            stdin,
+            output,
+            reader: Some(reader),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the output contains `what` (the process watchdog bounds the wait).
+    pub fn wait_for(&self, what: &str) {
+        let deadline = Instant::now() + PROCESS_DEADLINE;
+        while !self.text().contains(what) {
+            assert!(
+                Instant::now() < deadline,
+                "never saw {what:?}; got:\n{}",
+                self.text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn type_keys(&mut self, keys: &[u8]) {
+        self.stdin.write_all(keys).unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Waits for the end; returns the exit status (script -e passes the command's on) and all output.
+    pub fn finish(mut self) -> (Option<i32>, String) {
+        let status = finish_status(&mut self.child);
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        (status, self.text())
+    }
+}
+
+pub fn finish_status(child: &mut Child) -> Option<i32> {
+    let deadline = Instant::now() + PROCESS_DEADLINE;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
