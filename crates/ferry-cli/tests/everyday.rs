@@ -6,7 +6,7 @@ mod common;
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -540,5 +540,47 @@ fn time_at_the_question_is_not_transfer_time() {
     assert!(
         sender <= bound,
         "sender counted {sender} s of at most {bound} s"
+    );
+}
+
+/// Issue 10, item 10: a cut connection leaves the bar saying "stopped", not a stale rate and
+/// "ETA 0s". Deterministic: the sender's `--json` events go into a one-page pipe nobody reads, so
+/// the sender blocks within its first few dozen packets of a 1 GiB file (an event per packet, at
+/// most one a millisecond), well before the end; the receiver's bar is drawn by then, and the
+/// sender is killed.
+#[test]
+fn a_cut_connection_leaves_no_eta_on_the_bar() {
+    let w = World::new();
+    let f = w.src().join("big.bin");
+    fs::File::create(&f).unwrap().set_len(1 << 30).unwrap();
+    let code = "70-apple-orbit-violin";
+    let mut send = w.spawn_send(code, &[&f]);
+    let pipe = send.stdout.as_ref().unwrap().as_raw_fd();
+    // SAFETY: fcntl(2) on a pipe descriptor we own; a failure shows in the return value.
+    let rc = unsafe { libc::fcntl(pipe, libc::F_SETPIPE_SZ, 4096) };
+    assert!(
+        rc >= 4096,
+        "F_SETPIPE_SZ: {}",
+        std::io::Error::last_os_error()
+    );
+    let out = w.out();
+    let recv = Pty::spawn(
+        &w,
+        &["receive", code, "--yes", "--out", out.to_str().unwrap()],
+    );
+    recv.wait_for(" ETA ");
+    send.kill().unwrap();
+    let _ = send.wait();
+    let (status, text) = recv.finish();
+    assert_ne!(status, Some(0), "{text}");
+    let before_error = text
+        .split_once("ferry: ")
+        .unwrap_or_else(|| panic!("no error line: {text:?}"))
+        .0;
+    let last_draw = before_error.rsplit('\r').find(|s| !s.trim().is_empty());
+    let last_draw = last_draw.unwrap_or_default();
+    assert!(
+        last_draw.contains("stopped") && !last_draw.contains("ETA"),
+        "the bar's last state: {last_draw:?}"
     );
 }
