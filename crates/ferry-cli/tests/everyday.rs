@@ -584,3 +584,37 @@ fn a_cut_connection_leaves_no_eta_on_the_bar() {
         "the bar's last state: {last_draw:?}"
     );
 }
+
+/// As `send --help` and README say: without discovery the sender listens on loopback only.
+#[test]
+fn without_discovery_the_sender_listens_on_loopback() {
+    let w = World::new();
+    let f = w.src().join("a.txt");
+    fs::write(&f, b"x").unwrap();
+    let mut send = Watched::new(w.spawn_send("73-apple-orbit-violin", &[&f]));
+    let code = send.wait_for(|e| e["event"] == "code");
+    send.signal(libc::SIGTERM);
+    let _ = send.finish();
+    let listen: std::net::SocketAddr = code["listen"].as_str().unwrap().parse().unwrap();
+    assert!(listen.ip().is_loopback(), "listens on {listen}");
+}
+
+/// README's receive example: the receiver says how it is connected before it shows the offer.
+#[test]
+fn the_receiver_says_how_it_is_connected_before_the_offer() {
+    let w = World::new();
+    let f = w.src().join("a.txt");
+    fs::write(&f, b"hello").unwrap();
+    let code = "74-apple-orbit-violin";
+    let send = finish_in_background(w.spawn_send(code, &[&f]));
+    let recv = finish(w.spawn_receive_with(&["--yes"], code, &w.out()));
+    assert_success("send", &send.join().unwrap());
+    assert_success("receive", &recv);
+    let text = String::from_utf8_lossy(&recv.stderr);
+    let connected = text.find("Connected directly on this host (127.0.0.1:");
+    let offer = text.find("Offer: 1 file");
+    assert!(
+        matches!((connected, offer), (Some(c), Some(o)) if c < o) && text.contains("aes-256-gcm"),
+        "{text}"
+    );
+}
