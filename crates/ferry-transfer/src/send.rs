@@ -412,20 +412,29 @@ impl Stream<'_> {
         let manifest = self.manifest;
         let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
         let claim = self.claims.remove(&(index as u32));
+        self.hasher.start(size, &[]);
+        if let Some(Claim::Identical(hash)) = claim {
+            // Hashed (and checked) just before the data: nothing to open or send.
+            self.report.files_skipped += 1;
+            self.report.bytes_skipped += size;
+            self.emitted = 0;
+            self.cur = Some(Current {
+                index,
+                file: None,
+                size,
+                pos: size,
+                started: false,
+                hash: Some(hash),
+            });
+            return Ok(());
+        }
         // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
         // stat per file; a resume reads from the middle, so it checks first.
         let mut file = self.open_source(index, claim.is_some() || size == 0)?;
-        self.hasher.start(size, &[]);
         let mut pos = 0;
-        let mut hash = None;
         match claim {
             None => {}
-            Some(Claim::Identical(h)) => {
-                pos = size;
-                hash = Some(h);
-                self.report.files_skipped += 1;
-                self.report.bytes_skipped += size;
-            }
+            Some(Claim::Identical(_)) => unreachable!("handled above"),
             Some(Claim::Existing(_)) => unreachable!("compared before the data"),
             Some(Claim::Complete(hash)) => {
                 self.hash_prefix(&mut file, size, index)?;
@@ -453,9 +462,7 @@ impl Stream<'_> {
                 file.seek(SeekFrom::Start(pos)).map_err(err)?;
             }
         }
-        if hash.is_none() {
-            self.report.bytes_resumed += pos;
-        }
+        self.report.bytes_resumed += pos;
         self.emitted = self.hasher.chunk_hashes().len();
         self.cur = Some(Current {
             index,
@@ -463,7 +470,7 @@ impl Stream<'_> {
             size,
             pos,
             started: false,
-            hash,
+            hash: None,
         });
         Ok(())
     }
