@@ -35,9 +35,12 @@ pub struct Ui {
     last_rate: Option<Instant>,
 }
 
-/// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one).
+/// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one, nor
+/// identical files skipped).
 fn rate(state: &ProgressState, secs: f64) -> f64 {
-    let moved = state.bytes_done.saturating_sub(state.bytes_resumed);
+    let moved = state
+        .bytes_done
+        .saturating_sub(state.bytes_resumed + state.bytes_skipped);
     moved as f64 / secs.max(1e-3)
 }
 
@@ -402,6 +405,16 @@ impl Progress for Ui {
         self.start_bar(&state.totals);
     }
 
+    fn checking(&mut self, _state: &ProgressState, files: u64, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(format!(
+                "checking {} already there",
+                count(files, "file", "files")
+            ));
+        }
+        self.event("checking", json!({ "files": files, "bytes": bytes }));
+    }
+
     fn progress(&mut self, state: &ProgressState, current: &Entry) {
         self.update_bar(state);
         if self.json {
@@ -452,6 +465,8 @@ impl Progress for Ui {
                     "files": state.totals.files,
                     "bytes": state.totals.bytes,
                     "bytes_resumed": state.bytes_resumed,
+                    "files_skipped": state.files_skipped,
+                    "bytes_skipped": state.bytes_skipped,
                     "seconds": secs,
                 }),
             );
@@ -461,11 +476,20 @@ impl Progress for Ui {
             } else {
                 String::new()
             };
+            let skipped = if state.files_skipped > 0 {
+                format!(
+                    "; {} skipped ({})",
+                    count(state.files_skipped, "identical file", "identical files"),
+                    human_bytes(state.bytes_skipped)
+                )
+            } else {
+                String::new()
+            };
             stderr_line(&format!(
-                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified",
+                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified{skipped}",
                 self.verb,
-                count(state.totals.files, "file", "files"),
-                human_bytes(state.totals.bytes),
+                count(state.totals.files - state.files_skipped, "file", "files"),
+                human_bytes(state.totals.bytes - state.bytes_skipped),
                 human_bytes(rate as u64),
             ));
         }
@@ -496,7 +520,7 @@ mod tests {
             },
             bytes_done: 200 << 20,
             bytes_resumed: 100 << 20,
-            files_done: 0,
+            ..Default::default()
         };
         // 100 MiB kept from before, 100 MiB moved in 4 s: 25 MiB/s, and 100 MiB left take 4 s more.
         assert_eq!(rate(&state, 4.0), (25 << 20) as f64);

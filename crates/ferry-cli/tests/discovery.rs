@@ -96,6 +96,14 @@ exit $rc
         "found through mDNS, not this host's registry"
     );
     assert_same_tree(&f, &w.out().join("lan.bin"));
+    // As `send --help` and README say: with discovery, the sender listens on every interface.
+    let slog = fs::read(w.path("send.log")).unwrap_or_default();
+    let listen: std::net::SocketAddr = event(&events(&slog), "code").unwrap()["listen"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(listen.ip().is_unspecified(), "listens on {listen}");
 }
 
 #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -442,5 +442,81 @@ fn time_at_the_question_is_not_transfer_time() {
     assert!(
         sender <= bound,
         "sender counted {sender} s of at most {bound} s"
+    );
+}
+
+/// Issue 10, item 10: a cut connection leaves the bar saying "stopped", not a stale rate and
+/// "ETA 0s". Deterministic: the sender's `--json` events go into a one-page pipe nobody reads, so
+/// the sender blocks within its first few dozen packets of a 1 GiB file (an event per packet, at
+/// most one a millisecond), well before the end; the receiver's bar is drawn by then, and the
+/// sender is killed.
+#[test]
+fn a_cut_connection_leaves_no_eta_on_the_bar() {
+    let w = World::new();
+    let f = w.src().join("big.bin");
+    fs::File::create(&f).unwrap().set_len(1 << 30).unwrap();
+    let code = "70-apple-orbit-violin";
+    let mut send = w.spawn_send(code, &[&f]);
+    let pipe = send.stdout.as_ref().unwrap().as_raw_fd();
+    // SAFETY: fcntl(2) on a pipe descriptor we own; a failure shows in the return value.
+    let rc = unsafe { libc::fcntl(pipe, libc::F_SETPIPE_SZ, 4096) };
+    assert!(
+        rc >= 4096,
+        "F_SETPIPE_SZ: {}",
+        std::io::Error::last_os_error()
+    );
+    let out = w.out();
+    let recv = Pty::spawn(
+        &w,
+        &["receive", code, "--yes", "--out", out.to_str().unwrap()],
+    );
+    recv.wait_for(" ETA ");
+    send.kill().unwrap();
+    let _ = send.wait();
+    let (status, text) = recv.finish();
+    assert_ne!(status, Some(0), "{text}");
+    let before_error = text
+        .split_once("ferry: ")
+        .unwrap_or_else(|| panic!("no error line: {text:?}"))
+        .0;
+    let last_draw = before_error.rsplit('\r').find(|s| !s.trim().is_empty());
+    let last_draw = last_draw.unwrap_or_default();
+    assert!(
+        last_draw.contains("stopped") && !last_draw.contains("ETA"),
+        "the bar's last state: {last_draw:?}"
+    );
+}
+
+/// As `send --help` and README say: without discovery the sender listens on loopback only.
+#[test]
+fn without_discovery_the_sender_listens_on_loopback() {
+    let w = World::new();
+    let f = w.src().join("a.txt");
+    fs::write(&f, b"x").unwrap();
+    let mut send = Watched::new(w.spawn_send("73-apple-orbit-violin", &[&f]));
+    let code = send.wait_for(|e| e["event"] == "code");
+    send.signal(libc::SIGTERM);
+    let _ = send.finish();
+    let listen: std::net::SocketAddr = code["listen"].as_str().unwrap().parse().unwrap();
+    assert!(listen.ip().is_loopback(), "listens on {listen}");
+}
+
+/// README's receive example: the receiver says how it is connected before it shows the offer.
+#[test]
+fn the_receiver_says_how_it_is_connected_before_the_offer() {
+    let w = World::new();
+    let f = w.src().join("a.txt");
+    fs::write(&f, b"hello").unwrap();
+    let code = "74-apple-orbit-violin";
+    let send = finish_in_background(w.spawn_send(code, &[&f]));
+    let recv = finish(w.spawn_receive_with(&["--yes"], code, &w.out()));
+    assert_success("send", &send.join().unwrap());
+    assert_success("receive", &recv);
+    let text = String::from_utf8_lossy(&recv.stderr);
+    let connected = text.find("Connected directly on this host (127.0.0.1:");
+    let offer = text.find("Offer: 1 file");
+    assert!(
+        matches!((connected, offer), (Some(c), Some(o)) if c < o) && text.contains("aes-256-gcm"),
+        "{text}"
     );
 }

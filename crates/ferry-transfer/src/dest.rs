@@ -22,6 +22,7 @@ use crate::fsys::{process_umask, set_file_times, Dir, DirCursor, FileKind};
 use crate::hash::FileHasher;
 use crate::path::{check_name, split_parent, MAX_NAME, MAX_PATH};
 use crate::{Entry, EntryKind, TransferError};
+use std::collections::HashSet;
 use std::fs::{File, Permissions};
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -42,6 +43,15 @@ pub(crate) struct Destination {
     umask: u32,
     /// Whether small files are still tried as unnamed files (cleared when the file system refuses).
     unnamed: bool,
+    /// Existing directories without owner write permission that this user owns, made writable
+    /// for an overwriting receive: their paths and the modes they get back.
+    unlocked: Vec<(Vec<u8>, u32)>,
+}
+
+impl Drop for Destination {
+    fn drop(&mut self) {
+        let _ = self.relock();
+    }
 }
 
 /// A file being written: under its temporary name, or unnamed.
@@ -101,6 +111,7 @@ impl Destination {
             token: crate::fsys::random_u64(),
             umask: process_umask(),
             unnamed: true,
+            unlocked: Vec::new(),
         })
     }
 
@@ -147,12 +158,28 @@ impl Destination {
     /// Fails with the first path (in sorted order) that exists and may not be replaced or, for
     /// a top-level directory, merged into. `ours(i)` tells whether entry `i` is a file this
     /// offer already finished, or a directory it created, in an earlier run.
+    ///
+    /// A regular file of the offered size under a file's final name is no conflict yet: it is
+    /// returned (in sorted order) to be hashed, and is a conflict only if it differs. An existing
+    /// symlink with the offered target is identical and left alone. Without `merge`, an existing
+    /// top-level directory is received into only when the offer adds nothing to it (every entry
+    /// below it exists), so that receiving the same tree again finds it identical.
     pub(crate) fn check_conflicts(
         &mut self,
         entries: &[Entry],
         order: &[u32],
         ours: impl Fn(u32) -> bool,
-    ) -> Result<(), TransferError> {
+    ) -> Result<Vec<u32>, TransferError> {
+        let mut same_size = Vec::new();
+        // Existing top-level directories that may only be found complete.
+        let mut complete_only: HashSet<&[u8]> = HashSet::new();
+        let adds_to = |path: &[u8], complete_only: &HashSet<&[u8]>| {
+            let top = path.split(|&b| b == b'/').next().unwrap_or(path);
+            match complete_only.get(top) {
+                Some(top) => Err(TransferError::Conflict { path: lossy(top) }),
+                None => Ok(()),
+            }
+        };
         // A directory found missing: nothing below it can exist either, so its entries (often
         // all of them, in a fresh destination) cost no system call.
         let mut missing: Option<&[u8]> = None;
@@ -165,6 +192,7 @@ impl Destination {
             let dir = match self.cursor.enter(parent) {
                 Ok(Some(d)) => d,
                 Ok(None) => {
+                    adds_to(parent, &complete_only)?;
                     missing = Some(parent);
                     continue;
                 }
@@ -178,16 +206,32 @@ impl Destination {
                 }
                 Err(err) => return Err(TransferError::file(e.path_lossy(), err)),
             };
-            let existing = dir
-                .kind(name)
-                .map_err(|err| TransferError::file(e.path_lossy(), err))?;
+            let err = |err| TransferError::file(e.path_lossy(), err);
+            let existing = dir.kind_and_size(name).map_err(err)?;
             let conflict = match (e.kind, existing) {
-                (_, None) => false,
+                (_, None) => {
+                    adds_to(&e.path, &complete_only)?;
+                    false
+                }
                 // Below a top-level directory of the offer that is new, ours or merged into.
-                (EntryKind::Dir, Some(FileKind::Dir)) if !parent.is_empty() => false,
-                (EntryKind::Dir, Some(FileKind::Dir)) => !(self.merge || ours(i)),
+                (EntryKind::Dir, Some((FileKind::Dir, _))) if !parent.is_empty() => false,
+                (EntryKind::Dir, Some((FileKind::Dir, _))) => {
+                    if !(self.merge || ours(i)) {
+                        complete_only.insert(&e.path);
+                    }
+                    false
+                }
                 (EntryKind::Dir, Some(_)) => !self.overwrite,
-                (_, Some(FileKind::Dir)) => true,
+                (_, Some((FileKind::Dir, _))) => true,
+                (EntryKind::File, Some((FileKind::File, size))) if size == e.size && !ours(i) => {
+                    same_size.push(i);
+                    false
+                }
+                (EntryKind::Symlink, Some((FileKind::Symlink, _)))
+                    if dir.readlink(name).map_err(err)? == e.target =>
+                {
+                    false
+                }
                 (_, Some(_)) => !(self.overwrite || ours(i)),
             };
             if conflict {
@@ -196,7 +240,7 @@ impl Destination {
                 });
             }
         }
-        Ok(())
+        Ok(same_size)
     }
 
     /// Creates directory `e` (parents first, in sorted order); returns whether it was created
@@ -210,6 +254,10 @@ impl Destination {
             Ok(()) => Ok(true),
             Err(x) if x.raw_os_error() == Some(libc::EEXIST) => {
                 match dir.kind(name).map_err(err)? {
+                    Some(FileKind::Dir) if overwrite => {
+                        self.unlock(e)?;
+                        Ok(false)
+                    }
                     Some(FileKind::Dir) => Ok(false),
                     Some(_) if overwrite => {
                         dir.unlink(name).map_err(err)?;
@@ -223,6 +271,43 @@ impl Destination {
             }
             Err(x) => Err(err(x)),
         }
+    }
+
+    /// Makes existing directory `e` writable for its owner if it is not and this (non-root) user
+    /// owns it, so that `--overwrite` can replace what is inside; [`Destination::relock`] gives
+    /// the mode back. Root needs no write permission, and another user's directory stays as it is
+    /// (replacing inside it then fails with "permission denied", as it should).
+    fn unlock(&mut self, e: &Entry) -> Result<(), TransferError> {
+        let err = |err| TransferError::file(e.path_lossy(), err);
+        let uid = crate::fsys::effective_uid();
+        let dir = match self.cursor.enter(&e.path) {
+            Ok(Some(d)) => d,
+            Ok(None) => return Err(err(io::Error::from_raw_os_error(libc::ENOENT))),
+            Err(x) => return Err(err(x)),
+        };
+        let (owner, mode) = dir.owner_and_mode().map_err(err)?;
+        if uid != 0 && owner == uid && mode & 0o200 == 0 {
+            dir.set_mode(mode | 0o200).map_err(err)?;
+            self.unlocked.push((e.path.clone(), mode));
+        }
+        Ok(())
+    }
+
+    /// Gives the directories made writable by [`Destination::unlock`] their modes back (deepest
+    /// first); also run when the receive fails, as far as it can.
+    pub(crate) fn relock(&mut self) -> Result<(), TransferError> {
+        let mut first_error = None;
+        while let Some((path, mode)) = self.unlocked.pop() {
+            let restored = match self.cursor.enter(&path) {
+                Ok(Some(d)) => d.set_mode(mode),
+                Ok(None) => Err(io::Error::from_raw_os_error(libc::ENOENT)),
+                Err(x) => Err(x),
+            };
+            if let Err(x) = restored {
+                first_error.get_or_insert(TransferError::file(lossy(&path), x));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Whether a new temporary file for `e` is created with its final mode, which the kernel
@@ -355,6 +440,10 @@ impl Destination {
         let temp = self.temp_name(name, index).to_vec();
         let dir = self.parent(&e.path)?;
         let err = |err| TransferError::file(e.path_lossy(), err);
+        if dir.readlink(name).is_ok_and(|t| t == e.target) {
+            // The same symlink is there (received before): left as it is.
+            return Ok(());
+        }
         let made = if overwrite {
             let _ = dir.unlink(&temp);
             dir.symlink(&e.target, &temp)

@@ -97,6 +97,12 @@ pub(crate) fn process_umask() -> u32 {
     }) & 0o777
 }
 
+/// The effective user id of this process.
+pub(crate) fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 impl Dir {
     /// Opens the destination directory itself (following symlinks: the user chose it).
     pub(crate) fn open(path: &Path) -> io::Result<Dir> {
@@ -158,6 +164,11 @@ impl Dir {
 
     /// What `name` is, without following a symlink; `None` if it does not exist.
     pub(crate) fn kind(&self, name: &[u8]) -> io::Result<Option<FileKind>> {
+        Ok(self.kind_and_size(name)?.map(|(kind, _)| kind))
+    }
+
+    /// What `name` is and its size, without following a symlink; `None` if it does not exist.
+    pub(crate) fn kind_and_size(&self, name: &[u8]) -> io::Result<Option<(FileKind, u64)>> {
         with_cstr(name, |c| {
             // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -173,13 +184,48 @@ impl Dir {
                     Err(e)
                 };
             }
-            Ok(Some(match st.st_mode & libc::S_IFMT {
+            let kind = match st.st_mode & libc::S_IFMT {
                 libc::S_IFREG => FileKind::File,
                 libc::S_IFDIR => FileKind::Dir,
                 libc::S_IFLNK => FileKind::Symlink,
                 _ => FileKind::Other,
-            }))
+            };
+            Ok(Some((kind, st.st_size as u64)))
         })
+    }
+
+    /// The target of symlink `name` (fails with EINVAL if `name` is not a symlink).
+    pub(crate) fn readlink(&self, name: &[u8]) -> io::Result<Vec<u8>> {
+        // Offered targets are at most PATH_MAX bytes: a longer one differs anyway.
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        with_cstr(name, |c| {
+            // SAFETY: valid dir fd, NUL-terminated name, `buf` is writable for its length.
+            let n = unsafe {
+                libc::readlinkat(self.raw(), c.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            buf.truncate(n as usize);
+            Ok(())
+        })?;
+        Ok(buf)
+    }
+
+    /// This directory's owner and permission bits.
+    pub(crate) fn owner_and_mode(&self) -> io::Result<(u32, u32)> {
+        // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd, and `st` is writable.
+        check(unsafe { libc::fstat(self.raw(), &mut st) })?;
+        Ok((st.st_uid, st.st_mode & 0o7777))
+    }
+
+    /// Sets this directory's own permission bits.
+    pub(crate) fn set_mode(&self, mode: u32) -> io::Result<()> {
+        // SAFETY: valid fd.
+        check(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) })?;
+        Ok(())
     }
 
     /// Creates a new file for writing; fails if `name` exists (even as a dangling symlink).

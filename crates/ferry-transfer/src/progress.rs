@@ -11,8 +11,13 @@ pub struct ProgressState {
     pub bytes_done: u64,
     /// Of `bytes_done`, bytes kept from an earlier transfer instead of being sent.
     pub bytes_resumed: u64,
-    /// Files finished (verified and renamed, on the receiving side).
+    /// Files finished (verified and renamed, on the receiving side), skipped ones included.
     pub files_done: u64,
+    /// Files the receiver already had, identical (same size and BLAKE3): left as they were, not
+    /// sent.
+    pub files_skipped: u64,
+    /// Of `bytes_done`, the bytes of the `files_skipped`.
+    pub bytes_skipped: u64,
 }
 
 /// Receives progress events. Every method has an empty default, and `()` ignores everything.
@@ -25,6 +30,10 @@ pub trait Progress {
     /// The receiver accepted the offer: from here on bytes move (rates and times count from here,
     /// not from the offer, which may wait for a person's answer).
     fn accepted(&mut self, _state: &ProgressState) {}
+    /// The receiver hashes `files` files (`bytes` bytes) it already has under their final names,
+    /// to learn which are identical (receiver: after the acceptance; sender: once the receiver's
+    /// hashes arrived).
+    fn checking(&mut self, _state: &ProgressState, _files: u64, _bytes: u64) {}
     /// Bytes moved; `current` is the file being transferred.
     fn progress(&mut self, _state: &ProgressState, _current: &Entry) {}
     /// One file is complete (receiver: verified and under its final name).

@@ -9,7 +9,7 @@ use crate::wire::{self, OfferHeader, Put, Reader};
 use crate::writer::{self, FileWriter};
 use crate::{PacketSink, PacketSource, TransferError, CHUNK};
 use blake3::hazmat::ChainingValue;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -116,6 +116,10 @@ pub struct ReceiveReport {
     /// A text offer received with [`Output::Offered`]: its bytes, verified (raw peer bytes:
     /// escape before showing them).
     pub text: Option<Vec<u8>>,
+    /// Files that were already in place, identical (same size and BLAKE3): left untouched.
+    pub files_skipped: u64,
+    /// Bytes of the `files_skipped`.
+    pub bytes_skipped: u64,
 }
 
 /// What the receiver holds of one file from an earlier run, verified against the log.
@@ -124,6 +128,9 @@ struct Held {
     chunks: Vec<ChainingValue>,
     /// Hash of the finished file under its final name.
     complete: Option<[u8; 32]>,
+    /// The final file was there before this offer (not written by it): sent as
+    /// [`wire::HELD_EXISTING`], and kept only if the sender finds it identical.
+    existing: bool,
 }
 
 /// Receives one offer into `opts.out_dir`.
@@ -299,6 +306,7 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
                             Held {
                                 chunks: h.chunk_hashes().to_vec(),
                                 complete: Some(hash),
+                                existing: false,
                             },
                         );
                     }
@@ -310,13 +318,14 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
                         Held {
                             chunks: h.chunk_hashes().to_vec(),
                             complete: None,
+                            existing: false,
                         },
                     );
                 }
             }
         }
     }
-    dest.check_conflicts(&entries, &order, |i| {
+    let same_size = dest.check_conflicts(&entries, &order, |i| {
         held.get(&i).is_some_and(|h| h.complete.is_some()) || made_before(i)
     })?;
     let (top_level, top_level_count) = top_level_names(&entries, &order);
@@ -334,7 +343,30 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         (&top_level, top_level_count),
         resumable_bytes,
     );
-    answer(sink, &offer, accept, &held, progress, &pstate)?;
+    ask(&offer, accept, progress, &pstate, sink)?;
+    let unreadable = hash_existing(
+        &mut dest, &entries, &same_size, &mut held, progress, &pstate,
+    );
+    send_accept(sink, &held)?;
+    if !same_size.is_empty() {
+        // What differs from the sender's file: a conflict, or replaced when overwriting.
+        let mut differ = unreadable;
+        if held.values().any(|h| h.existing) {
+            differ.extend(read_verdict(source, &held)?);
+        }
+        if !differ.is_empty() && !opts.overwrite {
+            let first = same_size
+                .iter()
+                .find(|i| differ.contains(i))
+                .expect("differ is a subset of same_size");
+            return Err(TransferError::Conflict {
+                path: entries[*first as usize].path_lossy(),
+            });
+        }
+        for i in differ {
+            held.remove(&i);
+        }
+    }
 
     // What this run creates is on record before it exists: the directories (so that a resumed
     // run may enter them and give them their modes) and the temporary-name token. A log that
@@ -382,6 +414,7 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             dest.finish_dir(e)?;
         }
     }
+    dest.relock()?;
     if let Some(state) = &mut state {
         let _ = state.remove();
     }
@@ -405,7 +438,8 @@ fn receive_stream<S: PacketSource, K: PacketSink>(
     let (top_level, top_level_count) = top_level_names(entries, &[0]);
     let (offer, mut pstate) = offer_of(header, entries, (&top_level, top_level_count), 0);
     let held = HashMap::new();
-    answer(sink, &offer, accept, &held, progress, &pstate)?;
+    ask(&offer, accept, progress, &pstate, sink)?;
+    send_accept(sink, &held)?;
     let (report, done) = writer::with_stream(out, |writer| {
         Incoming::new(entries, header.totals, held, writer, None).run(source, progress, &mut pstate)
     })?;
@@ -440,14 +474,14 @@ fn offer_of<'a>(
     (offer, pstate)
 }
 
-/// Shows the offer and asks `accept`: declines, or accepts with the resume pages of `held`.
-fn answer<K: PacketSink>(
-    sink: &mut K,
+/// Shows the offer and asks `accept`: declines (and tells the sender), or reports the acceptance;
+/// the caller then sends the answer.
+fn ask<K: PacketSink>(
     offer: &Offer<'_>,
     accept: &mut dyn FnMut(&Offer<'_>) -> bool,
-    held: &HashMap<u32, Held>,
     progress: &mut dyn Progress,
     pstate: &ProgressState,
+    sink: &mut K,
 ) -> Result<(), TransferError> {
     progress.offer(pstate);
     if !accept(offer) {
@@ -455,7 +489,6 @@ fn answer<K: PacketSink>(
         sink.flush()?;
         return Err(TransferError::Declined);
     }
-    send_accept(sink, held)?;
     progress.accepted(pstate);
     Ok(())
 }
@@ -468,10 +501,89 @@ fn report_done(
     progress: &mut dyn Progress,
     pstate: &mut ProgressState,
 ) {
-    pstate.bytes_done = report.bytes_received + report.bytes_resumed;
+    pstate.bytes_done = report.bytes_received + report.bytes_resumed + report.bytes_skipped;
     for i in done {
         pstate.files_done += 1;
         progress.file_done(pstate, &entries[i as usize]);
+    }
+}
+
+/// Hashes the files already in place with the offered size (`same_size`, in sorted order) and
+/// adds each to `held` as an existing file; returns those that could not be read (they differ).
+fn hash_existing(
+    dest: &mut Destination,
+    entries: &[Entry],
+    same_size: &[u32],
+    held: &mut HashMap<u32, Held>,
+    progress: &mut dyn Progress,
+    pstate: &ProgressState,
+) -> HashSet<u32> {
+    let mut unreadable = HashSet::new();
+    if same_size.is_empty() {
+        return unreadable;
+    }
+    let bytes = same_size.iter().map(|&i| entries[i as usize].size).sum();
+    progress.checking(pstate, same_size.len() as u64, bytes);
+    let mut scratch = vec![0u8; CHUNK as usize];
+    for &i in same_size {
+        let e = &entries[i as usize];
+        match dest
+            .rehash(e, i, true, &[], &mut scratch)
+            .and_then(|h| h.finish())
+        {
+            Some(hash) => {
+                held.insert(
+                    i,
+                    Held {
+                        chunks: Vec::new(),
+                        complete: Some(hash),
+                        existing: true,
+                    },
+                );
+            }
+            None => {
+                unreadable.insert(i);
+            }
+        }
+    }
+    unreadable
+}
+
+/// Reads the sender's verdict on the existing files claimed in `held`: the indices of those that
+/// differ. Every index must be such a claim, ascending across pages.
+fn read_verdict<S: PacketSource>(
+    source: &mut S,
+    held: &HashMap<u32, Held>,
+) -> Result<HashSet<u32>, TransferError> {
+    let mut differ = HashSet::new();
+    let mut last: Option<u32> = None;
+    loop {
+        let packet = recv_packet(source)?;
+        let mut r = Reader::new(packet);
+        wire::expect_type(&mut r, wire::MSG_VERDICT, "verdict")?;
+        let final_page = match r.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(TransferError::protocol("bad verdict page")),
+        };
+        let count = r.u32()?;
+        if count == 0 && !final_page {
+            return Err(TransferError::protocol("empty verdict page"));
+        }
+        for _ in 0..count {
+            let i = r.u32()?;
+            if last.is_some_and(|l| i <= l) || !held.get(&i).is_some_and(|h| h.existing) {
+                return Err(TransferError::protocol(
+                    "verdict for a file that was not claimed",
+                ));
+            }
+            last = Some(i);
+            differ.insert(i);
+        }
+        r.finish()?;
+        if final_page {
+            return Ok(differ);
+        }
     }
 }
 
@@ -525,7 +637,11 @@ fn send_accept<K: PacketSink>(
                     continue;
                 }
                 page.put_u32(i);
-                page.put_u8(wire::HELD_COMPLETE);
+                page.put_u8(if h.existing {
+                    wire::HELD_EXISTING
+                } else {
+                    wire::HELD_COMPLETE
+                });
                 page.put(&hash);
                 count += 1;
                 break;
@@ -572,6 +688,8 @@ struct Current {
     replace: bool,
     /// The hash of an earlier run's file that the sender confirms without sending it.
     confirm: Option<[u8; 32]>,
+    /// An identical file that was already there: left untouched, not logged.
+    skipped: bool,
 }
 
 /// The data phase.
@@ -667,7 +785,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
                 }
             }
             self.writer.submit()?;
-            pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
+            self.report_to(pstate);
             for i in self.writer.take_done() {
                 if let (Some(state), Some(hash)) =
                     (self.state.as_deref_mut(), self.unlogged_done.remove(&i))
@@ -682,8 +800,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
                     .flush()
                     .map_err(|e| TransferError::file(state.dir().display().to_string(), e))?;
             }
-            pstate.bytes_done = self.report.bytes_received + self.report.bytes_resumed;
-            pstate.bytes_resumed = self.report.bytes_resumed;
+            self.report_to(pstate);
             if let Some(cur) = &self.cur {
                 progress.progress(pstate, &self.entries[cur.index as usize]);
             }
@@ -691,6 +808,15 @@ impl<'a, 'b> Incoming<'a, 'b> {
                 return Ok(());
             }
         }
+    }
+
+    /// Copies the byte counts so far into `pstate`.
+    fn report_to(&self, pstate: &mut ProgressState) {
+        let r = &self.report;
+        pstate.bytes_done = r.bytes_received + r.bytes_resumed + r.bytes_skipped;
+        pstate.bytes_resumed = r.bytes_resumed;
+        pstate.bytes_skipped = r.bytes_skipped;
+        pstate.files_skipped = r.files_skipped;
     }
 
     fn next_file_index(&self) -> Option<usize> {
@@ -716,6 +842,13 @@ impl<'a, 'b> Incoming<'a, 'b> {
             Some(h) => (h.chunks.as_slice(), h.complete),
             None => (&[][..], None),
         };
+        let skipped = held.as_ref().is_some_and(|h| h.existing);
+        if skipped && offset != e.size {
+            // The sender found it identical: nothing of it may be written.
+            return Err(TransferError::protocol(format!(
+                "bad offset {offset} for an identical file"
+            )));
+        }
         let mut replace = false;
         let writing = if complete.is_some() && offset == e.size {
             // The sender agrees that the earlier run's file is whole: nothing to hash or write;
@@ -750,7 +883,12 @@ impl<'a, 'b> Incoming<'a, 'b> {
             self.writer.open(index, offset)?;
             true
         };
-        self.report.bytes_resumed += offset;
+        if skipped {
+            self.report.files_skipped += 1;
+            self.report.bytes_skipped += offset;
+        } else {
+            self.report.bytes_resumed += offset;
+        }
         self.verified = self.hasher.chunk_hashes().len();
         let confirm = if writing { None } else { complete };
         self.cur = Some(Current {
@@ -760,6 +898,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
             size: e.size,
             replace,
             confirm,
+            skipped,
         });
         Ok(())
     }
@@ -851,7 +990,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
         } else {
             self.writer.done(cur.index)?;
         }
-        if self.state.is_some() {
+        if self.state.is_some() && !cur.skipped {
             self.unlogged_done.insert(cur.index, *hash);
         }
         Ok(())

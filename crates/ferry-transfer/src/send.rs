@@ -41,14 +41,22 @@ pub struct SendReport {
     pub bytes_sent: u64,
     /// File bytes the receiver already held from an earlier run (verified, not sent again).
     pub bytes_resumed: u64,
+    /// Files the receiver already had, identical (not sent).
+    pub files_skipped: u64,
+    /// Bytes of the `files_skipped`.
+    pub bytes_skipped: u64,
 }
 
 /// What the receiver says it already holds of one file.
 enum Claim {
     /// Chaining values of the first chunks.
     Chunks(Vec<ChainingValue>),
-    /// The whole file, with its hash.
+    /// The whole file, finished by an earlier run of this offer, with its hash.
     Complete([u8; 32]),
+    /// A file the receiver already has under the final name, with its hash (not yet compared).
+    Existing([u8; 32]),
+    /// An [`Claim::Existing`] file found identical: not sent.
+    Identical([u8; 32]),
 }
 
 /// Sends `manifest` (from [`crate::walk`]): the offer, then, if accepted, every file's data, and
@@ -111,6 +119,11 @@ fn send_inner<K: PacketSink, S: PacketSource>(
 
     let claims = read_answer(source, manifest)?;
     progress.accepted(&state);
+    let existing: Vec<u32> = claims
+        .iter()
+        .filter(|(_, c)| matches!(c, Claim::Existing(_)))
+        .map(|(&i, _)| i)
+        .collect();
     let mut stream = Stream {
         manifest,
         claims,
@@ -124,14 +137,26 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         report: SendReport::default(),
         completed: Vec::new(),
     };
+    if !existing.is_empty() {
+        let bytes = existing
+            .iter()
+            .map(|&i| manifest.entries[i as usize].size)
+            .sum();
+        progress.checking(&state, existing.len() as u64, bytes);
+        let differ = stream.compare_existing(existing)?;
+        send_verdict(sink, &differ, opts.max_packet.min(wire::MAX_PAGE))?;
+    }
     while !stream.finished {
         let buf = sink.payload_buf(opts.max_packet);
         let used = stream.fill(buf)?;
         if let Err(e) = sink.send_payload_buf(used) {
             return Err(peer_error_or(source, e));
         }
-        state.bytes_done = stream.report.bytes_sent + stream.report.bytes_resumed;
-        state.bytes_resumed = stream.report.bytes_resumed;
+        let r = &stream.report;
+        state.bytes_done = r.bytes_sent + r.bytes_resumed + r.bytes_skipped;
+        state.bytes_resumed = r.bytes_resumed;
+        state.bytes_skipped = r.bytes_skipped;
+        state.files_skipped = r.files_skipped;
         if let Some(i) = stream.cur.as_ref().map(|c| c.index).or(stream.last_index()) {
             progress.progress(&state, &manifest.entries[i]);
         }
@@ -171,6 +196,34 @@ fn check_text(manifest: &Manifest) -> Result<(), TransferError> {
 fn totals_of(manifest: &Manifest) -> Result<crate::Totals, TransferError> {
     crate::Totals::of(&manifest.entries)
         .ok_or_else(|| TransferError::protocol("total size overflows"))
+}
+
+/// Sends the verdict on the receiver's existing files: the indices of those that differ, in pages
+/// of at most `max` bytes.
+fn send_verdict<K: PacketSink>(
+    sink: &mut K,
+    differ: &[u32],
+    max: usize,
+) -> Result<(), TransferError> {
+    let per_page = (max - 6) / 4;
+    let mut pages = differ.chunks(per_page).peekable();
+    let mut msg = Vec::new();
+    loop {
+        let page = pages.next().unwrap_or(&[]);
+        msg.clear();
+        msg.put_u8(wire::MSG_VERDICT);
+        msg.put_u8(u8::from(pages.peek().is_none()));
+        msg.put_u32(page.len() as u32);
+        for &i in page {
+            msg.put_u32(i);
+        }
+        sink.send(&msg)?;
+        if pages.peek().is_none() {
+            break;
+        }
+    }
+    sink.flush()?;
+    Ok(())
 }
 
 /// After a failed write, the peer may have said why it stopped: prefer its error message.
@@ -243,7 +296,7 @@ fn read_answer<S: PacketSource>(
                     let n = r.u32()? as u64;
                     let have = match claims.get(&index) {
                         Some(Claim::Chunks(c)) => c.len() as u64,
-                        Some(Claim::Complete(_)) => u64::MAX,
+                        Some(_) => u64::MAX,
                         None => 0,
                     };
                     if !has_chunks(entry.size)
@@ -264,11 +317,17 @@ fn read_answer<S: PacketSource>(
                             .map(|c| <[u8; 32]>::try_from(c).expect("32")),
                     );
                 }
-                wire::HELD_COMPLETE => {
+                wire::HELD_COMPLETE | wire::HELD_EXISTING => {
                     if continuing {
                         return Err(TransferError::protocol("resume records out of order"));
                     }
-                    claims.insert(index, Claim::Complete(r.array()?));
+                    let hash = r.array()?;
+                    let claim = if kind == wire::HELD_COMPLETE {
+                        Claim::Complete(hash)
+                    } else {
+                        Claim::Existing(hash)
+                    };
+                    claims.insert(index, claim);
                 }
                 k => return Err(TransferError::protocol(format!("unknown resume kind {k}"))),
             }
@@ -286,6 +345,8 @@ struct Current {
     /// Offset of the next byte to send.
     pos: u64,
     started: bool,
+    /// The file's hash when known without hashing it here (an identical existing file).
+    hash: Option<[u8; 32]>,
 }
 
 /// The data phase as a state machine that fills one packet at a time, in place.
@@ -313,15 +374,38 @@ impl Stream<'_> {
         self.manifest.sources[index].display().to_string()
     }
 
-    /// Opens the next file and settles where its data starts, checking any resume claim.
-    fn open(&mut self, index: usize) -> Result<(), TransferError> {
+    /// Hashes the files of the receiver's [`Claim::Existing`] claims `existing`; returns those
+    /// that differ (ascending), and keeps the others as [`Claim::Identical`].
+    fn compare_existing(&mut self, mut existing: Vec<u32>) -> Result<Vec<u32>, TransferError> {
+        existing.sort_unstable();
+        let mut differ = Vec::new();
+        for i in existing {
+            let Some(Claim::Existing(theirs)) = self.claims.remove(&i) else {
+                unreachable!("only existing claims are compared");
+            };
+            let index = i as usize;
+            let mut file = self.open_source(index, true)?;
+            self.hasher.start(self.manifest.entries[index].size, &[]);
+            self.hash_prefix(&mut file, self.manifest.entries[index].size, index)?;
+            if self.hasher.finish() == Some(theirs) {
+                self.claims.insert(i, Claim::Identical(theirs));
+            } else {
+                differ.push(i);
+            }
+        }
+        Ok(differ)
+    }
+
+    /// Opens the source file of entry `index`; with `check`, fails unless it is still a regular
+    /// file of the walked size.
+    fn open_source(&mut self, index: usize, check: bool) -> Result<File, TransferError> {
         let entry = &self.manifest.entries[index];
         let size = entry.size;
         let manifest = self.manifest;
         let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
         // Inside a directory the walk saw a regular file: a symlink there now is not followed.
         let inside = entry.path.contains(&b'/');
-        let mut file = match self.dirs.open(&manifest.sources[index], inside) {
+        let file = match self.dirs.open(&manifest.sources[index], inside) {
             Ok(f) => f,
             // A symlink where the walk saw a regular file.
             Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {
@@ -331,10 +415,7 @@ impl Stream<'_> {
             }
             Err(e) => return Err(err(e)),
         };
-        let claim = self.claims.remove(&(index as u32));
-        // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
-        // stat per file; a resume reads from the middle, so it checks first.
-        if claim.is_some() || size == 0 {
+        if check {
             let meta = file.metadata().map_err(err)?;
             if !meta.is_file() || meta.len() != size {
                 return Err(TransferError::SourceChanged {
@@ -342,10 +423,39 @@ impl Stream<'_> {
                 });
             }
         }
+        Ok(file)
+    }
+
+    /// Opens the next file and settles where its data starts, checking any resume claim.
+    fn open(&mut self, index: usize) -> Result<(), TransferError> {
+        let size = self.manifest.entries[index].size;
+        let manifest = self.manifest;
+        let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
+        let claim = self.claims.remove(&(index as u32));
         self.hasher.start(size, &[]);
+        if let Some(Claim::Identical(hash)) = claim {
+            // Hashed (and checked) just before the data: nothing to open or send.
+            self.report.files_skipped += 1;
+            self.report.bytes_skipped += size;
+            self.emitted = 0;
+            self.cur = Some(Current {
+                index,
+                file: None,
+                size,
+                pos: size,
+                started: false,
+                hash: Some(hash),
+            });
+            return Ok(());
+        }
+        // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
+        // stat per file; a resume reads from the middle, so it checks first.
+        let mut file = self.open_source(index, claim.is_some() || size == 0)?;
         let mut pos = 0;
         match claim {
             None => {}
+            Some(Claim::Identical(_)) => unreachable!("handled above"),
+            Some(Claim::Existing(_)) => unreachable!("compared before the data"),
             Some(Claim::Complete(hash)) => {
                 self.hash_prefix(&mut file, size, index)?;
                 if self.hasher.finish() == Some(hash) {
@@ -380,6 +490,7 @@ impl Stream<'_> {
             size,
             pos,
             started: false,
+            hash: None,
         });
         Ok(())
     }
@@ -485,7 +596,9 @@ impl Stream<'_> {
             if c.room() < wire::END_LEN {
                 return Ok(c.pos);
             }
-            let hash = self.hasher.finish().expect("all bytes hashed");
+            let hash = cur
+                .hash
+                .unwrap_or_else(|| self.hasher.finish().expect("all bytes hashed"));
             c.put_u8(wire::REC_END);
             c.put(&hash);
             self.completed.push(cur.index);

@@ -8,7 +8,8 @@
 //! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
 //! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
 //! | [`MSG_DECLINE`] | receiver | — |
-//! | [`MSG_RESUME`] | receiver | count u32, then records: index u32, kind u8 ([`HELD_CHUNKS`]: first u32, n u32, n × cv[32]; [`HELD_COMPLETE`]: hash[32]) |
+//! | [`MSG_RESUME`] | receiver | count u32, then records: index u32, kind u8 ([`HELD_CHUNKS`]: first u32, n u32, n × cv[32]; [`HELD_COMPLETE`] and [`HELD_EXISTING`]: hash[32]) |
+//! | [`MSG_VERDICT`] | sender | only after an answer with [`HELD_EXISTING`] records, before any data: last u8 (1 on the last page), count u32, then `count` indices u32, ascending over all pages: the [`HELD_EXISTING`] files whose hash differs from the sender's (sent from offset 0 if the receiver replaces them); every other one is identical and is not sent; at most [`MAX_PAGE`] bytes |
 //! | [`MSG_DATA`] | sender | records until the end of the packet (see below) |
 //! | [`MSG_DONE`] | receiver | files u64, bytes u64 — everything verified and in place |
 //! | [`MSG_ERROR`] | either | code length u8, code, message length u16, message (UTF-8, ≤ [`MAX_ERROR_MESSAGE`]) |
@@ -20,7 +21,8 @@
 
 use crate::TransferError;
 
-/// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte).
+/// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte,
+/// [`HELD_EXISTING`] claims and their [`MSG_VERDICT`], sparse files).
 pub const VERSION: u8 = 3;
 
 /// Offer flag: the offer is a text message, one file of at most [`MAX_TEXT`] bytes that the
@@ -46,6 +48,8 @@ pub const MSG_DATA: u8 = 6;
 pub const MSG_DONE: u8 = 7;
 /// An error with a stable code; the sender of it stops.
 pub const MSG_ERROR: u8 = 8;
+/// Which of the receiver's [`HELD_EXISTING`] files differ from the sender's.
+pub const MSG_VERDICT: u8 = 9;
 
 /// Data record: start of a file.
 pub const REC_START: u8 = 1;
@@ -62,6 +66,10 @@ pub const REC_FINISH: u8 = 5;
 pub const HELD_CHUNKS: u8 = 1;
 /// Resume record kind: the receiver holds the whole file (finished earlier), with this hash.
 pub const HELD_COMPLETE: u8 = 2;
+/// Resume record kind: a regular file of the offered size, that this offer did not write, already
+/// has the file's final name (a tree received before), with this hash. The sender answers every
+/// such claim in [`MSG_VERDICT`]: a file found identical is left as it is.
+pub const HELD_EXISTING: u8 = 3;
 
 /// Largest manifest or resume page, in bytes.
 pub const MAX_PAGE: usize = 1 << 20;
