@@ -87,6 +87,10 @@ pub struct ReceiveArgs {
     /// counts 155 bytes plus its name and link target; suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     max_manifest: u64,
+    /// Accept an offer even when its data does not fit in the free space of --out's file system
+    /// (without it, such an offer is refused before any data moves, with `disk-full`).
+    #[arg(long)]
+    no_space_check: bool,
 }
 
 impl SendArgs {
@@ -308,6 +312,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.overwrite = args.overwrite;
     ropts.merge = args.merge;
     ropts.max_manifest = args.max_manifest;
+    ropts.space_check = !args.no_space_check;
     let (yes, json) = (args.yes, ui.is_json());
     let mut interrupted = false;
     let mut accept = |offer: &Offer<'_>| match accept_offer(offer, yes, json) {
