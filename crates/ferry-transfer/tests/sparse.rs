@@ -157,3 +157,32 @@ fn a_large_file_reserves_its_space_when_it_starts() {
     assert!(r.unwrap().bytes_resumed > 0);
     assert_eq!(fs::read(out.join("big.bin")).unwrap(), data(size, 5));
 }
+
+/// A sparse file that grows or shrinks after the walk is a changed source, even when it ends in a
+/// hole (whose last record reads nothing that could notice).
+#[test]
+fn a_sparse_file_that_changed_size_after_the_walk_is_refused() {
+    let t = TempDir::new("sparse-changed");
+    if !holes_supported(&t) {
+        return;
+    }
+    for new_size in [12 * MIB, 5 * MIB] {
+        let img = t.join("grows.img");
+        sparse_file(&img, 10 * MIB, &[(0, MIB as usize)]);
+        let walked = ferry_transfer::walk(&[&img]).unwrap();
+        File::options()
+            .write(true)
+            .open(&img)
+            .unwrap()
+            .set_len(new_size)
+            .unwrap();
+        let out = t.join(format!("out-{new_size}"));
+        let (s, r) = run_walked(walked, &opts(&out, &t.join("cache")), None);
+        assert!(
+            matches!(s, Err(ferry_transfer::TransferError::SourceChanged { .. })),
+            "{new_size}: {s:?}"
+        );
+        assert!(r.is_err(), "{r:?}");
+        assert!(!out.join("grows.img").exists());
+    }
+}
