@@ -33,13 +33,14 @@ fn offer() -> (Manifest, Vec<Vec<u8>>) {
             entry("d/l", EntryKind::Symlink, 0, "a"),
             entry("c", EntryKind::File, 300, ""),
         ],
-        sources: Vec::new(),
+        ..Default::default()
     };
     let mut header = Vec::new();
     OfferHeader {
         entries: m.entries.len() as u64,
         manifest_bytes: m.encoded_len(),
         totals: Totals::of(&m.entries).expect("totals"),
+        bytes_allocated: 0,
         offer_id: m.offer_id(),
         text: false,
     }

@@ -40,6 +40,7 @@ fuzz_target!(|data: &[u8]| {
             entries: u64::from(count),
             manifest_bytes: body.len() as u64,
             totals,
+            bytes_allocated: 0,
             offer_id: blake3_of(body),
             text: false,
         }
@@ -54,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((header, entries)) = read_offer(&mut Packets::new(stream), &opts) {
         let m = Manifest {
             entries,
-            sources: Vec::new(),
+            ..Default::default()
         };
         assert!(m.received_cost() <= LIMIT);
         assert_eq!(m.encoded_len(), header.manifest_bytes);

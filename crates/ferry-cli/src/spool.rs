@@ -172,6 +172,7 @@ fn spool(
             target: Vec::new(),
         }],
         sources: vec![PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))],
+        ..Default::default()
     };
     Ok(Spooled {
         walked: Walk {

@@ -117,6 +117,10 @@ pub struct ReceiveArgs {
     /// `entries`).
     #[arg(long)]
     list: bool,
+    /// Accept an offer even when its data does not fit in the free space of --out's file system
+    /// (without it, such an offer is refused before any data moves, with `disk-full`).
+    #[arg(long)]
+    no_space_check: bool,
 }
 
 impl SendArgs {
@@ -385,6 +389,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.overwrite = args.overwrite;
     ropts.merge = args.merge;
     ropts.max_manifest = args.max_manifest;
+    ropts.space_check = !args.no_space_check;
     let stream = matches!(output, Output::Stream(_));
     let on_disk = !matches!(output, Output::Offered);
     ropts.output = output;

@@ -233,13 +233,14 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
     }
     let m = Manifest {
         entries: lie.entries.clone(),
-        sources: Vec::new(),
+        ..Default::default()
     };
     let mut msg = Vec::new();
     OfferHeader {
         entries: lie.announced.unwrap_or(m.entries.len() as u64),
         manifest_bytes: lie.manifest_bytes.unwrap_or(m.encoded_len()),
         totals: Totals::of(&m.entries).expect("totals"),
+        bytes_allocated: 0,
         offer_id: m.offer_id(),
         text: lie.text,
     }
@@ -287,6 +288,7 @@ fn send_many(
         entries: many.count,
         manifest_bytes: manifest_bytes.unwrap_or(bytes),
         totals,
+        bytes_allocated: 0,
         offer_id: id.finish().expect("all bytes hashed"),
         text: false,
     }

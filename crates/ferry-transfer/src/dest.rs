@@ -30,6 +30,28 @@ use std::path::Path;
 
 const TEMP_SUFFIX: &[u8] = b".ferry-part-";
 
+/// Files of at least this size that are not sparse get their space reserved when they start.
+pub(crate) const RESERVE_FROM: u64 = 8 << 20;
+
+/// Reserves the space of the rest of `temp` (entry `e`, written from `offset`) when the file is at
+/// least [`RESERVE_FROM`] bytes, so that a full disk shows at the file's start, not at its end.
+pub(crate) fn reserve(e: &Entry, temp: &TempFile, offset: u64) -> Result<(), TransferError> {
+    if e.size >= RESERVE_FROM && offset < e.size {
+        crate::fsys::reserve(&temp.file, offset, e.size - offset)
+            .map_err(|err| TransferError::file(e.path_lossy(), err))?;
+    }
+    Ok(())
+}
+
+/// Moves past a hole of `len` bytes of `temp` (entry `e`) without writing it, and extends the
+/// file over it: a hole at the end is part of the file, and a cut transfer keeps the chunks of a
+/// hole for a resume (which keeps only what the partial file's size covers).
+pub(crate) fn skip_hole(e: &Entry, temp: &mut TempFile, len: u64) -> Result<(), TransferError> {
+    let err = |err| TransferError::file(e.path_lossy(), err);
+    let pos = io::Seek::seek(&mut temp.file, io::SeekFrom::Current(len as i64)).map_err(err)?;
+    temp.file.set_len(pos).map_err(err)
+}
+
 /// The destination directory, opened once.
 pub(crate) struct Destination {
     cursor: DirCursor,

@@ -25,6 +25,17 @@ pub enum TransferError {
         /// The file being written.
         path: String,
     },
+    /// The offer does not fit in the free space of the destination's file system (checked
+    /// before accepting; `receive --no-space-check` skips the check).
+    #[error("not enough space: the offer needs {} more, {} free on {path} (receive --no-space-check tries anyway)", human_bytes(*.needed), human_bytes(*.free))]
+    NoSpace {
+        /// Bytes still to write (allocated bytes of the offer minus what a resume keeps).
+        needed: u64,
+        /// Bytes free for an unprivileged user.
+        free: u64,
+        /// The destination directory.
+        path: String,
+    },
     /// A received path breaks one of the name rules.
     #[error("unsafe path {path:?}: {problem}")]
     UnsafePath {
@@ -152,7 +163,7 @@ impl TransferError {
                     "io"
                 }
             }
-            TransferError::DiskFull { .. } => "disk-full",
+            TransferError::DiskFull { .. } | TransferError::NoSpace { .. } => "disk-full",
             TransferError::UnsafePath { .. }
             | TransferError::DuplicatePath { .. }
             | TransferError::FileDirClash { .. }
@@ -186,6 +197,21 @@ impl TransferError {
             _ => TransferError::File { path, source },
         }
     }
+}
+
+/// Bytes in binary units with two decimals ("7.41 GiB"), for messages.
+pub(crate) fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
 }
 
 /// Lossy display form of a wire path.

@@ -52,6 +52,76 @@ fn timespec(sec: i64, nsec: u32) -> libc::timespec {
     }
 }
 
+/// What lies at an offset of a file, as the file system reports it (`SEEK_DATA`/`SEEK_HOLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Region {
+    /// Data from the offset up to this end (the next hole, or the end of the file).
+    Data(u64),
+    /// A hole from the offset up to this end (the next data, or the end of the file).
+    Hole(u64),
+}
+
+/// The region of `file` starting at `pos` (below its size). Leaves the file offset at `pos`.
+/// A file system without `SEEK_DATA` reports everything as data.
+pub(crate) fn region_at(file: &File, pos: u64) -> io::Result<Region> {
+    let fd = file.as_raw_fd();
+    let seek = |whence| {
+        // SAFETY: lseek on a descriptor owned by `file`; no memory is passed.
+        let ret = unsafe { libc::lseek(fd, pos as libc::off_t, whence) };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(ret as u64)
+        }
+    };
+    let region = match seek(libc::SEEK_DATA) {
+        Ok(data) if data > pos => Region::Hole(data),
+        Ok(_) => Region::Data(seek(libc::SEEK_HOLE)?),
+        // No data after `pos`: a hole up to the end (or the file shrank, which the caller sees).
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Region::Hole(u64::MAX),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Region::Data(u64::MAX),
+        Err(e) => return Err(e),
+    };
+    seek(libc::SEEK_SET)?;
+    Ok(region)
+}
+
+/// Reserves `len` bytes of `file` from `offset` without changing its size (`fallocate` with
+/// `FALLOC_FL_KEEP_SIZE`), so that a full disk shows now rather than after the data. Returns
+/// `Ok(false)` when the file system cannot reserve (the write then finds out as before); only a
+/// full disk or quota is an error.
+pub(crate) fn reserve(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
+    let ret = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if ret == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Err(e),
+        _ => Ok(false),
+    }
+}
+
+/// Bytes an unprivileged user may still write on the file system of `dir` (`statvfs`:
+/// available blocks times the fragment size).
+pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` is writable.
+    check(unsafe { libc::statvfs(c.as_ptr(), &mut st) })?;
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
 /// Sets a file's access and modification times through its descriptor.
 pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()> {
     let times = [timespec(sec, nsec), timespec(sec, nsec)];

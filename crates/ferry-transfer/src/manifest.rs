@@ -174,12 +174,32 @@ pub struct Manifest {
     pub entries: Vec<Entry>,
     /// For each entry, its local source path (sending side only; empty when received).
     pub sources: Vec<PathBuf>,
+    /// For each entry, the bytes of its data on the sender's disk when the walk saw it, at most
+    /// its size (less for a sparse file; sending side only, may be empty: then nothing is sparse).
+    pub allocated: Vec<u64>,
 }
 
 impl Manifest {
     /// Counts and total size.
     pub fn totals(&self) -> Totals {
         Totals::of(&self.entries).unwrap_or_default()
+    }
+
+    /// Whether entry `index` is a sparse file (its data takes less room than its size).
+    pub fn is_sparse(&self, index: usize) -> bool {
+        self.allocated
+            .get(index)
+            .is_some_and(|&a| a < self.entries[index].size)
+    }
+
+    /// Bytes the files' data takes on the sender's disk (see [`Manifest::allocated`]).
+    pub fn bytes_allocated(&self) -> u64 {
+        self.entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == EntryKind::File)
+            .map(|(i, e)| self.allocated.get(i).map_or(e.size, |&a| a.min(e.size)))
+            .sum()
     }
 
     /// Bytes of all entries' encodings (what an offer announces as its manifest's size).
@@ -306,7 +326,7 @@ mod tests {
                 entry("d/f", EntryKind::File),
                 entry("d/l", EntryKind::Symlink),
             ],
-            sources: Vec::new(),
+            ..Default::default()
         };
         let mut next = 0;
         let mut page = Vec::new();
@@ -329,7 +349,7 @@ mod tests {
         assert!(held <= ENTRY_OVERHEAD + fixed, "{held}");
         let m = Manifest {
             entries: vec![entry("d", EntryKind::Dir), entry("d/l", EntryKind::Symlink)],
-            sources: Vec::new(),
+            ..Default::default()
         };
         assert_eq!(m.encoded_len(), 28 + 33);
         assert_eq!(m.received_cost(), 2 * ENTRY_OVERHEAD + 61);

@@ -41,6 +41,9 @@ pub struct ReceiveOptions {
     /// ([`crate::manifest::manifest_cost`]); checked against the announced size before any page
     /// is read, and against every page as it arrives.
     pub max_manifest: u64,
+    /// Refuse, before accepting, an offer whose data does not fit in the free space of
+    /// `out_dir`'s file system (see [`TransferError::NoSpace`]).
+    pub space_check: bool,
     /// Where partial-transfer logs live; `None` for [`resume::default_root`]. If no location can
     /// be found, resume information is not recorded.
     pub partial_dir: Option<PathBuf>,
@@ -75,6 +78,7 @@ impl ReceiveOptions {
             merge: false,
             max_entries: DEFAULT_MAX_ENTRIES,
             max_manifest: DEFAULT_MAX_MANIFEST,
+            space_check: true,
             partial_dir: None,
             output: Output::Offered,
         }
@@ -109,7 +113,8 @@ pub const OFFER_NAMES: usize = 32;
 pub struct ReceiveReport {
     /// Counts and total size of what is now in place.
     pub totals: Totals,
-    /// File bytes that came over the channel.
+    /// File bytes that came over the channel (the holes of sparse files count, though only their
+    /// length came).
     pub bytes_received: u64,
     /// File bytes kept from an earlier run instead.
     pub bytes_resumed: u64,
@@ -337,6 +342,9 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
             None => (h.chunks.len() as u64 * CHUNK).min(entries[*i as usize].size),
         })
         .sum();
+    if opts.space_check {
+        check_space(&out, header.bytes_allocated.saturating_sub(resumable_bytes))?;
+    }
     let (offer, mut pstate) = offer_of(
         &header,
         &entries,
@@ -587,6 +595,20 @@ fn read_verdict<S: PacketSource>(
     }
 }
 
+/// Fails with [`TransferError::NoSpace`] when `needed` bytes are more than the free space of
+/// `out`'s file system. Sparse files count with their allocated bytes (the offer's total), and
+/// what a resume keeps is already on disk; a file system that cannot tell is not checked.
+fn check_space(out: &std::path::Path, needed: u64) -> Result<(), TransferError> {
+    match crate::fsys::free_space(out) {
+        Ok(free) if needed > free => Err(TransferError::NoSpace {
+            needed,
+            free,
+            path: out.display().to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The first [`OFFER_NAMES`] top-level names in `order`, and how many there are.
 fn top_level_names<'a>(entries: &'a [Entry], order: &[u32]) -> (Vec<&'a [u8]>, u64) {
     let mut names = Vec::new();
@@ -765,7 +787,10 @@ impl<'a, 'b> Incoming<'a, 'b> {
                     return Err(TransferError::protocol("records after the end of the data"));
                 }
                 match r.u8()? {
-                    wire::REC_START => self.start(r.u32()?, r.u64()?)?,
+                    t @ (wire::REC_START | wire::REC_START_SPARSE) => {
+                        self.start(r.u32()?, r.u64()?, t == wire::REC_START_SPARSE)?
+                    }
+                    wire::REC_HOLE => self.hole(r.u64()?)?,
                     wire::REC_DATA => {
                         let n = r.u32()? as usize;
                         let data = r.bytes(n)?;
@@ -826,7 +851,8 @@ impl<'a, 'b> Incoming<'a, 'b> {
             .map(|p| p + self.next_file)
     }
 
-    fn start(&mut self, index: u32, offset: u64) -> Result<(), TransferError> {
+    /// Starts file `index` from `offset`; a `sparse` file gets no reserved space.
+    fn start(&mut self, index: u32, offset: u64, sparse: bool) -> Result<(), TransferError> {
         if self.cur.is_some() {
             return Err(TransferError::protocol("file started inside another file"));
         }
@@ -880,7 +906,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
                 }
             }
             self.hasher.start(e.size, &kept[..k]);
-            self.writer.open(index, offset)?;
+            self.writer.open(index, offset, !sparse)?;
             true
         };
         if skipped {
@@ -925,6 +951,30 @@ impl<'a, 'b> Incoming<'a, 'b> {
         self.hasher.update(data);
         cur.pos = end;
         self.report.bytes_received += data.len() as u64;
+        Ok(())
+    }
+
+    /// A hole of `len` zeros: not written (the file stays sparse), hashed as zeros.
+    fn hole(&mut self, len: u64) -> Result<(), TransferError> {
+        let cur = self
+            .cur
+            .as_mut()
+            .ok_or_else(|| TransferError::protocol("hole outside a file"))?;
+        if !cur.writing {
+            return Err(TransferError::protocol("hole in a finished file"));
+        }
+        let end = cur.pos.checked_add(len).filter(|&end| end <= cur.size);
+        let Some(end) = end else {
+            return Err(TransferError::protocol("hole past the end of the file"));
+        };
+        // One record hashes at most one chunk of zeros.
+        if has_chunks(cur.size) && len > CHUNK - cur.pos % CHUNK {
+            return Err(TransferError::protocol("hole across a chunk boundary"));
+        }
+        self.writer.hole(len)?;
+        self.hasher.update_zeros(len);
+        cur.pos = end;
+        self.report.bytes_received += len;
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! The sending side: offer, read the receiver's answer, stream every file, wait for `Done`.
 
-use crate::fsys::Dir;
+use crate::fsys::{self, Dir, Region};
 use crate::hash::{chunk_count, has_chunks, FileHasher};
 use crate::manifest::{EntryKind, Manifest};
 use crate::progress::{Progress, ProgressState};
@@ -11,6 +11,9 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+/// Most zeros of holes one data packet covers (see [`Stream::fill`]).
+const HOLE_BYTES_PER_PACKET: u64 = 16 << 20;
 
 /// Options of [`send`].
 #[derive(Debug, Clone)]
@@ -37,7 +40,8 @@ impl Default for SendOptions {
 pub struct SendReport {
     /// Files the receiver verified.
     pub files: u64,
-    /// File bytes sent over the channel.
+    /// File bytes sent over the channel (the holes of sparse files count, though only their
+    /// length is sent).
     pub bytes_sent: u64,
     /// File bytes the receiver already held from an earlier run (verified, not sent again).
     pub bytes_resumed: u64,
@@ -104,6 +108,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         entries: manifest.entries.len() as u64,
         manifest_bytes: manifest.encoded_len(),
         totals,
+        bytes_allocated: manifest.bytes_allocated(),
         offer_id: manifest.offer_id(),
         text: opts.text,
     }
@@ -347,6 +352,12 @@ struct Current {
     started: bool,
     /// The file's hash when known without hashing it here (an identical existing file).
     hash: Option<[u8; 32]>,
+    /// A sparse file: its data and holes are found with `SEEK_DATA`/`SEEK_HOLE`.
+    sparse: bool,
+    /// The data (or, with `in_hole`, the hole) from `pos` ends here; a sparse file asks the file
+    /// system again once `pos` reaches it.
+    region_end: u64,
+    in_hole: bool,
 }
 
 /// The data phase as a state machine that fills one packet at a time, in place.
@@ -445,6 +456,9 @@ impl Stream<'_> {
                 pos: size,
                 started: false,
                 hash: Some(hash),
+                sparse: false,
+                region_end: size,
+                in_hole: false,
             });
             return Ok(());
         }
@@ -484,6 +498,7 @@ impl Stream<'_> {
         }
         self.report.bytes_resumed += pos;
         self.emitted = self.hasher.chunk_hashes().len();
+        let sparse = self.manifest.is_sparse(index);
         self.cur = Some(Current {
             index,
             file: Some(file),
@@ -491,6 +506,9 @@ impl Stream<'_> {
             pos,
             started: false,
             hash: None,
+            sparse,
+            region_end: if sparse { pos } else { size },
+            in_hole: false,
         });
         Ok(())
     }
@@ -513,6 +531,12 @@ impl Stream<'_> {
     fn fill(&mut self, buf: &mut [u8]) -> Result<usize, TransferError> {
         let min_piece = (buf.len() / 4).min(16 * 1024);
         let mut c = Cursor { buf, pos: 0 };
+        // Zeros of holes hashed for this packet: a long hole is spread over packets, so that the
+        // receiver hashes one packet's zeros while this side hashes the next.
+        let mut hole_bytes = 0u64;
+        let manifest = self.manifest;
+        let file_err =
+            |index: usize, e| TransferError::file(manifest.sources[index].display().to_string(), e);
         c.put_u8(wire::MSG_DATA);
         loop {
             if self.cur.is_none() {
@@ -539,7 +563,11 @@ impl Stream<'_> {
                 if c.room() < wire::START_LEN {
                     return Ok(c.pos);
                 }
-                c.put_u8(wire::REC_START);
+                c.put_u8(if cur.sparse {
+                    wire::REC_START_SPARSE
+                } else {
+                    wire::REC_START
+                });
                 c.put_u32(cur.index as u32);
                 c.put_u64(cur.pos);
                 cur.started = true;
@@ -555,6 +583,34 @@ impl Stream<'_> {
                 self.emitted += 1;
             }
             let remaining = cur.size - cur.pos;
+            if remaining > 0 && cur.sparse {
+                if cur.pos == cur.region_end {
+                    let file = cur.file.as_ref().expect("open while data remains");
+                    let region = fsys::region_at(file, cur.pos);
+                    let region = region.map_err(|e| file_err(cur.index, e))?;
+                    (cur.in_hole, cur.region_end) = match region {
+                        Region::Data(end) => (false, end),
+                        Region::Hole(end) => (true, end),
+                    };
+                    cur.region_end = cur.region_end.clamp(cur.pos + 1, cur.size);
+                }
+                if cur.in_hole {
+                    if hole_bytes >= HOLE_BYTES_PER_PACKET || c.room() < wire::HOLE_LEN {
+                        return Ok(c.pos);
+                    }
+                    let mut n = cur.region_end - cur.pos;
+                    if has_chunks(cur.size) {
+                        n = n.min(CHUNK - cur.pos % CHUNK);
+                    }
+                    c.put_u8(wire::REC_HOLE);
+                    c.put_u64(n);
+                    self.hasher.update_zeros(n);
+                    hole_bytes += n;
+                    cur.pos += n;
+                    self.report.bytes_sent += n;
+                    continue;
+                }
+            }
             if remaining > 0 {
                 let room = c.room().saturating_sub(wire::DATA_HEADER_LEN);
                 if room < min_piece.min(remaining as usize).max(1) {
@@ -563,6 +619,9 @@ impl Stream<'_> {
                 // End a record at each chunk boundary so that the chunk's hash can follow in the
                 // same packet: a cut connection then loses at most the chunks of one packet.
                 let mut n = room.min(remaining as usize);
+                if cur.sparse {
+                    n = n.min((cur.region_end - cur.pos) as usize);
+                }
                 if has_chunks(cur.size) {
                     n = n.min((CHUNK - cur.pos % CHUNK) as usize);
                 }
@@ -595,6 +654,16 @@ impl Stream<'_> {
             }
             if c.room() < wire::END_LEN {
                 return Ok(c.pos);
+            }
+            if cur.sparse && cur.hash.is_none() {
+                // No probe byte after a final hole: the size is checked once, at the end.
+                let file = cur.file.as_ref().expect("open until its end");
+                let len = file.metadata().map_err(|e| file_err(cur.index, e))?.len();
+                if len != cur.size {
+                    return Err(TransferError::SourceChanged {
+                        path: manifest.sources[cur.index].display().to_string(),
+                    });
+                }
             }
             let hash = cur
                 .hash

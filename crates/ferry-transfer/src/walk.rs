@@ -151,6 +151,13 @@ fn push(
         target,
     });
     m.sources.push(src.to_owned());
+    // st_blocks counts 512-byte units, whatever the file system's block size.
+    let allocated = if kind == EntryKind::File {
+        meta.blocks().saturating_mul(512).min(meta.len())
+    } else {
+        0
+    };
+    m.allocated.push(allocated);
 }
 
 /// Directories with at least this many entries may be split between two threads.
@@ -167,6 +174,9 @@ impl Walk {
     fn append(&mut self, mut later: Walk) {
         self.manifest.entries.append(&mut later.manifest.entries);
         self.manifest.sources.append(&mut later.manifest.sources);
+        self.manifest
+            .allocated
+            .append(&mut later.manifest.allocated);
         self.warnings.append(&mut later.warnings);
     }
 }

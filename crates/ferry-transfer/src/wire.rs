@@ -4,7 +4,7 @@
 //!
 //! | type | sender | body |
 //! | --- | --- | --- |
-//! | [`MSG_OFFER`] | sender | version u8, flags u8 ([`OFFER_TEXT`]; other bits refused), entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, offer id [32] |
+//! | [`MSG_OFFER`] | sender | version u8, flags u8 ([`OFFER_TEXT`]; other bits refused), entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, allocated bytes u64 (at most bytes: what the files' data takes on the sender's disk, holes of sparse files not counted), offer id [32] |
 //! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
 //! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
 //! | [`MSG_DECLINE`] | receiver | — |
@@ -15,14 +15,18 @@
 //! | [`MSG_ERROR`] | either | code length u8, code, message length u16, message (UTF-8, ≤ [`MAX_ERROR_MESSAGE`]) |
 //!
 //! Data records: [`REC_START`] index u32, offset u64 (the file's data follows from `offset`);
-//! [`REC_DATA`] len u32, bytes; [`REC_CHUNK`] chunk u32, cv[32] (the BLAKE3 chaining value of
+//! [`REC_START_SPARSE`] (the same, for a file with holes: the receiver reserves no space for it);
+//! [`REC_DATA`] len u32, bytes; [`REC_HOLE`] len u64 (the next `len` bytes of the file are zeros
+//! that are not sent: a hole of a sparse file, never past the file's size, never across a chunk
+//! boundary); [`REC_CHUNK`] chunk u32, cv[32] (the BLAKE3 chaining value of
 //! the 1 MiB subtree `chunk`, sent for files larger than one chunk); [`REC_END`] hash[32] (the
 //! file's BLAKE3); [`REC_FINISH`] (no more files).
 
 use crate::TransferError;
 
-/// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte,
-/// [`HELD_EXISTING`] claims and their [`MSG_VERDICT`], sparse files).
+/// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte, the
+/// allocated bytes, [`HELD_EXISTING`] claims and their [`MSG_VERDICT`], skipped files and sparse
+/// files' holes as records of their own).
 pub const VERSION: u8 = 3;
 
 /// Offer flag: the offer is a text message, one file of at most [`MAX_TEXT`] bytes that the
@@ -61,6 +65,10 @@ pub const REC_CHUNK: u8 = 3;
 pub const REC_END: u8 = 4;
 /// Data record: no more files.
 pub const REC_FINISH: u8 = 5;
+/// Data record: the next bytes of the current file are a hole (zeros, not sent).
+pub const REC_HOLE: u8 = 6;
+/// Data record: start of a file with holes (as [`REC_START`], but no space is reserved for it).
+pub const REC_START_SPARSE: u8 = 7;
 
 /// Resume record kind: the receiver holds the first chunks, with these chaining values.
 pub const HELD_CHUNKS: u8 = 1;
@@ -77,11 +85,13 @@ pub const MAX_PAGE: usize = 1 << 20;
 pub const MAX_ERROR_MESSAGE: usize = 1024;
 
 /// Size of the offer message.
-pub const OFFER_LEN: usize = 3 + 6 * 8 + 32;
+pub const OFFER_LEN: usize = 3 + 7 * 8 + 32;
 /// Size of a [`REC_START`] record.
 pub const START_LEN: usize = 1 + 4 + 8;
 /// Size of a [`REC_DATA`] header.
 pub const DATA_HEADER_LEN: usize = 1 + 4;
+/// Size of a [`REC_HOLE`] record.
+pub const HOLE_LEN: usize = 1 + 8;
 /// Size of a [`REC_CHUNK`] record.
 pub const CHUNK_LEN: usize = 1 + 4 + 32;
 /// Size of a [`REC_END`] record.
@@ -222,6 +232,9 @@ pub struct OfferHeader {
     pub manifest_bytes: u64,
     /// Totals by kind and bytes.
     pub totals: crate::Totals,
+    /// Bytes the files' data takes on the sender's disk, at most `totals.bytes` (less when files
+    /// are sparse): what the receiver checks its free space against.
+    pub bytes_allocated: u64,
     /// BLAKE3 of the manifest encoding.
     pub offer_id: [u8; 32],
     /// A text message ([`OFFER_TEXT`]): one file of at most [`MAX_TEXT`] bytes.
@@ -240,6 +253,7 @@ impl OfferHeader {
         out.put_u64(self.totals.dirs);
         out.put_u64(self.totals.symlinks);
         out.put_u64(self.totals.bytes);
+        out.put_u64(self.bytes_allocated);
         out.put(&self.offer_id);
     }
 
@@ -268,10 +282,16 @@ impl OfferHeader {
                 symlinks: r.u64()?,
                 bytes: r.u64()?,
             },
+            bytes_allocated: r.u64()?,
             offer_id: r.array()?,
             text: flags & OFFER_TEXT != 0,
         };
         r.finish()?;
+        if h.bytes_allocated > h.totals.bytes {
+            return Err(TransferError::protocol(
+                "offer announces more allocated bytes than bytes",
+            ));
+        }
         Ok(h)
     }
 }
@@ -354,6 +374,7 @@ mod tests {
                 symlinks: 1,
                 bytes: 9,
             },
+            bytes_allocated: 8,
             offer_id: [7; 32],
             text: true,
         };
@@ -368,6 +389,13 @@ mod tests {
         assert!(OfferHeader::decode(&unknown).is_err());
         buf.push(0);
         assert!(OfferHeader::decode(&buf).is_err());
+        let mut more_allocated_than_bytes = Vec::new();
+        OfferHeader {
+            bytes_allocated: 10,
+            ..h
+        }
+        .encode(&mut more_allocated_than_bytes);
+        assert!(OfferHeader::decode(&more_allocated_than_bytes).is_err());
     }
 
     #[test]

@@ -28,10 +28,17 @@ pub(crate) const THREAD_BELOW_MEAN_SIZE: u64 = 256 << 10;
 /// One file-system operation, in stream order.
 #[derive(Debug, Clone, Copy)]
 enum Op {
-    /// Open the temporary file of entry `index` from `offset` (see [`Destination::open_temp`]).
-    Open { index: u32, offset: u64 },
+    /// Open the temporary file of entry `index` from `offset` (see [`Destination::open_temp`]),
+    /// reserving the space of the rest of a large file when `reserve`.
+    Open {
+        index: u32,
+        offset: u64,
+        reserve: bool,
+    },
     /// Append the next `len` bytes of the batch's data to the open file.
     Write { len: usize },
+    /// Skip `len` bytes of the open file (a hole: zeros that are not written).
+    Hole { len: u64 },
     /// The open file is verified: give it its mode, times and final name.
     Finish { index: u32, replace: bool },
     /// Entry `index` is complete without any file work (kept from an earlier run).
@@ -59,9 +66,21 @@ fn apply(
     data: &[u8],
 ) -> Result<(), TransferError> {
     match op {
-        Op::Open { index, offset } => {
+        Op::Open {
+            index,
+            offset,
+            reserve,
+        } => {
             let e = &entries[index as usize];
-            *open = Some((index, dest.open_temp(e, index, offset)?));
+            let temp = dest.open_temp(e, index, offset)?;
+            if reserve {
+                crate::dest::reserve(e, &temp, offset)?;
+            }
+            *open = Some((index, temp));
+        }
+        Op::Hole { len } => {
+            let (index, temp) = open.as_mut().expect("holes follow an open");
+            crate::dest::skip_hole(&entries[*index as usize], temp, len)?;
         }
         Op::Write { .. } => {
             let (index, temp) = open.as_mut().expect("writes follow an open");
@@ -212,6 +231,16 @@ impl FileWriter<'_> {
                         return Err(TransferError::protocol("resumed data for a stream"))
                     }
                     Op::Write { .. } => out.write_all(data).map_err(err)?,
+                    // A stream has no holes: the zeros are written.
+                    Op::Hole { len } => {
+                        static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+                        let mut left = len;
+                        while left > 0 {
+                            let n = left.min(ZEROS.len() as u64) as usize;
+                            out.write_all(&ZEROS[..n]).map_err(err)?;
+                            left -= n as u64;
+                        }
+                    }
                     Op::Finish { index, .. } | Op::Done { index } => {
                         out.flush().map_err(err)?;
                         self.done.push(index);
@@ -230,9 +259,27 @@ impl FileWriter<'_> {
         Ok(())
     }
 
-    /// Opens the temporary file of entry `index` from `offset`.
-    pub(crate) fn open(&mut self, index: u32, offset: u64) -> Result<(), TransferError> {
-        self.push(Op::Open { index, offset }, &[])
+    /// Opens the temporary file of entry `index` from `offset`, reserving the space of a large
+    /// file when `reserve`.
+    pub(crate) fn open(
+        &mut self,
+        index: u32,
+        offset: u64,
+        reserve: bool,
+    ) -> Result<(), TransferError> {
+        self.push(
+            Op::Open {
+                index,
+                offset,
+                reserve,
+            },
+            &[],
+        )
+    }
+
+    /// Skips a hole of `len` bytes in the open file.
+    pub(crate) fn hole(&mut self, len: u64) -> Result<(), TransferError> {
+        self.push(Op::Hole { len }, &[])
     }
 
     /// Appends `data` to the open file.

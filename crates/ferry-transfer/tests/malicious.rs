@@ -45,13 +45,14 @@ fn attack(
         let mut source = PlainSource::new(a.try_clone().unwrap());
         let m = Manifest {
             entries,
-            sources: Vec::new(),
+            ..Default::default()
         };
         let mut msg = Vec::new();
         let header = OfferHeader {
             entries: announced.unwrap_or(m.entries.len() as u64),
             manifest_bytes: m.encoded_len(),
             totals: Totals::of(&m.entries).unwrap(),
+            bytes_allocated: 0,
             offer_id: m.offer_id(),
             text: false,
         };
@@ -278,6 +279,52 @@ fn skipping_a_file_is_refused() {
     assert!(matches!(err, TransferError::Protocol(_)), "{err:?}");
     // The first file was complete and verified; the offer as a whole was not.
     assert_eq!(listing(&t.join("out")), vec!["f"]);
+}
+
+fn hole(len: u64) -> Vec<u8> {
+    let mut r = vec![wire::REC_HOLE];
+    r.put_u64(len);
+    r
+}
+
+/// Issue 10, item 12: a hole record may not reach past the announced size (nor wrap around, nor
+/// cover more than the rest of its chunk, which bounds the zeros one record makes the receiver
+/// hash), nor come outside a file.
+#[test]
+fn holes_past_the_end_or_across_a_chunk_are_refused() {
+    let chunk = ferry_transfer::CHUNK;
+    let cases: [(u64, Vec<Vec<u8>>, &str); 5] = [
+        (
+            100,
+            vec![start(0), hole(101)],
+            "hole past the end of the file",
+        ),
+        (
+            100,
+            vec![start(0), hole(60), hole(41)],
+            "hole past the end of the file",
+        ),
+        (
+            100,
+            vec![start(0), hole(60), hole(u64::MAX)],
+            "hole past the end of the file",
+        ),
+        (
+            3 * chunk,
+            vec![start(0), hole(chunk + 1)],
+            "hole across a chunk boundary",
+        ),
+        (100, vec![hole(1)], "hole outside a file"),
+    ];
+    for (size, records, why) in cases {
+        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let (t, err) = attack(vec![file(b"f", size)], None, vec![data_packet(&records)]);
+        match err {
+            TransferError::Protocol(m) => assert_eq!(m, why),
+            other => panic!("{why}: {other:?}"),
+        }
+        assert_no_final_and_no_temp(&t);
+    }
 }
 
 #[test]

@@ -20,7 +20,7 @@ fn manifest(n: usize) -> Manifest {
                 target: Vec::new(),
             })
             .collect(),
-        sources: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -32,6 +32,7 @@ fn offer_stream(m: &Manifest, manifest_bytes: u64) -> Vec<u8> {
         entries: m.entries.len() as u64,
         manifest_bytes,
         totals: Totals::of(&m.entries).unwrap(),
+        bytes_allocated: 0,
         offer_id: m.offer_id(),
         text: false,
     }

@@ -109,8 +109,20 @@ impl World {
         paths: &[P],
         out: &Path,
     ) -> (Output, Output) {
+        self.transfer_with(code, paths, out, &[])
+    }
+
+    /// As [`World::transfer`], with `extra` arguments for `ferry receive`.
+    pub fn transfer_with<P: AsRef<Path>>(
+        &self,
+        code: &str,
+        paths: &[P],
+        out: &Path,
+        extra: &[&str],
+    ) -> (Output, Output) {
         let send = finish_in_background(self.spawn_send(code, paths));
-        let recv = finish(self.spawn_receive(code, out));
+        let args: Vec<&str> = ["--json", "--yes"].iter().chain(extra).copied().collect();
+        let recv = finish(self.spawn_receive_with(&args, code, out));
         (send.join().expect("send output"), recv)
     }
 }
@@ -513,6 +525,48 @@ impl Drop for RelayProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A tmpfs mounted for one test, unmounted on drop.
+pub struct Tmpfs {
+    pub dir: PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (as `mount -o size=`) on `dir`, or says why it cannot.
+    pub fn mount(dir: &Path, size: &str) -> Result<Tmpfs, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("not running as root".into());
+        }
+        fs::create_dir_all(dir).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "mount failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs {
+            dir: dir.to_path_buf(),
+        })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(&self.dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        }
     }
 }
 
