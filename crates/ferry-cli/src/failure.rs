@@ -91,6 +91,7 @@ fn transfer_code_exit(code: &str) -> u8 {
         "peer-gone" | "not-ferry" => 4,
         "integrity" | "tampered" => 5,
         "disk-full" => 6,
+        "partial" => 9,
         "conflict" | "declined" => 7,
         "unsafe-path" | "too-many-entries" | "manifest-too-large" | "size-mismatch"
         | "protocol" => 8,
@@ -138,6 +139,7 @@ const KNOWN_CODES: &[&str] = &[
     "conflict",
     "declined",
     "source-changed",
+    "partial",
 ];
 
 /// Classifies an error by the most specific cause in its chain.
@@ -248,6 +250,13 @@ mod tests {
             Failure {
                 code: "wrong-code",
                 exit: 3
+            }
+        );
+        assert_eq!(
+            of(TransferError::Partial { skipped: 2 }),
+            Failure {
+                code: "partial",
+                exit: 9
             }
         );
         assert_eq!(

@@ -33,6 +33,8 @@ pub struct Ui {
     started: Instant,
     /// When the bar's rate and ETA were last computed.
     last_rate: Option<Instant>,
+    /// Entries the walk skipped before the offer (counted in the summary with those skipped later).
+    pub skipped_before: u64,
 }
 
 /// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one).
@@ -197,6 +199,7 @@ impl Ui {
             verb,
             started: Instant::now(),
             last_rate: None,
+            skipped_before: 0,
         }
     }
 
@@ -346,7 +349,15 @@ impl Progress for Ui {
         }
     }
 
+    fn skipped(&mut self, _state: &ProgressState, entry: &Entry, reason: &str) {
+        self.warn(&format!(
+            "skipping {}: the sender cannot open it ({reason})",
+            entry.path_lossy()
+        ));
+    }
+
     fn done(&mut self, state: &ProgressState) {
+        let skipped = self.skipped_before + state.skipped;
         let secs = self.started.elapsed().as_secs_f64();
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
@@ -360,6 +371,7 @@ impl Progress for Ui {
                     "bytes": state.totals.bytes,
                     "bytes_resumed": state.bytes_resumed,
                     "seconds": secs,
+                    "skipped": skipped,
                 }),
             );
         } else {
@@ -368,8 +380,13 @@ impl Progress for Ui {
             } else {
                 String::new()
             };
+            let skipped = if skipped > 0 {
+                format!("; {skipped} skipped")
+            } else {
+                String::new()
+            };
             stderr_line(&format!(
-                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified",
+                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified{skipped}",
                 self.verb,
                 count(state.totals.files, "file", "files"),
                 human_bytes(state.totals.bytes),
@@ -404,6 +421,7 @@ mod tests {
             bytes_done: 200 << 20,
             bytes_resumed: 100 << 20,
             files_done: 0,
+            skipped: 0,
         };
         // 100 MiB kept from before, 100 MiB moved in 4 s: 25 MiB/s, and 100 MiB left take 4 s more.
         assert_eq!(rate(&state, 4.0), (25 << 20) as f64);

@@ -13,6 +13,8 @@ pub struct ProgressState {
     pub bytes_resumed: u64,
     /// Files finished (verified and renamed, on the receiving side).
     pub files_done: u64,
+    /// Files of the offer skipped because the sender could not open them.
+    pub skipped: u64,
 }
 
 /// Receives progress events. Every method has an empty default, and `()` ignores everything.
@@ -29,6 +31,8 @@ pub trait Progress {
     fn progress(&mut self, _state: &ProgressState, _current: &Entry) {}
     /// One file is complete (receiver: verified and under its final name).
     fn file_done(&mut self, _state: &ProgressState, _entry: &Entry) {}
+    /// A file of the offer is not sent: the sender could not open it (`reason`).
+    fn skipped(&mut self, _state: &ProgressState, _entry: &Entry, _reason: &str) {}
     /// The whole transfer is complete and acknowledged.
     fn done(&mut self, _state: &ProgressState) {}
 }

@@ -37,6 +37,8 @@ pub struct SendReport {
     pub bytes_sent: u64,
     /// File bytes the receiver already held from an earlier run (verified, not sent again).
     pub bytes_resumed: u64,
+    /// Files skipped after the offer because they could not be opened (the receiver was told).
+    pub skipped: u64,
 }
 
 /// What the receiver says it already holds of one file.
@@ -112,9 +114,11 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         emitted: 0,
         scratch: Vec::new(),
         dirs: SourceDirs::default(),
+        skip: None,
         finished: false,
         report: SendReport::default(),
         completed: Vec::new(),
+        skipped: Vec::new(),
     };
     while !stream.finished {
         let buf = sink.payload_buf(opts.max_packet);
@@ -132,6 +136,12 @@ fn send_inner<K: PacketSink, S: PacketSource>(
             progress.file_done(&state, &manifest.entries[i]);
         }
         stream.completed.clear();
+        for (i, reason) in stream.skipped.drain(..) {
+            state.skipped += 1;
+            state.totals.files -= 1;
+            state.totals.bytes -= manifest.entries[i].size;
+            progress.skipped(&state, &manifest.entries[i], &reason);
+        }
     }
     if let Err(e) = sink.flush() {
         return Err(peer_error_or(source, e));
@@ -141,7 +151,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         Some(packet) => {
             let mut r = Reader::new(packet);
             wire::expect_type(&mut r, wire::MSG_DONE, "done")?;
-            stream.report.files = totals.files;
+            stream.report.files = totals.files - stream.report.skipped;
             progress.done(&state);
             Ok(stream.report)
         }
@@ -259,9 +269,9 @@ fn read_answer<S: PacketSource>(
 }
 
 /// The file being streamed.
-struct Current {
+struct Current<'m> {
     index: usize,
-    file: Option<File>,
+    file: Option<Reading<'m>>,
     size: u64,
     /// Offset of the next byte to send.
     pos: u64,
@@ -273,7 +283,11 @@ struct Stream<'m> {
     manifest: &'m Manifest,
     claims: HashMap<u32, Claim>,
     next_entry: usize,
-    cur: Option<Current>,
+    cur: Option<Current<'m>>,
+    /// A file that could not be opened, with why: its [`wire::REC_SKIP`] is due.
+    skip: Option<(usize, String)>,
+    /// Files skipped since the last packet, with why (for progress).
+    skipped: Vec<(usize, String)>,
     hasher: FileHasher,
     /// Chunk hashes of the current file already sent (or kept by the receiver).
     emitted: usize,
@@ -290,38 +304,52 @@ impl Stream<'_> {
     }
 
     fn path(&self, index: usize) -> String {
-        self.manifest.sources[index].display().to_string()
+        self.manifest.sources[index].path.display().to_string()
     }
 
-    /// Opens the next file and settles where its data starts, checking any resume claim.
+    /// Opens the next file and settles where its data starts, checking any resume claim. A file
+    /// that cannot be opened (no permission, gone) is to be skipped: `self.skip` is set instead.
     fn open(&mut self, index: usize) -> Result<(), TransferError> {
         let entry = &self.manifest.entries[index];
         let size = entry.size;
         let manifest = self.manifest;
-        let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
-        // Inside a directory the walk saw a regular file: a symlink there now is not followed.
-        let inside = entry.path.contains(&b'/');
-        let mut file = match self.dirs.open(&manifest.sources[index], inside) {
-            Ok(f) => f,
-            // A symlink where the walk saw a regular file.
-            Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(TransferError::SourceChanged {
-                    path: self.path(index),
-                })
-            }
-            Err(e) => return Err(err(e)),
-        };
+        let source = &manifest.sources[index];
+        let err = |e| TransferError::file(source.path.display().to_string(), e);
         let claim = self.claims.remove(&(index as u32));
-        // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
-        // stat per file; a resume reads from the middle, so it checks first.
-        if claim.is_some() || size == 0 {
-            let meta = file.metadata().map_err(err)?;
-            if !meta.is_file() || meta.len() != size {
-                return Err(TransferError::SourceChanged {
-                    path: self.path(index),
-                });
+        let mut file = match &source.held {
+            // Read at the walk: sent as read then.
+            Some(held) => Reading::Held(io::Cursor::new(&held[..])),
+            None => {
+                // Inside a directory the walk saw a regular file: a symlink there now is not
+                // followed.
+                let inside = entry.path.contains(&b'/');
+                let file = match self.dirs.open(&source.path, inside) {
+                    Ok(f) => f,
+                    // A symlink where the walk saw a regular file.
+                    Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {
+                        return Err(TransferError::SourceChanged {
+                            path: self.path(index),
+                        })
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
+                        ) =>
+                    {
+                        self.skip = Some((index, crate::walk::reason(&e)));
+                        return Ok(());
+                    }
+                    Err(e) => return Err(err(e)),
+                };
+                // Any change shows in one stat after the last byte was read (see `unchanged`);
+                // a resume reads from the middle, so it checks first too.
+                if claim.is_some() {
+                    unchanged(manifest, index, &file)?;
+                }
+                Reading::File(file)
             }
-        }
+        };
         self.hasher.start(size, &[]);
         let mut pos = 0;
         match claim {
@@ -366,7 +394,7 @@ impl Stream<'_> {
 
     fn hash_prefix(
         &mut self,
-        file: &mut File,
+        file: &mut Reading<'_>,
         len: u64,
         index: usize,
     ) -> Result<(), TransferError> {
@@ -384,6 +412,18 @@ impl Stream<'_> {
         let mut c = Cursor { buf, pos: 0 };
         c.put_u8(wire::MSG_DATA);
         loop {
+            if let Some((index, reason)) = &self.skip {
+                let reason = wire::truncate_text(reason, wire::MAX_SKIP_REASON);
+                if c.room() < wire::SKIP_LEN + reason.len() {
+                    return Ok(c.pos);
+                }
+                c.put_u8(wire::REC_SKIP);
+                c.put_u32(*index as u32);
+                c.put_u16(reason.len() as u16);
+                c.put(reason.as_bytes());
+                self.report.skipped += 1;
+                self.skipped.extend(self.skip.take());
+            }
             if self.cur.is_none() {
                 let next = self.manifest.entries[self.next_entry..]
                     .iter()
@@ -400,6 +440,7 @@ impl Stream<'_> {
                         let index = self.next_entry + off;
                         self.next_entry = index + 1;
                         self.open(index)?;
+                        continue;
                     }
                 }
             }
@@ -465,6 +506,9 @@ impl Stream<'_> {
             if c.room() < wire::END_LEN {
                 return Ok(c.pos);
             }
+            if let Some(Reading::File(file)) = &cur.file {
+                unchanged(self.manifest, cur.index, file)?;
+            }
             let hash = self.hasher.finish().expect("all bytes hashed");
             c.put_u8(wire::REC_END);
             c.put(&hash);
@@ -477,7 +521,7 @@ impl Stream<'_> {
 /// Reads at least `n` bytes into `buf` (which is `n` or `n + 1` long) unless the file ends first;
 /// returns the bytes read. Each read asks for all of `buf`, so the probe byte of a last piece costs
 /// no extra system call: a read that stops short of it, having delivered the piece, met the end.
-fn read_piece(file: &mut File, buf: &mut [u8], n: usize) -> io::Result<usize> {
+fn read_piece(file: &mut impl Read, buf: &mut [u8], n: usize) -> io::Result<usize> {
     let mut got = 0;
     while got < n {
         match file.read(&mut buf[got..]) {
@@ -488,6 +532,47 @@ fn read_piece(file: &mut File, buf: &mut [u8], n: usize) -> io::Result<usize> {
         }
     }
     Ok(got)
+}
+
+/// Fails with [`TransferError::SourceChanged`] unless the open `file` (of entry `index`) is still
+/// what the walk saw ([`crate::manifest::Source::unchanged`]): one stat after its last byte was
+/// read shows a change made at any time before.
+fn unchanged(manifest: &Manifest, index: usize, file: &File) -> Result<(), TransferError> {
+    let source = &manifest.sources[index];
+    let meta = file
+        .metadata()
+        .map_err(|e| TransferError::file(source.path.display().to_string(), e))?;
+    if source.unchanged(&manifest.entries[index], &meta) {
+        Ok(())
+    } else {
+        Err(TransferError::SourceChanged {
+            path: source.path.display().to_string(),
+        })
+    }
+}
+
+/// Where a file's bytes come from: the file, or what the walk read of it.
+enum Reading<'m> {
+    File(File),
+    Held(io::Cursor<&'m [u8]>),
+}
+
+impl Read for Reading<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Reading::File(f) => f.read(buf),
+            Reading::Held(h) => h.read(buf),
+        }
+    }
+}
+
+impl Seek for Reading<'_> {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        match self {
+            Reading::File(f) => f.seek(pos),
+            Reading::Held(h) => h.seek(pos),
+        }
+    }
 }
 
 /// The directory of the last source file opened: the next file of the same directory is opened
