@@ -178,6 +178,12 @@ fn what_cannot_be_read_is_skipped_before_the_offer() {
     for p in ["secret", "locked", "pipe"] {
         assert!(!out.join("tree").join(p).exists(), "{p} arrived");
     }
+    // Named on the command line, an unreadable file is an error before any code is printed.
+    let secret = tree.join("secret");
+    let alone = spawn_as_nobody(&w, &["send", "--json", "--code", code], &[&secret]);
+    let alone = finish(alone);
+    assert_failure("send an unreadable file", &alone, 1, "permission");
+    assert!(event(&events(&alone.stdout), "code").is_none());
 }
 
 /// A file that was readable at the walk and cannot be opened when its turn comes is skipped with

@@ -213,14 +213,11 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
             });
         }
         let mut rel = name;
-        let denied = |_| {
-            TransferError::file(
-                arg.display().to_string(),
-                io::Error::from_raw_os_error(libc::EACCES),
-            )
-        };
         if meta.is_dir() {
-            ctx.readable(arg, &meta, false).map_err(denied)?;
+            if let Err(reason) = ctx.readable(arg, &meta, false) {
+                let path = arg.to_owned();
+                return Err(refused(WalkWarning::Unreadable { path, reason }));
+            }
             walk_dir(arg, &meta, &mut rel, &mut out, &ctx, spare_threads())?;
         } else if meta.is_file() {
             let mut warnings = Vec::new();
@@ -234,13 +231,7 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
                 false,
             );
             if let Some(w) = warnings.pop() {
-                let msg = w.to_string();
-                let msg = msg.strip_prefix("skipping ").unwrap_or(&msg);
-                let kind = match w {
-                    WalkWarning::Unreadable { .. } => io::ErrorKind::PermissionDenied,
-                    _ => io::ErrorKind::InvalidData,
-                };
-                return Err(TransferError::Io(io::Error::new(kind, msg.to_string())));
+                return Err(refused(w));
             }
         } else {
             out.warnings.push(WalkWarning::Special {
@@ -249,6 +240,17 @@ pub fn walk<P: AsRef<Path>>(paths: &[P]) -> Result<Walk, TransferError> {
         }
     }
     Ok(out)
+}
+
+/// What a top-level argument that cannot be sent is: an error, not a warning (the user named it).
+fn refused(w: WalkWarning) -> TransferError {
+    let kind = match w {
+        WalkWarning::Unreadable { .. } => io::ErrorKind::PermissionDenied,
+        _ => io::ErrorKind::InvalidData,
+    };
+    let msg = w.to_string();
+    let msg = msg.strip_prefix("skipping ").unwrap_or(&msg).to_string();
+    TransferError::Io(io::Error::new(kind, msg))
 }
 
 /// Adds the regular file `path` (named `rel`) to `m`, or a warning saying why it is skipped.
