@@ -108,6 +108,7 @@ fn transfer_code_exit(code: &str) -> u8 {
         "peer-gone" | "not-ferry" => 4,
         "integrity" | "tampered" => 5,
         "disk-full" => 6,
+        "partial" => 9,
         "conflict" | "declined" | "output-mismatch" => 7,
         "unsafe-path" | "too-many-entries" | "manifest-too-large" | "text-too-large"
         | "size-mismatch" | "protocol" => 8,
@@ -157,6 +158,7 @@ const KNOWN_CODES: &[&str] = &[
     "declined",
     "output-mismatch",
     "source-changed",
+    "partial",
 ];
 
 /// Classifies an error by the most specific cause in its chain.
@@ -271,6 +273,13 @@ mod tests {
             Failure {
                 code: "wrong-code",
                 exit: 3
+            }
+        );
+        assert_eq!(
+            of(TransferError::Partial { skipped: 2 }),
+            Failure {
+                code: "partial",
+                exit: 9
             }
         );
         assert_eq!(

@@ -12,12 +12,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, IsTerminal, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ferry_transfer::manifest::MODE_MASK;
+use ferry_transfer::manifest::{Source, MODE_MASK};
 use ferry_transfer::wire::MAX_TEXT;
 use ferry_transfer::{Entry, EntryKind, Manifest, TransferError, Walk};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -157,9 +157,10 @@ fn spool(
         bar.set_position(size);
     }
     bar.finish_and_clear();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
+    // The file's own times: the sender checks them again after the last byte, as for any file.
+    let meta = file
+        .metadata()
+        .context("cannot stat the temporary copy of standard input")?;
     let manifest = Manifest {
         entries: vec![Entry {
             path: name.as_bytes().to_vec(),
@@ -167,11 +168,14 @@ fn spool(
             size,
             // As a shell's `> file` makes it under the usual umask; the receiver applies its own.
             mode: 0o644 & MODE_MASK,
-            mtime: now.as_secs() as i64,
-            mtime_nsec: now.subsec_nanos(),
+            mtime: meta.mtime(),
+            mtime_nsec: meta.mtime_nsec().clamp(0, 999_999_999) as u32,
             target: Vec::new(),
         }],
-        sources: vec![PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))],
+        sources: vec![Source::new(
+            PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd())),
+            &meta,
+        )],
         ..Default::default()
     };
     Ok(Spooled {

@@ -254,6 +254,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     for w in &walked.warnings {
         ui.warn(&w.to_string());
     }
+    ui.skipped_before = walked.warnings.len() as u64;
     // The receiver needs the relay's address too (it may be on another network, without the config).
     let relay = match &opts.relay {
         Some(r) => format!("--relay {r} "),
@@ -299,7 +300,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     }
     let (reader, writer) = halves;
     let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
-    ferry_transfer::send(
+    let report = ferry_transfer::send(
         &mut sink,
         &mut source,
         &walked.manifest,
@@ -310,7 +311,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui,
     )?;
     sink.0.close()?;
-    Ok(())
+    partial(walked.warnings.len() as u64 + report.skipped)
 }
 
 /// What `--listen ADDR` means for a receiver: the addresses to give `--peer`. An unspecified address
@@ -429,6 +430,14 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     if let Some(text) = report.text {
         show_text(ui, &text);
     }
+    partial(report.skipped)
+}
+
+/// Success, or exit status 9 (`partial`) when `skipped` entries were not sent.
+fn partial(skipped: u64) -> anyhow::Result<()> {
+    if skipped > 0 {
+        return Err(TransferError::Partial { skipped }.into());
+    }
     Ok(())
 }
 
@@ -518,12 +527,33 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
 }
 
 /// Rejects wrong uses before anything else happens, with a clear message: a path that is not there
-/// (`io`), two paths with the same name, which would arrive at the same place (a bad command line).
+/// (`io`); a fifo, socket or device, which would never end or mean nothing elsewhere, and two paths
+/// with the same name, which would arrive at the same place (both a bad command line).
 pub fn check_send_paths(paths: &[PathBuf]) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
     let mut names: HashMap<&OsStr, &Path> = HashMap::new();
     for p in paths {
         if let Err(e) = std::fs::symlink_metadata(p) {
             return Err(anyhow::Error::new(e).context(format!("cannot send {}", p.display())));
+        }
+        // A symlink named on the command line is followed, as the walk does.
+        if let Ok(ft) = std::fs::metadata(p).map(|m| m.file_type()) {
+            let kind = if ft.is_fifo() {
+                Some("a FIFO")
+            } else if ft.is_socket() {
+                Some("a socket")
+            } else if ft.is_block_device() || ft.is_char_device() {
+                Some("a device")
+            } else {
+                None
+            };
+            if let Some(kind) = kind {
+                return Err(Usage(format!(
+                    "{} is {kind}; ferry sends regular files, directories and symlinks",
+                    p.display()
+                ))
+                .into());
+            }
         }
         if let Some(name) = p.file_name() {
             if let Some(first) = names.insert(name, p) {

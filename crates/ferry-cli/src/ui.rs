@@ -33,6 +33,8 @@ pub struct Ui {
     started: Instant,
     /// When the bar's rate and ETA were last computed.
     last_rate: Option<Instant>,
+    /// Entries the walk skipped before the offer (counted in the summary with those skipped later).
+    pub skipped_before: u64,
 }
 
 /// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one, nor
@@ -271,6 +273,7 @@ impl Ui {
             verb,
             started: Instant::now(),
             last_rate: None,
+            skipped_before: 0,
         }
     }
 
@@ -452,7 +455,15 @@ impl Progress for Ui {
         }
     }
 
+    fn skipped(&mut self, _state: &ProgressState, entry: &Entry, reason: &str) {
+        self.warn(&format!(
+            "skipping {}: the sender cannot open it ({reason})",
+            entry.path_lossy()
+        ));
+    }
+
     fn done(&mut self, state: &ProgressState) {
+        let skipped = self.skipped_before + state.skipped;
         let secs = self.started.elapsed().as_secs_f64();
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
@@ -468,6 +479,7 @@ impl Progress for Ui {
                     "files_skipped": state.files_skipped,
                     "bytes_skipped": state.bytes_skipped,
                     "seconds": secs,
+                    "skipped": skipped,
                 }),
             );
         } else {
@@ -476,15 +488,18 @@ impl Progress for Ui {
             } else {
                 String::new()
             };
-            let skipped = if state.files_skipped > 0 {
-                format!(
+            let mut tail = String::new();
+            if state.files_skipped > 0 {
+                tail += &format!(
                     "; {} skipped ({})",
                     count(state.files_skipped, "identical file", "identical files"),
                     human_bytes(state.bytes_skipped)
-                )
-            } else {
-                String::new()
-            };
+                );
+            }
+            if skipped > 0 {
+                tail += &format!("; {skipped} not sent (see the warnings)");
+            }
+            let skipped = tail;
             stderr_line(&format!(
                 "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified{skipped}",
                 self.verb,

@@ -147,6 +147,14 @@ pub enum TransferError {
         /// The peer's one-line message.
         message: String,
     },
+    /// Everything else arrived and verified, but some files were skipped: the sender could not
+    /// read them (or could not send them at all: fifos, sockets, devices, symlinks pointing
+    /// outside); each was named in a warning. Made by the command, from the reports' counts.
+    #[error("{skipped} skipped (see the warnings); everything else arrived and verified")]
+    Partial {
+        /// Entries skipped.
+        skipped: u64,
+    },
     /// The peer closed the stream before the transfer finished.
     #[error("peer closed the connection before the transfer finished")]
     UnexpectedEnd,
@@ -178,6 +186,7 @@ impl TransferError {
             TransferError::Integrity { .. } => "integrity",
             TransferError::Conflict { .. } => "conflict",
             TransferError::SourceChanged { .. } => "source-changed",
+            TransferError::Partial { .. } => "partial",
             TransferError::Declined => "declined",
             TransferError::Remote { .. } => "remote",
             TransferError::UnexpectedEnd => "peer-gone",

@@ -122,6 +122,44 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
+/// The effective user, group and supplementary groups of this process: with a file's owner and
+/// mode they tell, without a system call per file, whether it can be read.
+#[derive(Debug, Clone)]
+pub(crate) struct Credentials {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) groups: Vec<u32>,
+}
+
+/// This process's effective ids ([`Credentials`]).
+pub(crate) fn credentials() -> Credentials {
+    // SAFETY: geteuid and getegid cannot fail and touch no memory of ours.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // SAFETY: with a count of 0, getgroups writes nothing and returns how many groups there are.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    let mut groups = vec![0; n.max(0) as usize];
+    // SAFETY: `groups` has room for `groups.len()` gids.
+    let got = unsafe { libc::getgroups(groups.len() as libc::c_int, groups.as_mut_ptr()) };
+    groups.truncate(got.max(0) as usize);
+    Credentials { uid, gid, groups }
+}
+
+/// Whether this process may access `path` in `mode` (`libc::R_OK`, `X_OK`...) with its effective
+/// ids, ACLs included; never follows a symlink at the end of `path` when `no_follow`.
+pub(crate) fn may_access(path: &Path, mode: libc::c_int, no_follow: bool) -> bool {
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let flags = libc::AT_EACCESS
+        | if no_follow {
+            libc::AT_SYMLINK_NOFOLLOW
+        } else {
+            0
+        };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), mode, flags) == 0 }
+}
+
 /// Sets a file's access and modification times through its descriptor.
 pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()> {
     let times = [timespec(sec, nsec), timespec(sec, nsec)];

@@ -71,7 +71,7 @@ pub use receive::{
     DEFAULT_MAX_MANIFEST, OFFER_NAMES,
 };
 pub use send::{send, SendOptions, SendReport};
-pub use walk::{walk, Walk, WalkWarning};
+pub use walk::{walk, Walk, WalkWarning, MAX_HELD, MAX_HELD_TOTAL};
 
 /// Largest packet, in bytes, that the engine sends by default (1 MiB).
 pub const MAX_PACKET: usize = 1 << 20;

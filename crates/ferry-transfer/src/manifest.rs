@@ -172,11 +172,58 @@ impl Totals {
 pub struct Manifest {
     /// The entries, in sending order (a directory before its contents).
     pub entries: Vec<Entry>,
-    /// For each entry, its local source path (sending side only; empty when received).
-    pub sources: Vec<PathBuf>,
+    /// For each entry, its local source (sending side only; empty when received).
+    pub sources: Vec<Source>,
     /// For each entry, the bytes of its data on the sender's disk when the walk saw it, at most
     /// its size (less for a sparse file; sending side only, may be empty: then nothing is sparse).
     pub allocated: Vec<u64>,
+}
+
+/// Where an entry comes from on the sending side, and what the walk saw of it there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// The local path.
+    pub path: PathBuf,
+    /// Inode number at the walk.
+    pub ino: u64,
+    /// Status-change time at the walk, seconds.
+    pub ctime: i64,
+    /// Status-change time at the walk, nanoseconds.
+    pub ctime_nsec: i64,
+    /// The contents, read at the walk: files whose stat reports size 0 (procfs, sysfs, some FUSE
+    /// file systems report 0 and have content; an empty file is read once too). These are sent
+    /// from here, not read again.
+    pub held: Option<Box<[u8]>>,
+}
+
+impl Source {
+    /// The source of `entry` at `path`, as the walk's `meta` describes it.
+    pub fn new(path: PathBuf, meta: &std::fs::Metadata) -> Source {
+        use std::os::unix::fs::MetadataExt;
+        Source {
+            path,
+            ino: meta.ino(),
+            ctime: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec(),
+            held: None,
+        }
+    }
+
+    /// Whether `now` (a stat of the open file) still shows the file the walk saw as `entry`: the
+    /// same inode, size, modification and status-change times. Any write, truncation or change
+    /// of mode sets the status-change time; since Linux 6.13 (multigrain timestamps on ext4,
+    /// xfs, btrfs and tmpfs) a write right after the walk's stat gets a distinct one, before
+    /// that a write within the same clock tick (a few milliseconds) can go unseen.
+    pub fn unchanged(&self, entry: &Entry, now: &std::fs::Metadata) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        now.is_file()
+            && now.ino() == self.ino
+            && now.len() == entry.size
+            && now.mtime() == entry.mtime
+            && now.mtime_nsec() == i64::from(entry.mtime_nsec)
+            && now.ctime() == self.ctime
+            && now.ctime_nsec() == self.ctime_nsec
+    }
 }
 
 impl Manifest {

@@ -18,6 +18,8 @@ pub struct ProgressState {
     pub files_skipped: u64,
     /// Of `bytes_done`, the bytes of the `files_skipped`.
     pub bytes_skipped: u64,
+    /// Files of the offer left out because the sender could not open them.
+    pub skipped: u64,
 }
 
 /// Receives progress events. Every method has an empty default, and `()` ignores everything.
@@ -38,6 +40,8 @@ pub trait Progress {
     fn progress(&mut self, _state: &ProgressState, _current: &Entry) {}
     /// One file is complete (receiver: verified and under its final name).
     fn file_done(&mut self, _state: &ProgressState, _entry: &Entry) {}
+    /// A file of the offer is not sent: the sender could not open it (`reason`).
+    fn skipped(&mut self, _state: &ProgressState, _entry: &Entry, _reason: &str) {}
     /// The whole transfer is complete and acknowledged.
     fn done(&mut self, _state: &ProgressState) {}
 }

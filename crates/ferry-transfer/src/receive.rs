@@ -125,6 +125,8 @@ pub struct ReceiveReport {
     pub files_skipped: u64,
     /// Bytes of the `files_skipped`.
     pub bytes_skipped: u64,
+    /// Files of the offer the sender skipped (it could not open them); not in `totals`.
+    pub skipped: u64,
 }
 
 /// What the receiver holds of one file from an earlier run, verified against the log.
@@ -729,6 +731,8 @@ struct Incoming<'a, 'b> {
     /// Hashes of verified files whose DONE record waits until the writer has renamed them, so the
     /// resume log never claims what is not on disk yet.
     unlogged_done: HashMap<u32, [u8; 32]>,
+    /// Files the sender skipped since the last packet, with its reason (for progress).
+    skipped: Vec<(u32, String)>,
     report: ReceiveReport,
 }
 
@@ -750,6 +754,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
             hasher: FileHasher::default(),
             verified: 0,
             unlogged_done: HashMap::new(),
+            skipped: Vec::new(),
             report: ReceiveReport {
                 totals,
                 ..Default::default()
@@ -798,6 +803,16 @@ impl<'a, 'b> Incoming<'a, 'b> {
                     }
                     wire::REC_CHUNK => self.chunk(r.u32()?, &r.array()?)?,
                     wire::REC_END => self.end(&r.array()?)?,
+                    wire::REC_SKIP => {
+                        let index = r.u32()?;
+                        let n = r.u16()? as usize;
+                        if n > wire::MAX_SKIP_REASON {
+                            return Err(TransferError::protocol("skip reason too long"));
+                        }
+                        let reason = String::from_utf8_lossy(r.bytes(n)?).into_owned();
+                        self.skip(index)?;
+                        self.skipped.push((index, reason));
+                    }
                     wire::REC_FINISH => {
                         if self.cur.is_some() || self.next_file_index().is_some() {
                             return Err(TransferError::protocol(
@@ -819,6 +834,13 @@ impl<'a, 'b> Incoming<'a, 'b> {
                 }
                 pstate.files_done += 1;
                 progress.file_done(pstate, &self.entries[i as usize]);
+            }
+            for (i, reason) in self.skipped.drain(..) {
+                let e = &self.entries[i as usize];
+                pstate.skipped += 1;
+                pstate.totals.files -= 1;
+                pstate.totals.bytes -= e.size;
+                progress.skipped(pstate, e, &reason);
             }
             if let Some(state) = self.state.as_deref_mut() {
                 state
@@ -926,6 +948,25 @@ impl<'a, 'b> Incoming<'a, 'b> {
             confirm,
             skipped,
         });
+        Ok(())
+    }
+
+    /// The sender skips file `index` (in the place of its start): it is dropped from the offer.
+    fn skip(&mut self, index: u32) -> Result<(), TransferError> {
+        if self.cur.is_some() {
+            return Err(TransferError::protocol("file skipped inside another file"));
+        }
+        if self.next_file_index() != Some(index as usize) {
+            return Err(TransferError::protocol(format!(
+                "unexpected skipped file index {index}"
+            )));
+        }
+        self.next_file = index as usize + 1;
+        self.held.remove(&index);
+        let e = &self.entries[index as usize];
+        self.report.skipped += 1;
+        self.report.totals.files -= 1;
+        self.report.totals.bytes -= e.size;
         Ok(())
     }
 

@@ -49,6 +49,8 @@ pub struct SendReport {
     pub files_skipped: u64,
     /// Bytes of the `files_skipped`.
     pub bytes_skipped: u64,
+    /// Files skipped after the offer because they could not be opened (the receiver was told).
+    pub skipped: u64,
 }
 
 /// What the receiver says it already holds of one file.
@@ -138,9 +140,11 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         emitted: 0,
         scratch: Vec::new(),
         dirs: SourceDirs::default(),
+        skip: None,
         finished: false,
         report: SendReport::default(),
         completed: Vec::new(),
+        skipped: Vec::new(),
     };
     if !existing.is_empty() {
         let bytes = existing
@@ -170,6 +174,12 @@ fn send_inner<K: PacketSink, S: PacketSource>(
             progress.file_done(&state, &manifest.entries[i]);
         }
         stream.completed.clear();
+        for (i, reason) in stream.skipped.drain(..) {
+            state.skipped += 1;
+            state.totals.files -= 1;
+            state.totals.bytes -= manifest.entries[i].size;
+            progress.skipped(&state, &manifest.entries[i], &reason);
+        }
     }
     if let Err(e) = sink.flush() {
         return Err(peer_error_or(source, e));
@@ -179,7 +189,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         Some(packet) => {
             let mut r = Reader::new(packet);
             wire::expect_type(&mut r, wire::MSG_DONE, "done")?;
-            stream.report.files = totals.files;
+            stream.report.files = totals.files - stream.report.skipped;
             progress.done(&state);
             Ok(stream.report)
         }
@@ -343,9 +353,9 @@ fn read_answer<S: PacketSource>(
 }
 
 /// The file being streamed.
-struct Current {
+struct Current<'m> {
     index: usize,
-    file: Option<File>,
+    file: Option<Reading<'m>>,
     size: u64,
     /// Offset of the next byte to send.
     pos: u64,
@@ -365,7 +375,11 @@ struct Stream<'m> {
     manifest: &'m Manifest,
     claims: HashMap<u32, Claim>,
     next_entry: usize,
-    cur: Option<Current>,
+    cur: Option<Current<'m>>,
+    /// A file that could not be opened, with why: its [`wire::REC_SKIP`] is due.
+    skip: Option<(usize, String)>,
+    /// Files skipped since the last packet, with why (for progress).
+    skipped: Vec<(usize, String)>,
     hasher: FileHasher,
     /// Chunk hashes of the current file already sent (or kept by the receiver).
     emitted: usize,
@@ -376,17 +390,18 @@ struct Stream<'m> {
     completed: Vec<usize>,
 }
 
-impl Stream<'_> {
+impl<'m> Stream<'m> {
     fn last_index(&self) -> Option<usize> {
         self.completed.last().copied()
     }
 
     fn path(&self, index: usize) -> String {
-        self.manifest.sources[index].display().to_string()
+        self.manifest.sources[index].path.display().to_string()
     }
 
     /// Hashes the files of the receiver's [`Claim::Existing`] claims `existing`; returns those
-    /// that differ (ascending), and keeps the others as [`Claim::Identical`].
+    /// that differ (ascending), and keeps the others as [`Claim::Identical`]. A file that cannot
+    /// be opened differs (it is skipped when its turn comes).
     fn compare_existing(&mut self, mut existing: Vec<u32>) -> Result<Vec<u32>, TransferError> {
         existing.sort_unstable();
         let mut differ = Vec::new();
@@ -395,9 +410,17 @@ impl Stream<'_> {
                 unreachable!("only existing claims are compared");
             };
             let index = i as usize;
-            let mut file = self.open_source(index, true)?;
-            self.hasher.start(self.manifest.entries[index].size, &[]);
-            self.hash_prefix(&mut file, self.manifest.entries[index].size, index)?;
+            let size = self.manifest.entries[index].size;
+            let Some(mut file) = self.open_source(index)? else {
+                self.skip = None;
+                differ.push(i);
+                continue;
+            };
+            if let Reading::File(f) = &file {
+                unchanged(self.manifest, index, f)?;
+            }
+            self.hasher.start(size, &[]);
+            self.hash_prefix(&mut file, size, index)?;
             if self.hasher.finish() == Some(theirs) {
                 self.claims.insert(i, Claim::Identical(theirs));
             } else {
@@ -407,41 +430,45 @@ impl Stream<'_> {
         Ok(differ)
     }
 
-    /// Opens the source file of entry `index`; with `check`, fails unless it is still a regular
-    /// file of the walked size.
-    fn open_source(&mut self, index: usize, check: bool) -> Result<File, TransferError> {
-        let entry = &self.manifest.entries[index];
-        let size = entry.size;
+    /// The source of entry `index`: what the walk read of it, or the file. `Ok(None)` when the
+    /// file cannot be opened (no permission, gone): `self.skip` is set and the file is skipped.
+    fn open_source(&mut self, index: usize) -> Result<Option<Reading<'m>>, TransferError> {
         let manifest = self.manifest;
-        let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
+        let entry = &manifest.entries[index];
+        let source = &manifest.sources[index];
+        if let Some(held) = &source.held {
+            // Read at the walk: sent as read then.
+            return Ok(Some(Reading::Held(io::Cursor::new(&held[..]))));
+        }
         // Inside a directory the walk saw a regular file: a symlink there now is not followed.
         let inside = entry.path.contains(&b'/');
-        let file = match self.dirs.open(&manifest.sources[index], inside) {
-            Ok(f) => f,
+        match self.dirs.open(&source.path, inside) {
+            Ok(f) => Ok(Some(Reading::File(f))),
             // A symlink where the walk saw a regular file.
             Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(TransferError::SourceChanged {
+                Err(TransferError::SourceChanged {
                     path: self.path(index),
                 })
             }
-            Err(e) => return Err(err(e)),
-        };
-        if check {
-            let meta = file.metadata().map_err(err)?;
-            if !meta.is_file() || meta.len() != size {
-                return Err(TransferError::SourceChanged {
-                    path: self.path(index),
-                });
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::PermissionDenied | io::ErrorKind::NotFound
+                ) =>
+            {
+                self.skip = Some((index, crate::walk::reason(&e)));
+                Ok(None)
             }
+            Err(e) => Err(TransferError::file(source.path.display().to_string(), e)),
         }
-        Ok(file)
     }
 
-    /// Opens the next file and settles where its data starts, checking any resume claim.
+    /// Opens the next file and settles where its data starts, checking any resume claim. A file
+    /// that cannot be opened (no permission, gone) is to be skipped: `self.skip` is set instead.
     fn open(&mut self, index: usize) -> Result<(), TransferError> {
         let size = self.manifest.entries[index].size;
         let manifest = self.manifest;
-        let err = |e| TransferError::file(manifest.sources[index].display().to_string(), e);
+        let err = |e| TransferError::file(manifest.sources[index].path.display().to_string(), e);
         let claim = self.claims.remove(&(index as u32));
         self.hasher.start(size, &[]);
         if let Some(Claim::Identical(hash)) = claim {
@@ -462,9 +489,14 @@ impl Stream<'_> {
             });
             return Ok(());
         }
-        // Without a claim, a changed size shows while reading (see `Stream::fill`), which saves a
-        // stat per file; a resume reads from the middle, so it checks first.
-        let mut file = self.open_source(index, claim.is_some() || size == 0)?;
+        let Some(mut file) = self.open_source(index)? else {
+            return Ok(());
+        };
+        // Any change shows in one stat after the last byte was read (see `unchanged`); a resume
+        // reads from the middle, so it checks first too.
+        if let (Some(_), Reading::File(f)) = (&claim, &file) {
+            unchanged(manifest, index, f)?;
+        }
         let mut pos = 0;
         match claim {
             None => {}
@@ -515,7 +547,7 @@ impl Stream<'_> {
 
     fn hash_prefix(
         &mut self,
-        file: &mut File,
+        file: &mut Reading<'_>,
         len: u64,
         index: usize,
     ) -> Result<(), TransferError> {
@@ -535,10 +567,23 @@ impl Stream<'_> {
         // receiver hashes one packet's zeros while this side hashes the next.
         let mut hole_bytes = 0u64;
         let manifest = self.manifest;
-        let file_err =
-            |index: usize, e| TransferError::file(manifest.sources[index].display().to_string(), e);
+        let file_err = |index: usize, e| {
+            TransferError::file(manifest.sources[index].path.display().to_string(), e)
+        };
         c.put_u8(wire::MSG_DATA);
         loop {
+            if let Some((index, reason)) = &self.skip {
+                let reason = wire::truncate_text(reason, wire::MAX_SKIP_REASON);
+                if c.room() < wire::SKIP_LEN + reason.len() {
+                    return Ok(c.pos);
+                }
+                c.put_u8(wire::REC_SKIP);
+                c.put_u32(*index as u32);
+                c.put_u16(reason.len() as u16);
+                c.put(reason.as_bytes());
+                self.report.skipped += 1;
+                self.skipped.extend(self.skip.take());
+            }
             if self.cur.is_none() {
                 let next = self.manifest.entries[self.next_entry..]
                     .iter()
@@ -555,6 +600,7 @@ impl Stream<'_> {
                         let index = self.next_entry + off;
                         self.next_entry = index + 1;
                         self.open(index)?;
+                        continue;
                     }
                 }
             }
@@ -585,7 +631,9 @@ impl Stream<'_> {
             let remaining = cur.size - cur.pos;
             if remaining > 0 && cur.sparse {
                 if cur.pos == cur.region_end {
-                    let file = cur.file.as_ref().expect("open while data remains");
+                    let Some(Reading::File(file)) = cur.file.as_ref() else {
+                        unreachable!("a sparse file is read from disk, never held");
+                    };
                     let region = fsys::region_at(file, cur.pos);
                     let region = region.map_err(|e| file_err(cur.index, e))?;
                     (cur.in_hole, cur.region_end) = match region {
@@ -655,15 +703,10 @@ impl Stream<'_> {
             if c.room() < wire::END_LEN {
                 return Ok(c.pos);
             }
-            if cur.sparse && cur.hash.is_none() {
-                // No probe byte after a final hole: the size is checked once, at the end.
-                let file = cur.file.as_ref().expect("open until its end");
-                let len = file.metadata().map_err(|e| file_err(cur.index, e))?.len();
-                if len != cur.size {
-                    return Err(TransferError::SourceChanged {
-                        path: manifest.sources[cur.index].display().to_string(),
-                    });
-                }
+            if let Some(Reading::File(file)) = &cur.file {
+                // Any change since the walk shows in one stat after the last byte (for a sparse
+                // file ending in a hole, also a change of size).
+                unchanged(self.manifest, cur.index, file)?;
             }
             let hash = cur
                 .hash
@@ -679,7 +722,7 @@ impl Stream<'_> {
 /// Reads at least `n` bytes into `buf` (which is `n` or `n + 1` long) unless the file ends first;
 /// returns the bytes read. Each read asks for all of `buf`, so the probe byte of a last piece costs
 /// no extra system call: a read that stops short of it, having delivered the piece, met the end.
-fn read_piece(file: &mut File, buf: &mut [u8], n: usize) -> io::Result<usize> {
+fn read_piece(file: &mut impl Read, buf: &mut [u8], n: usize) -> io::Result<usize> {
     let mut got = 0;
     while got < n {
         match file.read(&mut buf[got..]) {
@@ -690,6 +733,47 @@ fn read_piece(file: &mut File, buf: &mut [u8], n: usize) -> io::Result<usize> {
         }
     }
     Ok(got)
+}
+
+/// Fails with [`TransferError::SourceChanged`] unless the open `file` (of entry `index`) is still
+/// what the walk saw ([`crate::manifest::Source::unchanged`]): one stat after its last byte was
+/// read shows a change made at any time before.
+fn unchanged(manifest: &Manifest, index: usize, file: &File) -> Result<(), TransferError> {
+    let source = &manifest.sources[index];
+    let meta = file
+        .metadata()
+        .map_err(|e| TransferError::file(source.path.display().to_string(), e))?;
+    if source.unchanged(&manifest.entries[index], &meta) {
+        Ok(())
+    } else {
+        Err(TransferError::SourceChanged {
+            path: source.path.display().to_string(),
+        })
+    }
+}
+
+/// Where a file's bytes come from: the file, or what the walk read of it.
+enum Reading<'m> {
+    File(File),
+    Held(io::Cursor<&'m [u8]>),
+}
+
+impl Read for Reading<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Reading::File(f) => f.read(buf),
+            Reading::Held(h) => h.read(buf),
+        }
+    }
+}
+
+impl Seek for Reading<'_> {
+    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
+        match self {
+            Reading::File(f) => f.seek(pos),
+            Reading::Held(h) => h.seek(pos),
+        }
+    }
 }
 
 /// The directory of the last source file opened: the next file of the same directory is opened

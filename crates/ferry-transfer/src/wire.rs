@@ -20,7 +20,9 @@
 //! that are not sent: a hole of a sparse file, never past the file's size, never across a chunk
 //! boundary); [`REC_CHUNK`] chunk u32, cv[32] (the BLAKE3 chaining value of
 //! the 1 MiB subtree `chunk`, sent for files larger than one chunk); [`REC_END`] hash[32] (the
-//! file's BLAKE3); [`REC_FINISH`] (no more files).
+//! file's BLAKE3); [`REC_FINISH`] (no more files); [`REC_SKIP`] index u32, reason length u16,
+//! reason (UTF-8, ≤ [`MAX_SKIP_REASON`]) — the file `index` could not be opened and is not sent:
+//! it takes the place of that file's [`REC_START`] and the receiver drops the entry.
 
 use crate::TransferError;
 
@@ -69,6 +71,8 @@ pub const REC_FINISH: u8 = 5;
 pub const REC_HOLE: u8 = 6;
 /// Data record: start of a file with holes (as [`REC_START`], but no space is reserved for it).
 pub const REC_START_SPARSE: u8 = 7;
+/// Data record: a file that is not sent (it could not be opened), with why.
+pub const REC_SKIP: u8 = 8;
 
 /// Resume record kind: the receiver holds the first chunks, with these chaining values.
 pub const HELD_CHUNKS: u8 = 1;
@@ -83,6 +87,8 @@ pub const HELD_EXISTING: u8 = 3;
 pub const MAX_PAGE: usize = 1 << 20;
 /// Longest error message on the wire.
 pub const MAX_ERROR_MESSAGE: usize = 1024;
+/// Longest reason of a [`REC_SKIP`] record.
+pub const MAX_SKIP_REASON: usize = 256;
 
 /// Size of the offer message.
 pub const OFFER_LEN: usize = 3 + 7 * 8 + 32;
@@ -96,6 +102,17 @@ pub const HOLE_LEN: usize = 1 + 8;
 pub const CHUNK_LEN: usize = 1 + 4 + 32;
 /// Size of a [`REC_END`] record.
 pub const END_LEN: usize = 1 + 32;
+/// Size of a [`REC_SKIP`] record without its reason.
+pub const SKIP_LEN: usize = 1 + 4 + 2;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn truncate_text(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 /// A bounded reader over one packet: every read checks the remaining length first.
 pub struct Reader<'a> {
@@ -315,15 +332,12 @@ pub fn expect_type(r: &mut Reader<'_>, want: u8, what: &str) -> Result<(), Trans
 pub fn encode_error(err: &TransferError, out: &mut Vec<u8>) {
     let code = err.code().as_bytes();
     let msg = err.to_string();
-    let mut end = msg.len().min(MAX_ERROR_MESSAGE);
-    while !msg.is_char_boundary(end) {
-        end -= 1;
-    }
+    let msg = truncate_text(&msg, MAX_ERROR_MESSAGE);
     out.put_u8(MSG_ERROR);
     out.put_u8(code.len() as u8);
     out.put(code);
-    out.put_u16(end as u16);
-    out.put(&msg.as_bytes()[..end]);
+    out.put_u16(msg.len() as u16);
+    out.put(msg.as_bytes());
 }
 
 /// Tells the peer why this side failed, best effort, unless the failure came from the peer or the

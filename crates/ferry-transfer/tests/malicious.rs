@@ -334,3 +334,43 @@ fn cut_stream_is_an_error() {
     assert!(matches!(err, TransferError::UnexpectedEnd), "{err:?}");
     assert!(!t.join("out/f").exists());
 }
+
+fn skip_record(index: u32, reason: &[u8]) -> Vec<u8> {
+    let mut r = vec![wire::REC_SKIP];
+    r.put_u32(index);
+    r.put_u16(reason.len() as u16);
+    r.put(reason);
+    r
+}
+
+/// A skip record must name the next file, outside any file, with a bounded reason.
+#[test]
+fn skip_records_out_of_place_are_refused() {
+    let content = [7u8; 5];
+    let two = || vec![file(b"f", 5), file(b"g", 5)];
+    let cases: [(&str, Vec<Vec<u8>>); 4] = [
+        ("a later file", vec![skip_record(1, b"x")]),
+        ("no file", vec![skip_record(7, b"x")]),
+        (
+            "inside a file",
+            vec![start(0), bytes(&content), skip_record(1, b"x")],
+        ),
+        (
+            "a reason too long",
+            vec![skip_record(0, &[b'x'; wire::MAX_SKIP_REASON + 1])],
+        ),
+    ];
+    for (what, records) in cases {
+        let records: Vec<&[u8]> = records.iter().map(Vec::as_slice).collect();
+        let (t, err) = attack(two(), None, vec![data_packet(&records)]);
+        assert!(matches!(err, TransferError::Protocol(_)), "{what}: {err:?}");
+        assert_no_final_and_no_temp(&t);
+    }
+    // Skipping the same file twice is skipping a later one.
+    let (_, err) = attack(
+        two(),
+        None,
+        vec![data_packet(&[&skip_record(0, b"x"), &skip_record(0, b"x")])],
+    );
+    assert!(matches!(err, TransferError::Protocol(_)), "{err:?}");
+}

@@ -182,3 +182,29 @@ fn a_resumed_run_leaves_an_existing_directory_alone() {
         "an existing directory was re-timed"
     );
 }
+
+/// A resumed file is checked like any other: a same-size change after the walk (mtime put back)
+/// is `SourceChanged`, whether the receiver claims the whole file (`a`) or its first chunks (`b`).
+#[test]
+fn a_resumed_file_changed_after_the_walk_is_refused() {
+    for name in ["a", "b"] {
+        let s = cut_once();
+        let walked = ferry_transfer::walk(&[&s.root]).unwrap();
+        let src = s.root.join(name);
+        let meta = fs::metadata(&src).unwrap();
+        let f = fs::OpenOptions::new().write(true).open(&src).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"CHANGED!", 100).unwrap();
+        let mtime =
+            SystemTime::UNIX_EPOCH + Duration::new(meta.mtime() as u64, meta.mtime_nsec() as u32);
+        f.set_modified(mtime).unwrap();
+        drop(f);
+        let (sent, received) = run_walked(walked, &opts(&s.out, &s.t.join("cache")), None);
+        match sent {
+            Err(ferry_transfer::TransferError::SourceChanged { path }) => {
+                assert!(path.ends_with(name), "{name}: {path}")
+            }
+            other => panic!("{name}: sender gave {other:?}"),
+        }
+        assert!(received.is_err(), "{name}: the receiver must not succeed");
+    }
+}

@@ -316,7 +316,11 @@ fn declined_offer_writes_nothing() {
 #[test]
 fn source_changed_after_walk_is_refused() {
     type Change = fn(&Path, &Path);
-    let cases: [(&str, Change); 4] = [
+    let cases: [(&str, Change); 5] = [
+        ("overwritten at the same size", |f, _| {
+            let file = fs::OpenOptions::new().write(true).open(f).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&file, b"CHANGED!", 8).unwrap();
+        }),
         ("grew", |f, _| {
             fs::write(f, data(5000, 9)).unwrap();
         }),

@@ -58,7 +58,19 @@ impl World {
 
     /// A `ferry` command in this world (no multicast, fast JSON progress).
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(ferry());
+        self.cmd_via(&[])
+    }
+
+    /// [`World::cmd`] run through `wrapper` (a command and its arguments, such as `setpriv ...`).
+    pub fn cmd_via(&self, wrapper: &[&str]) -> Command {
+        let mut c = match wrapper {
+            [] => Command::new(ferry()),
+            [program, args @ ..] => {
+                let mut c = Command::new(program);
+                c.args(args).arg(ferry());
+                c
+            }
+        };
         c.env("XDG_RUNTIME_DIR", self.path("runtime"))
             .env("XDG_CACHE_HOME", self.path("cache"))
             .env("XDG_CONFIG_HOME", self.path("config"))
