@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
     let mut sink = Sent::default();
     let opts = SendOptions {
         max_packet: 64 * 1024,
+        ..SendOptions::default()
     };
     let result = send(
         &mut sink,
