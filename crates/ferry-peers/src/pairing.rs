@@ -115,7 +115,7 @@ impl Pairing {
     pub fn new(role: Role, transcript: [u8; 32], key: &IdentityKey, name: &str) -> Self {
         let mut half = [0u8; 32];
         ferry_channel::keys::fill_random(&mut half);
-        let name = cut_to(name, MAX_SUGGESTED_NAME).to_string();
+        let name = ferry_wire::truncate_text(name, MAX_SUGGESTED_NAME).to_string();
         let own_key = key.public();
         let signature = key.sign(&signed_bytes(role, &transcript, &own_key, &half, &name));
         Pairing {
@@ -185,15 +185,6 @@ fn signed_bytes(
     m.push(name.len() as u8);
     m.extend_from_slice(name.as_bytes());
     m
-}
-
-/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
-fn cut_to(s: &str, max: usize) -> &str {
-    let mut end = s.len().min(max);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[cfg(test)]

@@ -305,8 +305,9 @@ impl Client {
                 // Hand on only what was asked for.
                 let from = want.start.max(range.start);
                 let to = want.end.min(range.end).max(from);
-                let bytes =
-                    bytes[(from - range.start) as usize..(to - range.start) as usize].to_vec();
+                // In place: the piece's bytes are not copied again.
+                bytes.truncate((to - range.start) as usize);
+                bytes.drain(..(from - range.start) as usize);
                 Event::Data {
                     id,
                     offset: from,

@@ -573,11 +573,7 @@ impl Response<'_> {
                 out.put_u8(ERROR);
                 out.put_u32(*id);
                 out.put_u8(code.to_u8());
-                let mut end = message.len().min(MAX_MESSAGE);
-                while !message.is_char_boundary(end) {
-                    end -= 1;
-                }
-                out.put_bytes16(&message.as_bytes()[..end]);
+                out.put_bytes16(ferry_wire::truncate_text(message, MAX_MESSAGE).as_bytes());
             }
         }
     }

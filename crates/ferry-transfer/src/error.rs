@@ -227,3 +227,10 @@ pub(crate) fn human_bytes(n: u64) -> String {
 pub(crate) fn lossy(path: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
+
+impl From<ferry_wire::WireError> for TransferError {
+    /// A message that does not decode is the peer breaking the protocol.
+    fn from(e: ferry_wire::WireError) -> Self {
+        TransferError::Protocol(e.to_string())
+    }
+}

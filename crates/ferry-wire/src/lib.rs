@@ -38,6 +38,15 @@ pub enum WireError {
     Invalid(&'static str),
 }
 
+/// `text` cut to at most `max` bytes, at a character boundary (a bounded message field of UTF-8).
+pub fn truncate_text(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// A bounded reader over one message: every read checks the remaining length first.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
@@ -46,21 +55,25 @@ pub struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     /// Reads from `buf`.
+    #[inline]
     pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf }
     }
 
     /// Bytes left.
+    #[inline]
     pub fn remaining(&self) -> usize {
         self.buf.len()
     }
 
     /// Whether all bytes were consumed.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 
     /// Takes `n` bytes, or fails if fewer are left.
+    #[inline]
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if n > self.buf.len() {
             return Err(WireError::Truncated);
@@ -76,31 +89,37 @@ impl<'a> Reader<'a> {
     }
 
     /// Takes a fixed-size array.
+    #[inline]
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
         Ok(self.bytes(N)?.try_into().expect("length checked"))
     }
 
     /// Takes a `u8`.
+    #[inline]
     pub fn u8(&mut self) -> Result<u8, WireError> {
         Ok(self.array::<1>()?[0])
     }
 
     /// Takes a little-endian `u16`.
+    #[inline]
     pub fn u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_le_bytes(self.array()?))
     }
 
     /// Takes a little-endian `u32`.
+    #[inline]
     pub fn u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_le_bytes(self.array()?))
     }
 
     /// Takes a little-endian `u64`.
+    #[inline]
     pub fn u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 
     /// Takes a little-endian `i64`.
+    #[inline]
     pub fn i64(&mut self) -> Result<i64, WireError> {
         Ok(i64::from_le_bytes(self.array()?))
     }
@@ -129,6 +148,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Fails unless every byte was consumed.
+    #[inline]
     pub fn finish(&self) -> Result<(), WireError> {
         if self.buf.is_empty() {
             Ok(())
@@ -171,6 +191,7 @@ pub trait Put {
 }
 
 impl Put for Vec<u8> {
+    #[inline]
     fn put(&mut self, bytes: &[u8]) {
         self.extend_from_slice(bytes);
     }
@@ -192,6 +213,7 @@ impl Cursor<'_> {
 }
 
 impl Put for Cursor<'_> {
+    #[inline]
     fn put(&mut self, bytes: &[u8]) {
         self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
         self.pos += bytes.len();
@@ -245,5 +267,13 @@ mod tests {
         c.put_u32(0xdead_beef);
         assert_eq!(c.room(), 4);
         assert_eq!(&buf[..4], &0xdead_beefu32.to_le_bytes());
+    }
+
+    #[test]
+    fn text_is_cut_on_a_character_boundary() {
+        assert_eq!(truncate_text("abc", 2), "ab");
+        assert_eq!(truncate_text("é", 1), "");
+        assert_eq!(truncate_text("aé", 2), "a");
+        assert_eq!(truncate_text("a", 5), "a");
     }
 }

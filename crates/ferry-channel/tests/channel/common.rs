@@ -191,15 +191,7 @@ pub fn is_rejection(e: &ChannelError) -> bool {
 
 /// Payload `index` of a test: `len` bytes that differ between packets and positions.
 pub fn payload(index: usize, len: usize) -> Vec<u8> {
-    let mut x = (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    ferry_testkit::pseudo_random(len, index as u64)
 }
 
 /// Seals each payload as one data packet, then the close packet when `close`; returns the wire bytes.

@@ -282,18 +282,8 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
 }
 
 /// Deterministic pseudo-random bytes (xorshift), fast enough for hundreds of MiB.
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut s = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+#[allow(unused_imports)]
+pub use ferry_testkit::pseudo_random;
 
 /// Sets a file's mtime to a fixed past moment with nanoseconds, so preservation is visible.
 pub fn set_mtime(path: &Path, secs: i64, nsec: i64) {

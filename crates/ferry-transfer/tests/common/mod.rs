@@ -150,15 +150,7 @@ pub fn run(
 
 /// Deterministic pseudo-random bytes.
 pub fn data(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E3779B97F4A7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    ferry_testkit::pseudo_random(len, seed)
 }
 
 /// Every path under `dir`, relative, sorted.
