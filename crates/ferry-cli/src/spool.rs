@@ -67,7 +67,7 @@ pub fn check_args(
 /// Checks a name given on the command line (`send --name`, `receive -o`) as a received name is
 /// checked, and that it is one name, without `/`.
 pub fn check_file_name(flag: &str, name: &OsStr) -> Result<(), Usage> {
-    let problem = match ferry_transfer::path::check_name(name.as_bytes()) {
+    let problem = match ferry_tree::path::check_name(name.as_bytes()) {
         Err(problem) => problem.to_string(),
         Ok(()) if name.as_bytes().contains(&b'/') => "a name has no `/`".into(),
         Ok(()) => return Ok(()),

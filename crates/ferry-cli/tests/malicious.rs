@@ -19,11 +19,11 @@ use common::*;
 use ferry_channel::blocking::{self, SecureReader, SecureWriter};
 use ferry_channel::{Auth, Config, Handshake, Role};
 use ferry_rendezvous::Code;
-use ferry_transfer::hash::FileHasher;
 use ferry_transfer::manifest::{Entry, EntryKind, Manifest, ENTRY_OVERHEAD};
-use ferry_transfer::path::{MAX_NAME, MAX_PATH};
 use ferry_transfer::wire::{self, OfferHeader, Put, Reader};
 use ferry_transfer::{Totals, TransferError, DEFAULT_MAX_MANIFEST};
+use ferry_tree::hash::FileHasher;
+use ferry_tree::path::{MAX_NAME, MAX_PATH};
 
 const CODE: &str = "7-apple-orbit-violin";
 /// How long the liar waits for the receiver at each step (a receiver that hangs fails the test).

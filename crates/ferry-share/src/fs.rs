@@ -111,7 +111,7 @@ impl ShareRoot {
 
     /// The attributes of `path`; a symlink is described, not followed.
     pub fn stat(&self, path: &SharePath) -> Result<Entry, FsError> {
-        let (parent, name) = ferry_transfer::path::split_parent(path.as_bytes());
+        let (parent, name) = ferry_tree::path::split_parent(path.as_bytes());
         let (st, target) = if path.is_root() {
             (
                 rustix::fs::fstat(&self.root).map_err(|e| fs_error(e, path))?,
@@ -160,7 +160,7 @@ impl ShareRoot {
         while let Some(item) = reader.read() {
             let item = item.map_err(|e| fs_error(e, path))?;
             let name = item.file_name().to_bytes();
-            if name != b"." && name != b".." && name.len() <= ferry_transfer::path::MAX_NAME {
+            if name != b"." && name != b".." && name.len() <= ferry_tree::path::MAX_NAME {
                 names.push(name.to_vec());
             }
         }

@@ -3,7 +3,7 @@
 //! One message per channel packet: a type byte, then the fields, integers little-endian. Requests (client to
 //! server) carry an id the client chose (`u32`, unique among its requests in flight); every response carries
 //! the id of the request it answers. A path is `u16` length + bytes: `/`-separated, relative to the share,
-//! checked by the receiver's name rules (`ferry_transfer::path::check_path`); the empty path is the share
+//! checked by the receiver's name rules (`ferry_tree::path::check_path`); the empty path is the share
 //! itself.
 //!
 //! | type | direction | fields |
@@ -26,7 +26,7 @@
 //! 1 directory, 2 symlink), size u64, mode u32 (permission bits), mtime seconds i64, mtime nanoseconds u32,
 //! and for a symlink its target (u16 + bytes, ≤ 4096).
 
-use ferry_transfer::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
+use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
 use ferry_wire::{Put, Reader, WireError};
 
 /// Protocol version in [`HELLO`].

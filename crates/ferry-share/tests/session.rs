@@ -34,7 +34,7 @@ impl MemShare {
         self.files
             .iter()
             .filter(|(p, _)| {
-                let (parent, _) = ferry_transfer::path::split_parent(p);
+                let (parent, _) = ferry_tree::path::split_parent(p);
                 parent == dir
             })
             .map(|(_, (e, _))| e.clone())

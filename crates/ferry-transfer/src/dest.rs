@@ -18,10 +18,10 @@
 //! work on tmpfs). File systems without `O_TMPFILE` get the temporary name.
 
 use crate::error::lossy;
-use crate::fsys::{process_umask, set_file_times, Dir, DirCursor, FileKind};
-use crate::hash::FileHasher;
-use crate::path::{check_name, split_parent, MAX_NAME, MAX_PATH};
 use crate::{Entry, EntryKind, TransferError};
+use ferry_tree::fsys::{process_umask, set_file_times, Dir, DirCursor, FileKind};
+use ferry_tree::hash::FileHasher;
+use ferry_tree::path::{check_name, split_parent, MAX_NAME, MAX_PATH};
 use std::collections::HashSet;
 use std::fs::{File, Permissions};
 use std::io;
@@ -37,7 +37,7 @@ pub(crate) const RESERVE_FROM: u64 = 8 << 20;
 /// least [`RESERVE_FROM`] bytes, so that a full disk shows at the file's start, not at its end.
 pub(crate) fn reserve(e: &Entry, temp: &TempFile, offset: u64) -> Result<(), TransferError> {
     if e.size >= RESERVE_FROM && offset < e.size {
-        crate::fsys::reserve(&temp.file, offset, e.size - offset)
+        ferry_tree::fsys::reserve(&temp.file, offset, e.size - offset)
             .map_err(|err| TransferError::file(e.path_lossy(), err))?;
     }
     Ok(())
@@ -130,7 +130,7 @@ impl Destination {
             overwrite,
             merge: merge || overwrite,
             temp: Vec::new(),
-            token: crate::fsys::random_u64(),
+            token: ferry_tree::fsys::random_u64(),
             umask: process_umask(),
             unnamed: true,
             unlocked: Vec::new(),
@@ -208,7 +208,7 @@ impl Destination {
         for &i in order {
             let e = &entries[i as usize];
             let (parent, name) = split_parent(&e.path);
-            if missing.is_some_and(|m| crate::fsys::is_component_prefix(m, parent)) {
+            if missing.is_some_and(|m| ferry_tree::fsys::is_component_prefix(m, parent)) {
                 continue;
             }
             let dir = match self.cursor.enter(parent) {
@@ -301,7 +301,7 @@ impl Destination {
     /// (replacing inside it then fails with "permission denied", as it should).
     fn unlock(&mut self, e: &Entry) -> Result<(), TransferError> {
         let err = |err| TransferError::file(e.path_lossy(), err);
-        let uid = crate::fsys::effective_uid();
+        let uid = ferry_tree::fsys::effective_uid();
         let dir = match self.cursor.enter(&e.path) {
             Ok(Some(d)) => d,
             Ok(None) => return Err(err(io::Error::from_raw_os_error(libc::ENOENT))),
@@ -570,7 +570,7 @@ fn only_top(entries: &[Entry], what: &str) -> Result<usize, TransferError> {
 
 /// Gives the offer's one top-level entry (and so everything under it) the name `name`, before
 /// anything is checked against the destination. Symlink targets need no change: they never climb
-/// above their top-level entry ([`crate::path::symlink_target_inside`]).
+/// above their top-level entry ([`ferry_tree::path::symlink_target_inside`]).
 pub(crate) fn rename_top(entries: &mut [Entry], name: &[u8]) -> Result<(), TransferError> {
     check_name(name).map_err(|problem| TransferError::UnsafePath {
         path: lossy(name),
@@ -589,7 +589,7 @@ pub(crate) fn rename_top(entries: &mut [Entry], name: &[u8]) -> Result<(), Trans
         if path.len() > MAX_PATH {
             return Err(TransferError::UnsafePath {
                 path: lossy(&path),
-                problem: crate::path::PathProblem::PathTooLong,
+                problem: ferry_tree::path::PathProblem::PathTooLong,
             });
         }
         e.path = path;

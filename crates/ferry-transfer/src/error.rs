@@ -1,6 +1,6 @@
 //! The one error type of the transfer layer.
 
-use crate::path::PathProblem;
+use ferry_tree::path::PathProblem;
 
 /// Everything that can stop a send or a receive.
 ///

@@ -1,4 +1,4 @@
-//! ferry's transfer protocol and file-system layer, independent of the encryption.
+//! ferry's transfer protocol, independent of the encryption (its file-system layer is `ferry_tree`).
 //!
 //! The sender walks its `PATH` arguments into a [`Manifest`], offers it, and streams the file data
 //! with no round trip per file; the receiver validates every name, checks for conflicts, accepts
@@ -44,13 +44,11 @@
 //! (see [`resume`]), so the same send/receive run again transfers only what is missing.
 
 #![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
 
 mod dest;
 mod error;
-mod fsys;
-pub mod hash;
 pub mod manifest;
-pub mod path;
 pub mod plain;
 mod progress;
 mod receive;
@@ -76,8 +74,7 @@ pub use walk::{walk, Walk, WalkWarning, MAX_HELD, MAX_HELD_TOTAL};
 /// Largest packet, in bytes, that the engine sends by default (1 MiB).
 pub const MAX_PACKET: usize = 1 << 20;
 
-/// Size of the chunks that carry their own hash, so that a resume can verify what it keeps (1 MiB).
-pub const CHUNK: u64 = 1 << 20;
+pub use ferry_tree::hash::CHUNK;
 
 /// Sends packets (each packet = one message of up to [`MAX_PACKET`] bytes by default) over some channel.
 pub trait PacketSink {

@@ -5,9 +5,9 @@
 //! target length u16, target bytes. The offer id is the BLAKE3 of all entries' encodings, in order.
 
 use crate::error::lossy;
-use crate::path::{check_path, split_parent, symlink_target_inside, MAX_PATH, MAX_TARGET};
 use crate::wire::{Put, Reader, MAX_PAGE, MSG_MANIFEST};
 use crate::TransferError;
+use ferry_tree::path::{check_path, split_parent, symlink_target_inside, MAX_PATH, MAX_TARGET};
 use std::path::PathBuf;
 
 /// Permission bits kept from a file's mode (no setuid, setgid or sticky bits).

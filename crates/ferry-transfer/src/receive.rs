@@ -1,7 +1,6 @@
 //! The receiving side: read and check the offer, answer, write and verify every file, acknowledge.
 
 use crate::dest::{self, Destination};
-use crate::hash::{has_chunks, FileHasher};
 use crate::manifest::{check_tree, manifest_cost, Entry, EntryKind, Totals};
 use crate::progress::{Progress, ProgressState};
 use crate::resume::{self, PartialState};
@@ -9,6 +8,7 @@ use crate::wire::{self, OfferHeader, Put, Reader};
 use crate::writer::{self, FileWriter};
 use crate::{PacketSink, PacketSource, TransferError, CHUNK};
 use blake3::hazmat::ChainingValue;
+use ferry_tree::hash::{has_chunks, FileHasher};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
@@ -601,7 +601,7 @@ fn read_verdict<S: PacketSource>(
 /// `out`'s file system. Sparse files count with their allocated bytes (the offer's total), and
 /// what a resume keeps is already on disk; a file system that cannot tell is not checked.
 fn check_space(out: &std::path::Path, needed: u64) -> Result<(), TransferError> {
-    match crate::fsys::free_space(out) {
+    match ferry_tree::fsys::free_space(out) {
         Ok(free) if needed > free => Err(TransferError::NoSpace {
             needed,
             free,

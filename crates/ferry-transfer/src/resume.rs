@@ -22,10 +22,10 @@
 //! the chunks it kept (and files it finished) and claims only what still matches the log; the
 //! sender checks those claims against its own data. The directory is removed after success.
 
-use crate::hash::chunk_count;
 use crate::wire::Reader;
 use crate::{Entry, EntryKind};
 use blake3::hazmat::ChainingValue;
+use ferry_tree::hash::chunk_count;
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -109,7 +109,7 @@ impl PartialState {
                 }
             }
         }
-        state.token = token.unwrap_or_else(crate::fsys::random_u64);
+        state.token = token.unwrap_or_else(ferry_tree::fsys::random_u64);
         let token = state.token.to_le_bytes();
         state.header.extend_from_slice(&token);
         state

@@ -1,12 +1,12 @@
 //! The sending side: offer, read the receiver's answer, stream every file, wait for `Done`.
 
-use crate::fsys::{self, Dir, Region};
-use crate::hash::{chunk_count, has_chunks, FileHasher};
 use crate::manifest::{EntryKind, Manifest};
 use crate::progress::{Progress, ProgressState};
 use crate::wire::{self, Cursor, OfferHeader, Put, Reader};
 use crate::{PacketSink, PacketSource, TransferError, CHUNK, MAX_PACKET};
 use blake3::hazmat::ChainingValue;
+use ferry_tree::fsys::{self, Dir, Region};
+use ferry_tree::hash::{chunk_count, has_chunks, FileHasher};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};

@@ -7,10 +7,10 @@
 //! more than [`MAX_HELD`] bytes. Files that report size 0 are read here, to their end: procfs and
 //! sysfs files have content behind a size of 0.
 
-use crate::fsys::{credentials, may_access, Credentials};
 use crate::manifest::{Entry, EntryKind, Manifest, Source, MODE_MASK};
-use crate::path::{check_name, check_path, symlink_target_inside};
 use crate::TransferError;
+use ferry_tree::fsys::{credentials, may_access, Credentials};
+use ferry_tree::path::{check_name, check_path, symlink_target_inside};
 use std::collections::HashSet;
 use std::fs::{self, Metadata};
 use std::io::{self, Read};
@@ -44,7 +44,7 @@ pub enum WalkWarning {
         /// The skipped entry.
         path: PathBuf,
         /// Why.
-        problem: crate::path::PathProblem,
+        problem: ferry_tree::path::PathProblem,
     },
     /// A file this process may not read, or a directory it may not list (with all it contains);
     /// not sent.

@@ -5,10 +5,10 @@ mod common;
 
 use common::*;
 use ferry_transfer::manifest::{Entry, EntryKind, Manifest};
-use ferry_transfer::path::PathProblem;
 use ferry_transfer::plain::{PlainSink, PlainSource};
 use ferry_transfer::wire::{self, OfferHeader, Put};
 use ferry_transfer::{receive, PacketSink, PacketSource, Totals, TransferError};
+use ferry_tree::path::PathProblem;
 
 fn entry(path: &[u8], kind: EntryKind, size: u64) -> Entry {
     Entry {

@@ -6,11 +6,13 @@
 //! no chunk hashes. Either way every byte is hashed once, and a resume can start hashing at any
 //! chunk boundary given the chaining values of the chunks before it.
 
-use crate::CHUNK;
 use blake3::hazmat::{
     merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
 };
 use std::io::Read;
+
+/// Size of the chunks that carry their own hash, so that a resume can verify what it keeps (1 MiB).
+pub const CHUNK: u64 = 1 << 20;
 
 /// Incremental hash of one file's data, in order, from any chunk boundary.
 pub struct FileHasher {

@@ -13,15 +13,19 @@ use std::path::Path;
 
 /// What a name in a directory is, without following symlinks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FileKind {
+pub enum FileKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link (not followed).
     Symlink,
+    /// Anything else: a FIFO, a socket, a device.
     Other,
 }
 
 /// An open directory.
-pub(crate) struct Dir {
+pub struct Dir {
     fd: OwnedFd,
 }
 
@@ -54,7 +58,7 @@ fn timespec(sec: i64, nsec: u32) -> libc::timespec {
 
 /// What lies at an offset of a file, as the file system reports it (`SEEK_DATA`/`SEEK_HOLE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Region {
+pub enum Region {
     /// Data from the offset up to this end (the next hole, or the end of the file).
     Data(u64),
     /// A hole from the offset up to this end (the next data, or the end of the file).
@@ -63,7 +67,7 @@ pub(crate) enum Region {
 
 /// The region of `file` starting at `pos` (below its size). Leaves the file offset at `pos`.
 /// A file system without `SEEK_DATA` reports everything as data.
-pub(crate) fn region_at(file: &File, pos: u64) -> io::Result<Region> {
+pub fn region_at(file: &File, pos: u64) -> io::Result<Region> {
     let fd = file.as_raw_fd();
     let seek = |whence| {
         // SAFETY: lseek on a descriptor owned by `file`; no memory is passed.
@@ -90,7 +94,7 @@ pub(crate) fn region_at(file: &File, pos: u64) -> io::Result<Region> {
 /// `FALLOC_FL_KEEP_SIZE`), so that a full disk shows now rather than after the data. Returns
 /// `Ok(false)` when the file system cannot reserve (the write then finds out as before); only a
 /// full disk or quota is an error.
-pub(crate) fn reserve(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+pub fn reserve(file: &File, offset: u64, len: u64) -> io::Result<bool> {
     // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
     let ret = unsafe {
         libc::fallocate(
@@ -112,7 +116,7 @@ pub(crate) fn reserve(file: &File, offset: u64, len: u64) -> io::Result<bool> {
 
 /// Bytes an unprivileged user may still write on the file system of `dir` (`statvfs`:
 /// available blocks times the fragment size).
-pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
+pub fn free_space(dir: &Path) -> io::Result<u64> {
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
@@ -125,14 +129,17 @@ pub(crate) fn free_space(dir: &Path) -> io::Result<u64> {
 /// The effective user, group and supplementary groups of this process: with a file's owner and
 /// mode they tell, without a system call per file, whether it can be read.
 #[derive(Debug, Clone)]
-pub(crate) struct Credentials {
-    pub(crate) uid: u32,
-    pub(crate) gid: u32,
-    pub(crate) groups: Vec<u32>,
+pub struct Credentials {
+    /// The effective user id.
+    pub uid: u32,
+    /// The effective group id.
+    pub gid: u32,
+    /// The supplementary group ids.
+    pub groups: Vec<u32>,
 }
 
 /// This process's effective ids ([`Credentials`]).
-pub(crate) fn credentials() -> Credentials {
+pub fn credentials() -> Credentials {
     // SAFETY: geteuid and getegid cannot fail and touch no memory of ours.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     // SAFETY: with a count of 0, getgroups writes nothing and returns how many groups there are.
@@ -146,7 +153,7 @@ pub(crate) fn credentials() -> Credentials {
 
 /// Whether this process may access `path` in `mode` (`libc::R_OK`, `X_OK`...) with its effective
 /// ids, ACLs included; never follows a symlink at the end of `path` when `no_follow`.
-pub(crate) fn may_access(path: &Path, mode: libc::c_int, no_follow: bool) -> bool {
+pub fn may_access(path: &Path, mode: libc::c_int, no_follow: bool) -> bool {
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
         return false;
     };
@@ -161,7 +168,7 @@ pub(crate) fn may_access(path: &Path, mode: libc::c_int, no_follow: bool) -> boo
 }
 
 /// Sets a file's access and modification times through its descriptor.
-pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()> {
+pub fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()> {
     let times = [timespec(sec, nsec), timespec(sec, nsec)];
     // SAFETY: the fd is open for the lifetime of `file`; `times` points to two valid timespecs.
     check(unsafe { libc::futimens(file.as_raw_fd(), times.as_ptr()) })?;
@@ -170,7 +177,7 @@ pub(crate) fn set_file_times(file: &File, sec: i64, nsec: u32) -> io::Result<()>
 
 /// A random number from the OS CSPRNG (getrandom(2)), for temporary names that nobody else can
 /// choose.
-pub(crate) fn random_u64() -> u64 {
+pub fn random_u64() -> u64 {
     let mut buf = [0u8; 8];
     let mut got = 0;
     while got < buf.len() {
@@ -189,7 +196,7 @@ pub(crate) fn random_u64() -> u64 {
 /// The process umask: from `/proc/self/status` (reading it there changes nothing, so no other
 /// thread can be affected); without `/proc`, by setting 077 and putting the old mask back, so a
 /// file another thread creates in between gets a stricter mode, never a looser one.
-pub(crate) fn process_umask() -> u32 {
+pub fn process_umask() -> u32 {
     let from_proc = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|status| {
@@ -206,14 +213,14 @@ pub(crate) fn process_umask() -> u32 {
 }
 
 /// The effective user id of this process.
-pub(crate) fn effective_uid() -> u32 {
+pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
 
 impl Dir {
     /// Opens the destination directory itself (following symlinks: the user chose it).
-    pub(crate) fn open(path: &Path) -> io::Result<Dir> {
+    pub fn open(path: &Path) -> io::Result<Dir> {
         let mut bytes = path.as_os_str().as_bytes().to_vec();
         bytes.push(0);
         let c = CStr::from_bytes_with_nul(&bytes)
@@ -252,7 +259,7 @@ impl Dir {
     }
 
     /// Opens a subdirectory; fails (ELOOP/ENOTDIR) if `name` is a symlink or not a directory.
-    pub(crate) fn open_child(&self, name: &[u8]) -> io::Result<Dir> {
+    pub fn open_child(&self, name: &[u8]) -> io::Result<Dir> {
         let fd = self.openat(
             name,
             libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
@@ -262,7 +269,7 @@ impl Dir {
     }
 
     /// Creates a subdirectory.
-    pub(crate) fn mkdir(&self, name: &[u8], mode: u32) -> io::Result<()> {
+    pub fn mkdir(&self, name: &[u8], mode: u32) -> io::Result<()> {
         with_cstr(name, |c| {
             // SAFETY: valid dir fd and NUL-terminated name.
             check(unsafe { libc::mkdirat(self.raw(), c.as_ptr(), mode as libc::mode_t) })?;
@@ -271,12 +278,12 @@ impl Dir {
     }
 
     /// What `name` is, without following a symlink; `None` if it does not exist.
-    pub(crate) fn kind(&self, name: &[u8]) -> io::Result<Option<FileKind>> {
+    pub fn kind(&self, name: &[u8]) -> io::Result<Option<FileKind>> {
         Ok(self.kind_and_size(name)?.map(|(kind, _)| kind))
     }
 
     /// What `name` is and its size, without following a symlink; `None` if it does not exist.
-    pub(crate) fn kind_and_size(&self, name: &[u8]) -> io::Result<Option<(FileKind, u64)>> {
+    pub fn kind_and_size(&self, name: &[u8]) -> io::Result<Option<(FileKind, u64)>> {
         with_cstr(name, |c| {
             // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -303,7 +310,7 @@ impl Dir {
     }
 
     /// The target of symlink `name` (fails with EINVAL if `name` is not a symlink).
-    pub(crate) fn readlink(&self, name: &[u8]) -> io::Result<Vec<u8>> {
+    pub fn readlink(&self, name: &[u8]) -> io::Result<Vec<u8>> {
         // Offered targets are at most PATH_MAX bytes: a longer one differs anyway.
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
         with_cstr(name, |c| {
@@ -321,7 +328,7 @@ impl Dir {
     }
 
     /// This directory's owner and permission bits.
-    pub(crate) fn owner_and_mode(&self) -> io::Result<(u32, u32)> {
+    pub fn owner_and_mode(&self) -> io::Result<(u32, u32)> {
         // SAFETY: an all-zero `stat` is a valid value of this plain C struct.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: valid fd, and `st` is writable.
@@ -330,14 +337,14 @@ impl Dir {
     }
 
     /// Sets this directory's own permission bits.
-    pub(crate) fn set_mode(&self, mode: u32) -> io::Result<()> {
+    pub fn set_mode(&self, mode: u32) -> io::Result<()> {
         // SAFETY: valid fd.
         check(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) })?;
         Ok(())
     }
 
     /// Creates a new file for writing; fails if `name` exists (even as a dangling symlink).
-    pub(crate) fn create_new(&self, name: &[u8], mode: u32) -> io::Result<File> {
+    pub fn create_new(&self, name: &[u8], mode: u32) -> io::Result<File> {
         let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         Ok(File::from(self.openat(
             name,
@@ -348,7 +355,7 @@ impl Dir {
 
     /// Creates an unnamed regular file in this directory (`O_TMPFILE`), for writing; it gets a
     /// name only through [`Dir::link_unnamed`], so until then no crash can leave it behind.
-    pub(crate) fn create_unnamed(&self, mode: u32) -> io::Result<File> {
+    pub fn create_unnamed(&self, mode: u32) -> io::Result<File> {
         Ok(File::from(self.openat(
             b".",
             libc::O_WRONLY | libc::O_TMPFILE,
@@ -360,7 +367,7 @@ impl Dir {
     /// directory; fails with EEXIST rather than replace anything. Where the kernel refuses
     /// `AT_EMPTY_PATH` to this process (before Linux 6.10 without CAP_DAC_READ_SEARCH: ENOENT),
     /// links through `/proc/self/fd`, as open(2) documents for `O_TMPFILE`.
-    pub(crate) fn link_unnamed(&self, file: &File, name: &[u8]) -> io::Result<()> {
+    pub fn link_unnamed(&self, file: &File, name: &[u8]) -> io::Result<()> {
         with_cstr(name, |c| {
             // SAFETY: valid fds, an empty and a NUL-terminated name.
             let ret = unsafe {
@@ -396,7 +403,7 @@ impl Dir {
 
     /// Opens a file to send, non-blocking (a FIFO fails instead of hanging); when `no_follow`,
     /// never through a symlink.
-    pub(crate) fn open_source(&self, name: &[u8], no_follow: bool) -> io::Result<File> {
+    pub fn open_source(&self, name: &[u8], no_follow: bool) -> io::Result<File> {
         let follow = if no_follow { libc::O_NOFOLLOW } else { 0 };
         Ok(File::from(self.openat(
             name,
@@ -406,7 +413,7 @@ impl Dir {
     }
 
     /// Opens an existing regular file (never through a symlink) for reading, or reading and writing.
-    pub(crate) fn open_file(&self, name: &[u8], write: bool) -> io::Result<File> {
+    pub fn open_file(&self, name: &[u8], write: bool) -> io::Result<File> {
         let access = if write { libc::O_RDWR } else { libc::O_RDONLY };
         let file =
             File::from(self.openat(name, access | libc::O_NOFOLLOW | libc::O_NONBLOCK, 0)?);
@@ -418,7 +425,7 @@ impl Dir {
 
     /// Renames `from` to `to` in this directory; without `replace`, fails with EEXIST rather
     /// than replace an existing `to`.
-    pub(crate) fn rename(&self, from: &[u8], to: &[u8], replace: bool) -> io::Result<()> {
+    pub fn rename(&self, from: &[u8], to: &[u8], replace: bool) -> io::Result<()> {
         with_cstr(from, |f| {
             with_cstr(to, |t| {
                 let (d, fp, tp) = (self.raw(), f.as_ptr(), t.as_ptr());
@@ -448,7 +455,7 @@ impl Dir {
     }
 
     /// Removes a non-directory entry (a symlink itself, never its target).
-    pub(crate) fn unlink(&self, name: &[u8]) -> io::Result<()> {
+    pub fn unlink(&self, name: &[u8]) -> io::Result<()> {
         with_cstr(name, |c| {
             // SAFETY: valid dir fd and NUL-terminated name.
             check(unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) })?;
@@ -457,7 +464,7 @@ impl Dir {
     }
 
     /// Creates a symlink `name` pointing to `target`.
-    pub(crate) fn symlink(&self, target: &[u8], name: &[u8]) -> io::Result<()> {
+    pub fn symlink(&self, target: &[u8], name: &[u8]) -> io::Result<()> {
         let mut t = target.to_vec();
         t.push(0);
         let tc = CStr::from_bytes_with_nul(&t)
@@ -470,7 +477,7 @@ impl Dir {
     }
 
     /// Sets the times of `name` itself (a symlink is not followed).
-    pub(crate) fn set_times(&self, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
+    pub fn set_times(&self, name: &[u8], sec: i64, nsec: u32) -> io::Result<()> {
         let times = [timespec(sec, nsec), timespec(sec, nsec)];
         with_cstr(name, |c| {
             // SAFETY: valid dir fd, NUL-terminated name, two valid timespecs.
@@ -487,7 +494,7 @@ impl Dir {
     }
 
     /// Sets this directory's own permission bits and times.
-    pub(crate) fn set_mode_and_times(&self, mode: u32, sec: i64, nsec: u32) -> io::Result<()> {
+    pub fn set_mode_and_times(&self, mode: u32, sec: i64, nsec: u32) -> io::Result<()> {
         // SAFETY: valid fd.
         check(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) })?;
         let times = [timespec(sec, nsec), timespec(sec, nsec)];
@@ -499,14 +506,15 @@ impl Dir {
 
 /// The destination root plus the chain of open directories down to the last one entered, so that
 /// consecutive entries of one directory cost no extra `openat`.
-pub(crate) struct DirCursor {
+pub struct DirCursor {
     root: Dir,
     path: Vec<u8>,
     stack: Vec<(usize, Dir)>,
 }
 
 impl DirCursor {
-    pub(crate) fn new(root: Dir) -> Self {
+    /// A cursor at `root`, with nothing entered yet.
+    pub fn new(root: Dir) -> Self {
         DirCursor {
             root,
             path: Vec::new(),
@@ -516,7 +524,7 @@ impl DirCursor {
 
     /// Opens `parent` (a checked wire path; empty for the root) one component at a time without
     /// following symlinks. `Ok(None)` if some component does not exist.
-    pub(crate) fn enter(&mut self, parent: &[u8]) -> io::Result<Option<&Dir>> {
+    pub fn enter(&mut self, parent: &[u8]) -> io::Result<Option<&Dir>> {
         while !self.stack.is_empty() && !is_component_prefix(&self.path, parent) {
             self.stack.pop();
             let end = self.stack.last().map_or(0, |(end, _)| *end);
@@ -547,6 +555,6 @@ impl DirCursor {
 }
 
 /// Whether `prefix` is `path` or a chain of whole leading components of it.
-pub(crate) fn is_component_prefix(prefix: &[u8], path: &[u8]) -> bool {
+pub fn is_component_prefix(prefix: &[u8], path: &[u8]) -> bool {
     path.starts_with(prefix) && (path.len() == prefix.len() || path[prefix.len()] == b'/')
 }
