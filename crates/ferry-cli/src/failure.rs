@@ -1,6 +1,7 @@
 //! Every error the user can meet, as a stable JSON code and a documented exit status.
 
 use ferry_channel::ChannelError;
+use ferry_session::SessionError;
 use ferry_transfer::TransferError;
 
 /// A classified failure: what `--json` reports as `code` and the process exit status.
@@ -17,20 +18,10 @@ pub const EXIT_ERROR: u8 = 1;
 /// Exit status when the user pressed Ctrl-C.
 pub const EXIT_INTERRUPTED: u8 = 130;
 
-/// No sender found for the code, or the peer could not be reached.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct PeerNotFound(pub String);
-
 /// A bad command line, found before anything else happens (exit 2, `usage`).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct Usage(pub String);
-
-/// The address given as a relay answered, but not as a ferry relay does.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct NotARelay(pub String);
 
 /// Ctrl-C at the offer's question: the offer was declined, nothing was received.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +79,24 @@ fn io_failure(e: &std::io::Error) -> Failure {
             exit: EXIT_ERROR,
         },
     }
+}
+
+/// A session error's class; `None` when the cause below it decides.
+fn session_failure(e: &SessionError) -> Option<Failure> {
+    let (code, exit) = match e {
+        SessionError::PeerNotFound(_) => ("peer-not-found", 4),
+        SessionError::NotARelay(_) | SessionError::Relay(_) => ("relay", 4),
+        SessionError::Channel(e) => return Some(channel_failure(e)),
+        SessionError::Io(e) => return Some(io_failure(e)),
+        SessionError::Announce(_) | SessionError::WrongCode { .. } | SessionError::Discovery(_) => {
+            return None
+        }
+        SessionError::NoRelay
+        | SessionError::Listen { .. }
+        | SessionError::Taken(_)
+        | SessionError::Upgrade(_) => ("error", EXIT_ERROR),
+    };
+    Some(Failure { code, exit })
 }
 
 fn peers_failure(e: &ferry_peers::PeersError) -> Failure {
@@ -179,15 +188,13 @@ pub fn classify(err: &anyhow::Error) -> Failure {
                 exit: EXIT_INTERRUPTED,
             };
         }
-        if cause.downcast_ref::<PeerNotFound>().is_some() {
-            return Failure {
-                code: "peer-not-found",
-                exit: 4,
-            };
-        }
-        if cause.downcast_ref::<ferry_relay::RelayError>().is_some()
-            || cause.downcast_ref::<NotARelay>().is_some()
+        if let Some(f) = cause
+            .downcast_ref::<SessionError>()
+            .and_then(session_failure)
         {
+            return f;
+        }
+        if cause.downcast_ref::<ferry_relay::RelayError>().is_some() {
             return Failure {
                 code: "relay",
                 exit: 4,

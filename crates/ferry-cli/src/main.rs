@@ -9,7 +9,6 @@ mod bench;
 mod failure;
 mod interrupt;
 mod pair_cmd;
-mod peer;
 mod peers_cmd;
 mod prompt;
 mod relay_cmd;
@@ -17,7 +16,6 @@ mod settings;
 mod spool;
 mod transfer_cmd;
 mod ui;
-mod upgrade;
 
 /// Move files between machines, encrypted end to end.
 #[derive(Parser, Debug)]

@@ -13,10 +13,9 @@ use ferry_peers::pairing::{Pairing, PairingMessage, MAX_MESSAGE};
 use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore, PeersError};
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{Code, CodePurpose};
+use ferry_session::{Meeting, Rendezvous, SessionError};
 use serde_json::json;
 
-use crate::failure::PeerNotFound;
-use crate::peer::{receiver_connect, SenderRendezvous};
 use crate::peers_cmd::{config, hex, unix_now};
 use crate::transfer_cmd::{peer_options, report_path};
 use crate::ui::{escape, Ui};
@@ -83,7 +82,7 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
         None => {
             let registry = LocalRegistry::open_default()?;
             let code = Code::generate_for(CodePurpose::Pairing, |h| !registry.is_taken(h));
-            let mut rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
+            let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen, ui)?;
             ui.event(
                 "code",
                 json!({ "code": code.to_string(), "listen": rendezvous.listen.map(|a| a.to_string()), "relay": opts.relay }),
@@ -95,11 +94,12 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
             ui.info(&format!(
                 "Pairing code: {code}\nOn the other machine run:  ferry pair {relay}{code}"
             ));
-            rendezvous.accept(&code, ui)?
+            rendezvous.accept(ui)?
         }
         Some(typed) => {
             let code = typed.parse::<Code>()?.with_purpose(CodePurpose::Pairing);
-            let connected = receiver_connect(&code, &opts, args.peer, args.wait, ui);
+            let connected =
+                ferry_session::connect(&Meeting::code(&code), &opts, args.peer, args.wait, ui);
             ui.waited();
             connected?
         }
@@ -183,7 +183,7 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
 }
 
 fn gone() -> anyhow::Error {
-    PeerNotFound("the other side hung up during the pairing".into()).into()
+    SessionError::PeerNotFound("the other side hung up during the pairing".into()).into()
 }
 
 /// This machine's host name, as the name it suggests to the peer.

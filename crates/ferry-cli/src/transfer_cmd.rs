@@ -15,17 +15,17 @@ use clap::Args;
 use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::Code;
+use ferry_session::upgrade::{self, DirectPaths};
+use ferry_session::{Connected, Meeting, PathKind, PeerOptions, Rendezvous};
 use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
 use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
-use crate::peer::{receiver_connect, Connected, PeerOptions, SenderRendezvous};
 use crate::prompt;
 use crate::settings::Settings;
 use crate::spool;
 use crate::ui::{count, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui};
-use crate::upgrade;
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
 /// Arguments of `ferry send`.
@@ -195,15 +195,15 @@ fn check_relay_address(relay: &str) -> Result<(), Usage> {
 /// Reports how the peer was reached.
 pub(crate) fn report_path(ui: &Ui, c: &Connected) {
     let how = match c.path {
-        "relay" => format!("through the relay {}", c.peer),
-        "same-host" => format!("directly on this host ({})", c.peer),
-        "lan" => format!("directly on the LAN ({})", c.peer),
-        _ => format!("directly ({})", c.peer),
+        PathKind::Relay => format!("through the relay {}", c.peer),
+        PathKind::SameHost => format!("directly on this host ({})", c.peer),
+        PathKind::Lan => format!("directly on the LAN ({})", c.peer),
+        PathKind::Direct => format!("directly ({})", c.peer),
     };
     ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
     ui.event(
         "connected",
-        json!({ "path": c.path, "peer": c.peer, "suite": c.established.suite.name() }),
+        json!({ "path": c.path.as_str(), "peer": c.peer, "suite": c.established.suite.name() }),
     );
 }
 
@@ -214,7 +214,7 @@ fn report_upgrade(ui: &Ui, peer: &str) {
     ));
     ui.event(
         "connected",
-        json!({ "path": "direct", "peer": peer, "upgraded_from": "relay" }),
+        json!({ "path": PathKind::Direct.as_str(), "peer": peer, "upgraded_from": PathKind::Relay.as_str() }),
     );
 }
 
@@ -229,7 +229,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
-    let mut rendezvous = SenderRendezvous::start(&code, &opts, args.listen)?;
+    let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen, ui)?;
     let spooled = match &args.text {
         Some(text) => Some(spool::text(text, args.json)?),
         None if spool::is_stdin(&args.paths) => {
@@ -282,14 +282,14 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
     }
 
-    let connected = rendezvous.accept(&code, ui)?;
+    let connected = rendezvous.accept(ui)?;
     report_path(ui, &connected);
     let max_packet = connected
         .established
         .sealer
         .max_payload()
         .min(ferry_transfer::MAX_PACKET);
-    let relayed = connected.path == "relay";
+    let relayed = connected.path == PathKind::Relay;
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
@@ -371,11 +371,11 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .into())
         }
     };
-    let connected = receiver_connect(&code, &opts, args.peer, args.wait, ui);
+    let connected = ferry_session::connect(&Meeting::code(&code), &opts, args.peer, args.wait, ui);
     ui.waited();
     let connected = connected?;
     report_path(ui, &connected);
-    let relayed = connected.path == "relay";
+    let relayed = connected.path == PathKind::Relay;
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
         let (h, direct) = upgrade::receiver(halves, opts.force_relay, ui)?;

@@ -394,6 +394,25 @@ impl Ui {
     }
 }
 
+/// Reaching the peer: warnings and the wait show as any other; announcements are withdrawn also when a signal
+/// ends the process.
+impl ferry_session::Events for Ui {
+    fn warn(&mut self, message: &str) {
+        Ui::warn(self, message);
+    }
+
+    fn waiting(&mut self, what: &str) {
+        Ui::waiting(self, what);
+    }
+
+    fn keep_until_exit(
+        &mut self,
+        value: Box<dyn std::any::Any + Send>,
+    ) -> Box<dyn std::any::Any + Send> {
+        Box::new(crate::interrupt::keep_until_exit(value))
+    }
+}
+
 impl Progress for Ui {
     fn offer(&mut self, state: &ProgressState) {
         // The receiver's offer event, with the names, comes from the question ([`show_offer`]).

@@ -11,12 +11,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
 use ferry_channel::blocking::{split_tcp, SecureReader, SecureWriter};
-use ferry_channel::Role;
+use ferry_channel::{Auth, Established, Role};
 
-use crate::peer::{handshake_with, SenderRendezvous};
-use crate::ui::Ui;
+use crate::handshake::handshake_with;
+use crate::{Events, SessionError};
 
 const MSG_CANDIDATES: u8 = 0xc1;
 const MSG_TRY: u8 = 0xc2;
@@ -29,6 +28,24 @@ const TRY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The two halves of a channel over TCP.
 pub type Halves = (SecureReader<TcpStream>, SecureWriter<TcpStream>);
+
+/// What the sender's side of an upgrade needs from where it waits ([`crate::Rendezvous`]).
+pub trait DirectPaths {
+    /// Addresses where the peer could reach us directly.
+    fn direct_candidates(&self) -> Vec<SocketAddr>;
+    /// The first new direct connection within `wait` that completes an upgrade handshake on `secret`.
+    fn next_upgraded(
+        &mut self,
+        secret: &[u8],
+        wait: Duration,
+        events: &mut dyn Events,
+    ) -> Option<(TcpStream, Established)>;
+}
+
+/// The upgrade went wrong: `why`.
+fn bail<T>(why: &str) -> Result<T, SessionError> {
+    Err(SessionError::Upgrade(why.to_string()))
+}
 
 fn encode_candidates(addrs: &[SocketAddr]) -> Vec<u8> {
     let addrs = &addrs[..addrs.len().min(MAX_CANDIDATES)];
@@ -49,13 +66,15 @@ fn encode_candidates(addrs: &[SocketAddr]) -> Vec<u8> {
     out
 }
 
-fn decode_candidates(msg: &[u8]) -> anyhow::Result<Vec<SocketAddr>> {
+fn decode_candidates(msg: &[u8]) -> Result<Vec<SocketAddr>, SessionError> {
     let [MSG_CANDIDATES, count, tail @ ..] = msg else {
-        bail!("peer sent no path candidates where they belong");
+        return bail("peer sent no path candidates where they belong");
     };
     let mut rest: &[u8] = tail;
     if usize::from(*count) > MAX_CANDIDATES {
-        bail!("peer sent {count} path candidates, more than {MAX_CANDIDATES}");
+        return bail(&format!(
+            "peer sent {count} path candidates, more than {MAX_CANDIDATES}"
+        ));
     }
     let mut out = Vec::with_capacity(usize::from(*count));
     for _ in 0..*count {
@@ -66,40 +85,40 @@ fn decode_candidates(msg: &[u8]) -> anyhow::Result<Vec<SocketAddr>> {
                 o.copy_from_slice(&tail[..16]);
                 (IpAddr::from(o), &tail[16..])
             }
-            _ => bail!("malformed path candidate"),
+            _ => return bail("malformed path candidate"),
         };
         let [p0, p1, tail @ ..] = tail else {
-            bail!("malformed path candidate");
+            return bail("malformed path candidate");
         };
         out.push(SocketAddr::new(ip, u16::from_le_bytes([*p0, *p1])));
         rest = tail;
     }
     if !rest.is_empty() {
-        bail!("trailing bytes after path candidates");
+        return bail("trailing bytes after path candidates");
     }
     Ok(out)
 }
 
-fn recv_message(reader: &mut SecureReader<TcpStream>) -> anyhow::Result<Vec<u8>> {
-    Ok(reader
-        .recv()?
-        .context("peer closed the channel during the path upgrade")?
-        .to_vec())
+fn recv_message(reader: &mut SecureReader<TcpStream>) -> Result<Vec<u8>, SessionError> {
+    match reader.recv()? {
+        Some(msg) => Ok(msg.to_vec()),
+        None => bail("peer closed the channel during the path upgrade"),
+    }
 }
 
 /// Sender: offer candidates; switch to a direct connection if the receiver reaches one.
 pub fn sender(
     (mut reader, mut writer): Halves,
-    rendezvous: &mut SenderRendezvous,
-    ui: &Ui,
-) -> anyhow::Result<(Halves, bool)> {
+    rendezvous: &mut impl DirectPaths,
+    events: &mut dyn Events,
+) -> Result<(Halves, bool), SessionError> {
     writer.send(&encode_candidates(&rendezvous.direct_candidates()))?;
     writer.flush()?;
     let reply = recv_message(&mut reader)?;
     let secret = match reply.as_slice() {
         [MSG_STAY] => return Ok(((reader, writer), false)),
         [MSG_TRY, secret @ ..] if secret.len() == SECRET_LEN => secret.to_vec(),
-        _ => bail!("unexpected message during the path upgrade"),
+        _ => return bail("unexpected message during the path upgrade"),
     };
     // Wait for the receiver's `STAY` on the relay path while accepting direct connections, whose handshakes
     // run side by side with their own deadlines: a slow connection cannot hold up the real one.
@@ -112,11 +131,11 @@ pub fn sender(
         if let Ok((result, reader)) = rx.try_recv() {
             match result?.as_slice() {
                 [MSG_STAY] => return Ok(((reader, writer), false)),
-                _ => bail!("unexpected message during the path upgrade"),
+                _ => return bail("unexpected message during the path upgrade"),
             }
         }
         if let Some((stream, established)) =
-            rendezvous.next_upgraded(&secret, Duration::from_millis(20), ui)
+            rendezvous.next_upgraded(&secret, Duration::from_millis(20), events)
         {
             let _ = writer.close();
             return Ok((split_tcp(stream, established)?, true));
@@ -128,8 +147,8 @@ pub fn sender(
 pub fn receiver(
     (mut reader, mut writer): Halves,
     force_relay: bool,
-    ui: &Ui,
-) -> anyhow::Result<(Halves, Option<SocketAddr>)> {
+    events: &mut dyn Events,
+) -> Result<(Halves, Option<SocketAddr>), SessionError> {
     let candidates = decode_candidates(&recv_message(&mut reader)?)?;
     if candidates.is_empty() || force_relay {
         writer.send(&[MSG_STAY])?;
@@ -147,12 +166,13 @@ pub fn receiver(
             continue;
         };
         let deadline = std::time::Instant::now() + TRY_TIMEOUT;
-        match handshake_with(stream, Role::Initiator, secret.clone(), None, deadline) {
+        let auth = Auth::Code(secret.clone());
+        match handshake_with(stream, Role::Initiator, auth, None, deadline) {
             Ok((stream, established)) => {
                 let _ = writer.close();
                 return Ok((split_tcp(stream, established)?, Some(addr)));
             }
-            Err(e) => ui.warn(&format!("direct path to {addr} failed: {e}")),
+            Err(e) => events.warn(&format!("direct path to {addr} failed: {e}")),
         }
     }
     writer.send(&[MSG_STAY])?;
