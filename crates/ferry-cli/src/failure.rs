@@ -3,6 +3,7 @@
 use ferry_channel::ChannelError;
 use ferry_session::SessionError;
 use ferry_transfer::TransferError;
+use ferry_wire::ErrorCode;
 
 /// A classified failure: what `--json` reports as `code` and the process exit status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,10 +14,14 @@ pub struct Failure {
     pub exit: u8,
 }
 
-/// Exit status of a failure that has no more specific class.
-pub const EXIT_ERROR: u8 = 1;
-/// Exit status when the user pressed Ctrl-C.
-pub const EXIT_INTERRUPTED: u8 = 130;
+impl From<ErrorCode> for Failure {
+    fn from(code: ErrorCode) -> Self {
+        Failure {
+            code: code.as_str(),
+            exit: code.exit_status(),
+        }
+    }
+}
 
 /// A bad command line, found before anything else happens (exit 2, `usage`).
 #[derive(Debug, thiserror::Error)]
@@ -39,19 +44,19 @@ pub struct InterruptedAtPrompt;
 pub struct Interrupted;
 
 fn channel_failure(e: &ChannelError) -> Failure {
-    let (code, exit) = match e {
-        ChannelError::WrongCode => ("wrong-code", 3),
-        ChannelError::Truncated | ChannelError::Closed => ("peer-gone", 4),
-        ChannelError::NotFerry => ("not-ferry", 4),
+    match e {
+        ChannelError::WrongCode => ErrorCode::WrongCode,
+        ChannelError::Truncated | ChannelError::Closed => ErrorCode::PeerGone,
+        ChannelError::NotFerry => ErrorCode::NotFerry,
         ChannelError::VersionMismatch { .. } | ChannelError::SuiteMismatch => {
-            ("version-mismatch", 4)
+            ErrorCode::VersionMismatch
         }
-        ChannelError::Tampered | ChannelError::AuthProtocol(_) => ("tampered", 5),
-        ChannelError::IdentityMismatch => ("identity-mismatch", 5),
-        ChannelError::Oversized { .. } => ("protocol", 8),
+        ChannelError::Tampered | ChannelError::AuthProtocol(_) => ErrorCode::Tampered,
+        ChannelError::IdentityMismatch => ErrorCode::IdentityMismatch,
+        ChannelError::Oversized { .. } => ErrorCode::Protocol,
         ChannelError::Io(io) => return io_failure(io),
-    };
-    Failure { code, exit }
+    }
+    .into()
 }
 
 fn io_failure(e: &std::io::Error) -> Failure {
@@ -61,31 +66,20 @@ fn io_failure(e: &std::io::Error) -> Failure {
     use std::io::ErrorKind::*;
     match e.kind() {
         ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | ConnectionRefused => {
-            Failure {
-                code: "peer-gone",
-                exit: 4,
-            }
+            ErrorCode::PeerGone
         }
-        PermissionDenied => Failure {
-            code: "permission",
-            exit: EXIT_ERROR,
-        },
-        StorageFull => Failure {
-            code: "disk-full",
-            exit: 6,
-        },
-        _ => Failure {
-            code: "io",
-            exit: EXIT_ERROR,
-        },
+        PermissionDenied => ErrorCode::Permission,
+        StorageFull => ErrorCode::DiskFull,
+        _ => ErrorCode::Io,
     }
+    .into()
 }
 
 /// A session error's class; `None` when the cause below it decides.
 fn session_failure(e: &SessionError) -> Option<Failure> {
-    let (code, exit) = match e {
-        SessionError::PeerNotFound(_) => ("peer-not-found", 4),
-        SessionError::NotARelay(_) | SessionError::Relay(_) => ("relay", 4),
+    let code = match e {
+        SessionError::PeerNotFound(_) => ErrorCode::PeerNotFound,
+        SessionError::NotARelay(_) | SessionError::Relay(_) => ErrorCode::Relay,
         SessionError::Channel(e) => return Some(channel_failure(e)),
         SessionError::Io(e) => return Some(io_failure(e)),
         SessionError::Announce(_) | SessionError::WrongCode { .. } | SessionError::Discovery(_) => {
@@ -94,99 +88,48 @@ fn session_failure(e: &SessionError) -> Option<Failure> {
         SessionError::NoRelay
         | SessionError::Listen { .. }
         | SessionError::Taken(_)
-        | SessionError::Upgrade(_) => ("error", EXIT_ERROR),
+        | SessionError::Upgrade(_) => ErrorCode::Error,
     };
-    Some(Failure { code, exit })
+    Some(code.into())
 }
 
 fn peers_failure(e: &ferry_peers::PeersError) -> Failure {
     use ferry_peers::PeersError::*;
-    let (code, exit) = match e {
-        BadName(_) | UnknownPeer(_) | NameTaken(_) => ("usage", 2),
-        BadSignature | OwnKey => ("identity-mismatch", 5),
-        Malformed(_) => ("protocol", 8),
+    match e {
+        BadName(_) | UnknownPeer(_) | NameTaken(_) => ErrorCode::Usage,
+        BadSignature | OwnKey => ErrorCode::IdentityMismatch,
+        Malformed(_) => ErrorCode::Protocol,
         Io { source, .. } => return io_failure(source),
-        Exposed { .. } | NotOwned { .. } | Damaged { .. } => ("error", EXIT_ERROR),
-    };
-    Failure { code, exit }
-}
-
-fn transfer_code_exit(code: &str) -> u8 {
-    match code {
-        "wrong-code" => 3,
-        "peer-gone" | "not-ferry" => 4,
-        "integrity" | "tampered" => 5,
-        "disk-full" => 6,
-        "partial" => 9,
-        "conflict" | "declined" | "output-mismatch" => 7,
-        "unsafe-path" | "too-many-entries" | "manifest-too-large" | "text-too-large"
-        | "size-mismatch" | "protocol" => 8,
-        _ => EXIT_ERROR,
+        Exposed { .. } | NotOwned { .. } | Damaged { .. } => ErrorCode::Error,
     }
+    .into()
 }
 
 fn transfer_failure(e: &TransferError) -> Failure {
     match e {
         TransferError::Io(io) => io_failure(io),
-        TransferError::UnexpectedEnd => Failure {
-            code: "peer-gone",
-            exit: 4,
-        },
         TransferError::Remote { code, .. } => {
-            // The peer's code is untrusted text: only known codes keep their class.
-            let exit = transfer_code_exit(code);
-            let code = KNOWN_CODES
-                .iter()
-                .find(|&&k| k == code)
-                .copied()
-                .unwrap_or("remote");
-            Failure { code, exit }
+            // The peer's code is untrusted text: only the codes a peer's transfer reports keep their class.
+            ErrorCode::parse(code)
+                .filter(|c| TransferError::PEER_CODES.contains(c))
+                .unwrap_or(ErrorCode::Remote)
+                .into()
         }
-        other => {
-            let code = other.code();
-            Failure {
-                code,
-                exit: transfer_code_exit(code),
-            }
-        }
+        other => other.code().into(),
     }
 }
-
-const KNOWN_CODES: &[&str] = &[
-    "disk-full",
-    "permission",
-    "io",
-    "unsafe-path",
-    "too-many-entries",
-    "manifest-too-large",
-    "text-too-large",
-    "protocol",
-    "size-mismatch",
-    "integrity",
-    "conflict",
-    "declined",
-    "output-mismatch",
-    "source-changed",
-    "partial",
-];
 
 /// Classifies an error by the most specific cause in its chain.
 pub fn classify(err: &anyhow::Error) -> Failure {
     for cause in err.chain() {
         if cause.downcast_ref::<Usage>().is_some() {
-            return Failure {
-                code: "usage",
-                exit: 2,
-            };
+            return ErrorCode::Usage.into();
         }
         if cause.downcast_ref::<Interrupted>().is_some()
             || cause.downcast_ref::<InterruptedAtQuestion>().is_some()
             || cause.downcast_ref::<InterruptedAtPrompt>().is_some()
         {
-            return Failure {
-                code: "interrupted",
-                exit: EXIT_INTERRUPTED,
-            };
+            return ErrorCode::Interrupted.into();
         }
         if let Some(f) = cause
             .downcast_ref::<SessionError>()
@@ -195,10 +138,7 @@ pub fn classify(err: &anyhow::Error) -> Failure {
             return f;
         }
         if cause.downcast_ref::<ferry_relay::RelayError>().is_some() {
-            return Failure {
-                code: "relay",
-                exit: 4,
-            };
+            return ErrorCode::Relay.into();
         }
         if let Some(e) = cause.downcast_ref::<ChannelError>() {
             return channel_failure(e);
@@ -213,24 +153,20 @@ pub fn classify(err: &anyhow::Error) -> Failure {
             .downcast_ref::<ferry_rendezvous::CodeError>()
             .is_some()
         {
-            return Failure {
-                code: "bad-code",
-                exit: 2,
-            };
+            return ErrorCode::BadCode.into();
         }
         if let Some(e) = cause.downcast_ref::<std::io::Error>() {
             return io_failure(e);
         }
     }
-    Failure {
-        code: "error",
-        exit: EXIT_ERROR,
-    }
+    ErrorCode::Error.into()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const EXIT_ERROR: u8 = ErrorCode::Error.exit_status();
 
     fn of(e: impl Into<anyhow::Error>) -> Failure {
         classify(&e.into())
@@ -296,6 +232,42 @@ mod tests {
                 exit: 130
             }
         );
+    }
+
+    /// README's "Exit status" table names every code, each in the row of its exit status.
+    #[test]
+    fn the_readme_lists_every_code_with_its_exit_status() {
+        let readme = include_str!("../../../README.md");
+        let table = readme
+            .split("## Exit status")
+            .nth(1)
+            .expect("README has an Exit status section");
+        let mut listed = Vec::new();
+        for row in table.lines().take_while(|l| !l.starts_with("## ")) {
+            let Some(status) = row
+                .strip_prefix("| ")
+                .and_then(|r| r.split(' ').next())
+                .and_then(|s| s.parse::<u8>().ok())
+            else {
+                continue;
+            };
+            for quoted in row.split('`').skip(1).step_by(2) {
+                if let Some(code) = ErrorCode::parse(quoted) {
+                    assert_eq!(
+                        code.exit_status(),
+                        status,
+                        "README lists `{code}` under {status}"
+                    );
+                    listed.push(code);
+                }
+            }
+        }
+        for code in ErrorCode::ALL {
+            assert!(
+                listed.contains(code),
+                "README's Exit status table lacks `{code}`"
+            );
+        }
     }
 
     #[test]

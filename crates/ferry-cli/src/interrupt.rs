@@ -84,14 +84,15 @@ pub fn install(json: bool) {
         let values = std::mem::take(&mut *kept());
         drop(values);
         let e = failure::Interrupted;
+        let code = ferry_wire::ErrorCode::Interrupted;
         if json {
             ui::stdout_line(
-                &serde_json::json!({"event": "error", "code": "interrupted", "message": e.to_string()})
+                &serde_json::json!({"event": "error", "code": code.as_str(), "message": e.to_string()})
                     .to_string(),
             );
         } else {
             ui::stderr_line(&format!("\nferry: {e}"));
         }
-        std::process::exit(i32::from(failure::EXIT_INTERRUPTED));
+        std::process::exit(i32::from(code.exit_status()));
     });
 }

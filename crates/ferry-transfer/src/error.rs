@@ -1,6 +1,7 @@
 //! The one error type of the transfer layer.
 
 use ferry_tree::path::PathProblem;
+use ferry_wire::ErrorCode;
 
 /// Everything that can stop a send or a receive.
 ///
@@ -161,37 +162,57 @@ pub enum TransferError {
 }
 
 impl TransferError {
-    /// A short stable code naming the kind of failure (for JSON events and the wire).
-    pub fn code(&self) -> &'static str {
+    /// The stable code naming the kind of failure (for JSON events and the wire).
+    pub fn code(&self) -> ErrorCode {
         match self {
             TransferError::Io(e) | TransferError::File { source: e, .. } => {
                 if e.kind() == std::io::ErrorKind::PermissionDenied {
-                    "permission"
+                    ErrorCode::Permission
                 } else {
-                    "io"
+                    ErrorCode::Io
                 }
             }
-            TransferError::DiskFull { .. } | TransferError::NoSpace { .. } => "disk-full",
+            TransferError::DiskFull { .. } | TransferError::NoSpace { .. } => ErrorCode::DiskFull,
             TransferError::UnsafePath { .. }
             | TransferError::DuplicatePath { .. }
             | TransferError::FileDirClash { .. }
             | TransferError::MissingParent { .. }
-            | TransferError::SymlinkEscapes { .. } => "unsafe-path",
-            TransferError::TooManyEntries { .. } => "too-many-entries",
-            TransferError::ManifestTooLarge { .. } => "manifest-too-large",
-            TransferError::TextTooLarge { .. } => "text-too-large",
-            TransferError::OutputMismatch { .. } => "output-mismatch",
-            TransferError::Protocol(_) => "protocol",
-            TransferError::SizeMismatch { .. } => "size-mismatch",
-            TransferError::Integrity { .. } => "integrity",
-            TransferError::Conflict { .. } => "conflict",
-            TransferError::SourceChanged { .. } => "source-changed",
-            TransferError::Partial { .. } => "partial",
-            TransferError::Declined => "declined",
-            TransferError::Remote { .. } => "remote",
-            TransferError::UnexpectedEnd => "peer-gone",
+            | TransferError::SymlinkEscapes { .. } => ErrorCode::UnsafePath,
+            TransferError::TooManyEntries { .. } => ErrorCode::TooManyEntries,
+            TransferError::ManifestTooLarge { .. } => ErrorCode::ManifestTooLarge,
+            TransferError::TextTooLarge { .. } => ErrorCode::TextTooLarge,
+            TransferError::OutputMismatch { .. } => ErrorCode::OutputMismatch,
+            TransferError::Protocol(_) => ErrorCode::Protocol,
+            TransferError::SizeMismatch { .. } => ErrorCode::SizeMismatch,
+            TransferError::Integrity { .. } => ErrorCode::Integrity,
+            TransferError::Conflict { .. } => ErrorCode::Conflict,
+            TransferError::SourceChanged { .. } => ErrorCode::SourceChanged,
+            TransferError::Partial { .. } => ErrorCode::Partial,
+            TransferError::Declined => ErrorCode::Declined,
+            TransferError::Remote { .. } => ErrorCode::Remote,
+            TransferError::UnexpectedEnd => ErrorCode::PeerGone,
         }
     }
+
+    /// The codes a peer's transfer sends in its error message ([`TransferError::code`] of a failure it can
+    /// report): a peer's code keeps its class only when it is one of these.
+    pub const PEER_CODES: &'static [ErrorCode] = &[
+        ErrorCode::DiskFull,
+        ErrorCode::Permission,
+        ErrorCode::Io,
+        ErrorCode::UnsafePath,
+        ErrorCode::TooManyEntries,
+        ErrorCode::ManifestTooLarge,
+        ErrorCode::TextTooLarge,
+        ErrorCode::Protocol,
+        ErrorCode::SizeMismatch,
+        ErrorCode::Integrity,
+        ErrorCode::Conflict,
+        ErrorCode::Declined,
+        ErrorCode::OutputMismatch,
+        ErrorCode::SourceChanged,
+        ErrorCode::Partial,
+    ];
 
     /// Shorthand for a [`TransferError::Protocol`] error.
     pub(crate) fn protocol(msg: impl Into<String>) -> Self {

@@ -198,7 +198,7 @@ pub fn expect_type(r: &mut Reader<'_>, want: u8, what: &str) -> Result<(), Trans
 
 /// Encodes an error message with the error's stable code.
 pub fn encode_error(err: &TransferError, out: &mut Vec<u8>) {
-    let code = err.code().as_bytes();
+    let code = err.code().as_str().as_bytes();
     let msg = err.to_string();
     let msg = truncate_text(&msg, MAX_ERROR_MESSAGE);
     out.put_u8(MSG_ERROR);

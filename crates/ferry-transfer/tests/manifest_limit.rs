@@ -66,7 +66,7 @@ fn the_limit_is_inclusive_and_checked_before_the_pages() {
     match read(&stream, cost - 1) {
         Err(e @ TransferError::ManifestTooLarge { needed, limit }) => {
             assert_eq!((needed, limit), (cost, cost - 1));
-            assert_eq!(e.code(), "manifest-too-large");
+            assert_eq!(e.code().as_str(), "manifest-too-large");
         }
         other => panic!("{other:?}"),
     }

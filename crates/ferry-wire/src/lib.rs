@@ -21,6 +21,10 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod code;
+
+pub use code::ErrorCode;
+
 /// A message that does not decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
