@@ -11,6 +11,7 @@ mod interrupt;
 mod pair_cmd;
 mod peers_cmd;
 mod prompt;
+mod reach_args;
 mod relay_cmd;
 mod settings;
 mod spool;

@@ -4,8 +4,6 @@
 //! exchange signed identity keys and halves of their shared secret ([`ferry_peers::pairing`]), say to each
 //! other that they are ready to store, and only then write `peers.toml`.
 
-use std::net::SocketAddr;
-
 use anyhow::Context;
 use clap::Args;
 use ferry_channel::blocking::split_tcp;
@@ -17,44 +15,46 @@ use ferry_session::{Meeting, Rendezvous, SessionError};
 use serde_json::json;
 
 use crate::peers_cmd::{config, hex, unix_now};
-use crate::transfer_cmd::{peer_options, report_path};
+use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
+use crate::transfer_cmd::report_path;
 use crate::ui::{escape, Ui};
 
 /// Arguments of `ferry pair`.
 #[derive(Args, Debug)]
+#[command(
+    mut_arg("json", |a| a.help("One JSON event per line on stdout")),
+    mut_arg("listen", |a| a.help(
+        "Address to listen on (the side that prints the code); as `ferry send --listen`"
+    )),
+    mut_arg("peer", |a| a.help(
+        "Connect straight to the other side at this address (the side that types the code)"
+    )),
+    mut_arg("wait", |a| a.help(
+        "How long the side that types the code looks for the other (30s, 5m, 1h, or seconds; 0 tries once)"
+    )),
+)]
 pub struct PairArgs {
     /// The code `ferry pair` printed on the other machine; without it, this side prints a code.
     code: Option<String>,
     /// The name to give the other machine here (default: its host name, made unique).
     #[arg(long)]
     name: Option<String>,
-    /// Turn multicast discovery off (also FERRY_NO_DISCOVERY=1).
-    #[arg(long, env = "FERRY_NO_DISCOVERY", value_parser = clap::builder::FalseyValueParser::new())]
-    no_discovery: bool,
-    /// One JSON event per line on stdout.
-    #[arg(long)]
-    json: bool,
-    /// Address to listen on (the side that prints the code); as `ferry send --listen`.
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
-    /// Connect straight to the other side at this address (the side that types the code).
-    #[arg(long, value_name = "ADDR")]
-    peer: Option<SocketAddr>,
-    /// Relay to meet through when no direct path works (also FERRY_RELAY, config `relay`).
-    #[arg(long, env = "FERRY_RELAY", value_name = "HOST:PORT")]
-    relay: Option<String>,
-    /// Use only the relay, no direct paths.
-    #[arg(long)]
-    force_relay: bool,
-    /// How long the side that types the code looks for the other (30s, 5m, 1h, or seconds; 0 tries once).
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = crate::transfer_cmd::parse_duration)]
-    wait: std::time::Duration,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    listen: ListenArg,
+    #[command(flatten)]
+    peer: PeerArg,
+    #[command(flatten)]
+    relay: RelayArgs,
+    #[command(flatten)]
+    wait: WaitArg,
 }
 
 impl PairArgs {
     /// `--json` given.
     pub fn json(&self) -> bool {
-        self.json
+        self.common.json
     }
 }
 
@@ -68,7 +68,7 @@ const MAX_REASON: usize = 256;
 pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let dir = config()?;
     let wanted = args.name.as_deref().map(PeerName::new).transpose()?;
-    let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
+    let opts = peer_options(&args.common, &args.relay)?;
     let (key, created) = identity::load_or_create(&dir)?;
     let own = Fingerprint::of(&key.public());
     if created {
@@ -82,7 +82,8 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
         None => {
             let registry = LocalRegistry::open_default()?;
             let code = Code::generate_for(CodePurpose::Pairing, |h| !registry.is_taken(h));
-            let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen, ui)?;
+            let mut rendezvous =
+                Rendezvous::start(Meeting::code(&code), &opts, args.listen.listen, ui)?;
             ui.event(
                 "code",
                 json!({ "code": code.to_string(), "listen": rendezvous.listen.map(|a| a.to_string()), "relay": opts.relay }),
@@ -98,8 +99,13 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
         Some(typed) => {
             let code = typed.parse::<Code>()?.with_purpose(CodePurpose::Pairing);
-            let connected =
-                ferry_session::connect(&Meeting::code(&code), &opts, args.peer, args.wait, ui);
+            let connected = ferry_session::connect(
+                &Meeting::code(&code),
+                &opts,
+                args.peer.peer,
+                args.wait.wait,
+                ui,
+            );
             ui.waited();
             connected?
         }

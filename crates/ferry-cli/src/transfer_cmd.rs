@@ -16,20 +16,23 @@ use ferry_channel::blocking::split_tcp;
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::Code;
 use ferry_session::upgrade::{self, DirectPaths};
-use ferry_session::{Connected, Meeting, PathKind, PeerOptions, Rendezvous};
+use ferry_session::{Connected, Meeting, PathKind, Rendezvous};
 use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
 use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
 use crate::prompt;
-use crate::settings::Settings;
+use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
 use crate::spool;
 use crate::ui::{count, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui};
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]
+#[command(mut_arg("relay", |a| a.help(
+    "Relay to meet the receiver through when no direct path works (also FERRY_RELAY, config `relay`)"
+)))]
 pub struct SendArgs {
     /// Files and directories to send (directories recursively); `-` alone sends standard input as
     /// one file (named by --name).
@@ -45,23 +48,12 @@ pub struct SendArgs {
     /// Use this code instead of a generated one (form: NUMBER-word-word-word).
     #[arg(long)]
     code: Option<String>,
-    /// Turn multicast discovery off (also FERRY_NO_DISCOVERY=1).
-    #[arg(long, env = "FERRY_NO_DISCOVERY", value_parser = clap::builder::FalseyValueParser::new())]
-    no_discovery: bool,
-    /// One JSON event per line on stdout instead of text and a progress bar.
-    #[arg(long)]
-    json: bool,
-    /// Address to listen on for the receiver; any connection that reaches it may try the code. Default: a free
-    /// port on loopback with --no-discovery; with discovery, on every interface, taking connections only from
-    /// this host and from directly attached networks (where mDNS reaches).
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<SocketAddr>,
-    /// Relay to meet the receiver through when no direct path works (also FERRY_RELAY, config `relay`).
-    #[arg(long, env = "FERRY_RELAY", value_name = "HOST:PORT")]
-    relay: Option<String>,
-    /// Use only the relay, no direct paths.
-    #[arg(long)]
-    force_relay: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    listen: ListenArg,
+    #[command(flatten)]
+    relay: RelayArgs,
     /// Also show the receiver's command as a QR code (on stderr).
     #[arg(long)]
     qr: bool,
@@ -69,6 +61,9 @@ pub struct SendArgs {
 
 /// Arguments of `ferry receive`.
 #[derive(Args, Debug)]
+#[command(mut_arg("relay", |a| a.help(
+    "Relay to meet the sender through when no direct path works (also FERRY_RELAY, config `relay`)"
+)))]
 pub struct ReceiveArgs {
     /// The code the sender printed; without it, asked for at the terminal (Tab completes the words).
     code: Option<String>,
@@ -85,21 +80,12 @@ pub struct ReceiveArgs {
     /// (without it, an offered name that exists is a conflict).
     #[arg(long)]
     merge: bool,
-    /// Turn multicast discovery off (also FERRY_NO_DISCOVERY=1).
-    #[arg(long, env = "FERRY_NO_DISCOVERY", value_parser = clap::builder::FalseyValueParser::new())]
-    no_discovery: bool,
-    /// One JSON event per line on stdout instead of text and a progress bar.
-    #[arg(long)]
-    json: bool,
-    /// Connect straight to the sender at this address (printed by `ferry send --listen`).
-    #[arg(long, value_name = "ADDR")]
-    peer: Option<SocketAddr>,
-    /// Relay to meet the sender through when no direct path works (also FERRY_RELAY, config `relay`).
-    #[arg(long, env = "FERRY_RELAY", value_name = "HOST:PORT")]
-    relay: Option<String>,
-    /// Use only the relay, no direct paths.
-    #[arg(long)]
-    force_relay: bool,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    peer: PeerArg,
+    #[command(flatten)]
+    relay: RelayArgs,
     /// Receive the offer's one item (a file, a directory or a text message) under NAME in --out;
     /// an offer of more than one item is refused. `-`: write the one file to standard output (not
     /// a terminal, not with --json; no resume).
@@ -109,10 +95,8 @@ pub struct ReceiveArgs {
     /// counts 155 bytes plus its name and link target; suffixes K, M, G, KiB, MiB, GiB).
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     max_manifest: u64,
-    /// How long to look for a sender that is not there yet, trying every path again and again
-    /// (30s, 5m, 1h, or seconds; 0 tries once).
-    #[arg(long, value_name = "DURATION", default_value = "5m", value_parser = parse_duration)]
-    wait: Duration,
+    #[command(flatten)]
+    wait: WaitArg,
     /// Show every name in the offer, with file sizes, before the question (`--json`: the offer's
     /// `entries`).
     #[arg(long)]
@@ -126,7 +110,7 @@ pub struct ReceiveArgs {
 impl SendArgs {
     /// `--json` given.
     pub fn json(&self) -> bool {
-        self.json
+        self.common.json
     }
 
     /// Rejects a bad command line before anything else happens: the paths (see
@@ -143,53 +127,8 @@ impl SendArgs {
 impl ReceiveArgs {
     /// `--json` given.
     pub fn json(&self) -> bool {
-        self.json
+        self.common.json
     }
-}
-
-/// How to find the peer, from the flags and the config file; a relay that is not `HOST:PORT`, or
-/// `--force-relay` without a relay, is a bad command line, reported before anything else happens.
-pub(crate) fn peer_options(
-    relay: Option<String>,
-    force_relay: bool,
-    no_discovery: bool,
-) -> anyhow::Result<PeerOptions> {
-    let settings = Settings::load()?;
-    let relay = relay.filter(|r| !r.is_empty()).or(settings.relay);
-    if let Some(relay) = &relay {
-        check_relay_address(relay)?;
-    }
-    if force_relay && relay.is_none() {
-        return Err(Usage(
-            "--force-relay needs a relay: give --relay HOST:PORT, FERRY_RELAY or `relay` in the config file"
-                .into(),
-        )
-        .into());
-    }
-    Ok(PeerOptions {
-        relay,
-        force_relay,
-        no_discovery: no_discovery || settings.no_discovery.unwrap_or(false),
-    })
-}
-
-/// A relay address must be `HOST:PORT` (`[v6]:PORT` for an IPv6 address) with a port from 1 to 65535;
-/// whether HOST resolves is found out later, on the network.
-fn check_relay_address(relay: &str) -> Result<(), Usage> {
-    let bad = || {
-        Usage(format!(
-            "relay {:?} is not HOST:PORT (for example relay.example.net:7440)",
-            relay
-        ))
-    };
-    let (host, port) = relay.rsplit_once(':').ok_or_else(bad)?;
-    let port_ok = port.parse::<u16>().is_ok_and(|p| p != 0);
-    let bracketed = host.starts_with('[') && host.ends_with(']') && host.len() > 2;
-    let host_ok = !host.is_empty() && (bracketed || !host.contains(':'));
-    if !port_ok || !host_ok || host.chars().any(char::is_whitespace) {
-        return Err(bad());
-    }
-    Ok(())
 }
 
 /// Reports how the peer was reached.
@@ -220,7 +159,7 @@ fn report_upgrade(ui: &Ui, peer: &str) {
 
 /// Runs `ferry send`.
 pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
+    let opts = peer_options(&args.common, &args.relay)?;
     let code = match &args.code {
         Some(c) => c.parse::<Code>()?,
         None => {
@@ -229,11 +168,11 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
-    let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen, ui)?;
+    let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen.listen, ui)?;
     let spooled = match &args.text {
-        Some(text) => Some(spool::text(text, args.json)?),
+        Some(text) => Some(spool::text(text, args.common.json)?),
         None if spool::is_stdin(&args.paths) => {
-            Some(spool::stdin(args.name.as_deref(), args.json)?)
+            Some(spool::stdin(args.name.as_deref(), args.common.json)?)
         }
         None => None,
     };
@@ -278,7 +217,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         // Asked for: shown also with --json (on stderr, which carries no events).
         stderr_text(&qr_code(&command));
     }
-    if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen) {
+    if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
         ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
     }
 
@@ -348,7 +287,7 @@ fn listen_hint(addr: SocketAddr, reachable: &[SocketAddr], code: &Code) -> Strin
 
 /// Runs `ferry receive`.
 pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let opts = peer_options(args.relay.clone(), args.force_relay, args.no_discovery)?;
+    let opts = peer_options(&args.common, &args.relay)?;
     match std::fs::metadata(&args.out) {
         Ok(m) if !m.is_dir() => {
             return Err(Usage(format!(
@@ -359,7 +298,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
         _ => {}
     }
-    let output = output(args.output.as_deref(), args.json)?;
+    let output = output(args.output.as_deref(), args.common.json)?;
     let code: Code = match &args.code {
         Some(code) => code.parse()?,
         None if !ui.is_json() && std::io::stdin().is_terminal() => prompt::ask_code()?,
@@ -371,7 +310,13 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .into())
         }
     };
-    let connected = ferry_session::connect(&Meeting::code(&code), &opts, args.peer, args.wait, ui);
+    let connected = ferry_session::connect(
+        &Meeting::code(&code),
+        &opts,
+        args.peer.peer,
+        args.wait.wait,
+        ui,
+    );
     ui.waited();
     let connected = connected?;
     report_path(ui, &connected);
