@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::peers_cmd::{config, hex, unix_now};
 use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
-use crate::transfer_cmd::report_path;
+use crate::transfer_cmd::{look_for, report_path};
 use crate::ui::{escape, Ui};
 
 /// Arguments of `ferry pair`.
@@ -99,15 +99,7 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
         Some(typed) => {
             let code = typed.parse::<Code>()?.with_purpose(CodePurpose::Pairing);
-            let connected = ferry_session::connect(
-                &Meeting::code(&code),
-                &opts,
-                args.peer.peer,
-                args.wait.wait,
-                ui,
-            );
-            ui.waited();
-            connected?
+            look_for(&code, &opts, &args.peer, &args.wait, ui)?
         }
     };
     report_path(ui, &connected);

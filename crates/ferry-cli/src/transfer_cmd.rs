@@ -131,6 +131,20 @@ impl ReceiveArgs {
     }
 }
 
+/// The looking side: finds the peer waiting on `code` (see [`ferry_session::connect`]), the wait shown until
+/// it ends.
+pub(crate) fn look_for(
+    code: &Code,
+    opts: &ferry_session::PeerOptions,
+    peer: &PeerArg,
+    wait: &WaitArg,
+    ui: &mut Ui,
+) -> Result<Connected, ferry_session::SessionError> {
+    let connected = ferry_session::connect(&Meeting::code(code), opts, peer.peer, wait.wait, ui);
+    ui.waited();
+    connected
+}
+
 /// Reports how the peer was reached.
 pub(crate) fn report_path(ui: &Ui, c: &Connected) {
     let how = match c.path {
@@ -310,15 +324,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .into())
         }
     };
-    let connected = ferry_session::connect(
-        &Meeting::code(&code),
-        &opts,
-        args.peer.peer,
-        args.wait.wait,
-        ui,
-    );
-    ui.waited();
-    let connected = connected?;
+    let connected = look_for(&code, &opts, &args.peer, &args.wait, ui)?;
     report_path(ui, &connected);
     let relayed = connected.path == PathKind::Relay;
     let mut halves = split_tcp(connected.stream, connected.established)?;
