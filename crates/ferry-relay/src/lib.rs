@@ -72,7 +72,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod client;
+mod control;
 pub mod forward;
+mod listener;
 mod pairing;
 pub mod protocol;
 mod server;
@@ -82,6 +84,7 @@ use std::time::Duration;
 
 pub use client::{connect, RelayError};
 pub use forward::Forwarding;
+pub use listener::{accept_token, Listener, KEEPALIVE};
 pub use protocol::Role;
 pub use server::{Relay, RelayHandle};
 pub use stats::Stats;
@@ -135,6 +138,19 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// Runtime worker threads for [`Relay::run_blocking`]; 0 means one per core. Default: 0.
     pub worker_threads: usize,
+    /// Listeners' control connections at once; more get `FULL`. Each also holds a session slot
+    /// and its source's place under [`max_sessions_per_ip`](Self::max_sessions_per_ip). Default: 256.
+    pub max_listeners: usize,
+    /// Clients announced to one listener and not yet answered by an accept connection; a client
+    /// beyond it gets `FULL`. Default: 16.
+    pub max_pending_per_listener: usize,
+    /// How long a listener has to open the accept connection for an announced client; then the
+    /// token expires and the client gets `TIMEOUT`. Default: 30 s.
+    pub listener_answer_timeout: Duration,
+    /// The relay pings a listener's control connection this often and drops it after three
+    /// intervals without a byte from it. It also bounds the listener's messages: a burst of 16,
+    /// then 4 per interval; more closes the control connection. Default: 30 s.
+    pub keepalive_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -156,6 +172,10 @@ impl Default for RelayConfig {
             print_stats: true,
             shutdown_grace: Duration::from_secs(5),
             worker_threads: 0,
+            max_listeners: 256,
+            max_pending_per_listener: 16,
+            listener_answer_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(30),
         }
     }
 }
