@@ -3,6 +3,7 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -119,11 +120,20 @@ fn serve(mut s: TcpStream, n: u64) {
     );
 }
 
+/// `listener.accept()`, failing the test (instead of hanging it) when it does not return within
+/// `T`.
+fn accept_within(listener: &Arc<Listener>) -> Result<(TcpStream, [u8; 32]), RelayError> {
+    let (tx, rx) = mpsc::channel();
+    let l = listener.clone();
+    thread::spawn(move || tx.send(l.accept()));
+    rx.recv_timeout(T).expect("accept did not return in time")
+}
+
 #[test]
 fn a_listener_serves_one_client_after_another_and_several_at_once() {
     let relay = start(quiet());
     let (h1, h2) = (hash(1), hash(2));
-    let listener = Listener::register(relay.addr, &[h1, h2], T).unwrap();
+    let listener = Arc::new(Listener::register(relay.addr, &[h1, h2], T).unwrap());
     // One after another, under either hash, in either role.
     for (i, (role, h)) in [
         (Role::Receiver, h1),
@@ -134,7 +144,7 @@ fn a_listener_serves_one_client_after_another_and_several_at_once() {
     .enumerate()
     {
         let c = client(relay.addr, role, h);
-        let (s, got) = listener.accept().unwrap();
+        let (s, got) = accept_within(&listener).unwrap();
         assert_eq!(got, h);
         serve(s, i as u64);
         assert_eq!(c.join().unwrap().unwrap(), i as u64);
@@ -142,7 +152,9 @@ fn a_listener_serves_one_client_after_another_and_several_at_once() {
     // Three at once under one hash, two of them of the same role and one of the other: each is
     // served by the listener, none is paired with another client (nor refused as TAKEN).
     let clients = [Role::Receiver, Role::Receiver, Role::Sender].map(|r| client(relay.addr, r, h1));
-    let mut streams: Vec<_> = (0..3).map(|_| listener.accept().unwrap().0).collect();
+    let mut streams: Vec<_> = (0..3)
+        .map(|_| accept_within(&listener).unwrap().0)
+        .collect();
     let servers: Vec<_> = streams
         .drain(..)
         .enumerate()
@@ -180,8 +192,8 @@ fn a_client_without_a_listener_waits_as_before_and_is_announced_when_one_comes()
     let relay2 = start(quiet());
     let c = client(relay2.addr, Role::Receiver, hash(12));
     wait_stats(&relay2, "client waiting", |st| st.waiting == 1);
-    let listener = Listener::register(relay2.addr, &[hash(12)], T).unwrap();
-    let (s, h) = listener.accept().unwrap();
+    let listener = Arc::new(Listener::register(relay2.addr, &[hash(12)], T).unwrap());
+    let (s, h) = accept_within(&listener).unwrap();
     assert_eq!(h, hash(12));
     serve(s, 7);
     assert_eq!(c.join().unwrap().unwrap(), 7);
@@ -274,8 +286,9 @@ fn a_hash_has_one_listener_and_a_dead_listener_frees_its_hashes() {
     assert!(t0.elapsed() < Duration::from_secs(10));
     // Its hashes are free: a new listener takes them (and the one waiting on 42 is announced).
     wait_stats(&relay, "first listener gone", |st| st.listeners == 0);
-    let second = Listener::register(relay.addr, &[hash(40), hash(41), hash(42)], T).unwrap();
-    let (s, h) = second.accept().unwrap();
+    let second =
+        Arc::new(Listener::register(relay.addr, &[hash(40), hash(41), hash(42)], T).unwrap());
+    let (s, h) = accept_within(&second).unwrap();
     assert_eq!(h, hash(42));
     serve(s, 5);
     assert_eq!(c.join().unwrap().unwrap(), 5);
@@ -289,14 +302,14 @@ fn set_hashes_replaces_the_set_without_reconnecting() {
         max_wait: Duration::from_secs(1),
         ..quiet()
     });
-    let listener = Listener::register(relay.addr, &[hash(50), hash(51)], T).unwrap();
+    let listener = Arc::new(Listener::register(relay.addr, &[hash(50), hash(51)], T).unwrap());
     listener.set_hashes(&[hash(51), hash(52)]).unwrap();
     // 50 is no longer listened: a client there waits and times out as an ordinary one.
     let err = connect(relay.addr, Role::Receiver, hash(50), T).unwrap_err();
     assert!(matches!(err, RelayError::PeerTimeout), "{err}");
     // 52 is.
     let c = client(relay.addr, Role::Receiver, hash(52));
-    let (s, h) = listener.accept().unwrap();
+    let (s, h) = accept_within(&listener).unwrap();
     assert_eq!(h, hash(52));
     serve(s, 9);
     assert_eq!(c.join().unwrap().unwrap(), 9);
@@ -318,7 +331,8 @@ fn keepalive_keeps_an_honest_listener_and_drops_a_silent_one() {
         keepalive_interval: every,
         ..quiet()
     });
-    let honest = Listener::register_with_keepalive(relay.addr, &[hash(60)], T, every).unwrap();
+    let honest =
+        Arc::new(Listener::register_with_keepalive(relay.addr, &[hash(60)], T, every).unwrap());
     // A listener that registers and then never reads nor answers a ping.
     let mut silent = RawListener::register([127, 0, 0, 2], relay.addr).unwrap();
     silent.set(&[hash(61)]).unwrap();
@@ -340,7 +354,7 @@ fn keepalive_keeps_an_honest_listener_and_drops_a_silent_one() {
     // Ten intervals later the honest one is still registered and serves a client.
     thread::sleep(every * 10);
     let c = client(relay.addr, Role::Receiver, hash(60));
-    let (s, _) = honest.accept().unwrap();
+    let (s, _) = accept_within(&honest).unwrap();
     serve(s, 3);
     assert_eq!(c.join().unwrap().unwrap(), 3);
     // The silent one's hash is free.
@@ -369,9 +383,10 @@ fn a_listener_notices_a_relay_that_went_silent() {
         sink.iter().filter(|&&b| b == 0x02).count()
     });
     let every = Duration::from_millis(200);
-    let listener = Listener::register_with_keepalive(addr, &[hash(70)], T, every).unwrap();
+    let listener =
+        Arc::new(Listener::register_with_keepalive(addr, &[hash(70)], T, every).unwrap());
     let t0 = Instant::now();
-    let err = listener.accept().unwrap_err();
+    let err = accept_within(&listener).unwrap_err();
     assert!(matches!(err, RelayError::KeepAliveTimeout), "{err}");
     assert!(t0.elapsed() >= every * 3 && t0.elapsed() < T);
     drop(listener);
@@ -397,9 +412,9 @@ fn a_flooding_or_garbled_control_connection_is_closed() {
         st.listeners_dropped == 3 && st.listeners == 0
     });
     // The flooder's hash is free and the relay serves others as before.
-    let listener = Listener::register(relay.addr, &[hash(80)], T).unwrap();
+    let listener = Arc::new(Listener::register(relay.addr, &[hash(80)], T).unwrap());
     let c = client(relay.addr, Role::Receiver, hash(80));
-    serve(listener.accept().unwrap().0, 4);
+    serve(accept_within(&listener).unwrap().0, 4);
     assert_eq!(c.join().unwrap().unwrap(), 4);
 }
 
@@ -440,10 +455,10 @@ fn every_relay_limit_applies_to_listeners() {
     );
     drop(relay);
 
-    // Listeners at once, and the session slots they hold.
+    // Listeners at once, unanswered announcements per listener, and the session slots they hold.
     let relay = start(RelayConfig {
         max_listeners: 1,
-        max_sessions: 2,
+        max_sessions: 3,
         max_pending_per_listener: 1,
         ..quiet()
     });
@@ -454,13 +469,15 @@ fn every_relay_limit_applies_to_listeners() {
         "FULL: listeners"
     );
     raw.set(&[hash(91)]).unwrap();
-    // Unanswered announcements per listener: the second client is refused, not queued.
+    // The second client is refused, not queued, while a session slot is still free.
     let _first = client(relay.addr, Role::Receiver, hash(91));
     raw.incoming();
     let err = connect(relay.addr, Role::Sender, hash(91), T).unwrap_err();
     assert!(matches!(err, RelayError::Full), "{err}");
-    // The listener and the waiting client hold both session slots: anyone else is FULL.
-    let err = connect(relay.addr, Role::Sender, hash(92), T).unwrap_err();
+    // The listener, its waiting client and one ordinary waiter hold the three slots: FULL.
+    let _ordinary = client(relay.addr, Role::Sender, hash(92));
+    wait_stats(&relay, "ordinary waiter", |st| st.waiting == 2);
+    let err = connect(relay.addr, Role::Sender, hash(93), T).unwrap_err();
     assert!(matches!(err, RelayError::Full), "{err}");
     let st = relay.stop();
     assert_eq!(st.refused_full, 3);
