@@ -286,7 +286,8 @@ impl Rendezvous {
                 continue;
             };
             if table.listeners[&lid].pending.len() >= self.limits.max_pending {
-                // Left as an ordinary waiter: it still pairs with a peer that joins by hash.
+                // The listener is at its cap: left as an ordinary waiter, which (since newcomers
+                // under a listened hash go to the listener) waits until its wait limit.
                 continue;
             }
             let token = new_token();
