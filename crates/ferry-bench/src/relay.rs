@@ -19,19 +19,24 @@
 //!   threads, over the transfer, for the direct and for each relayed transfer. Relayed minus
 //!   direct is what relaying adds to the machine, however the kernel distributes it between
 //!   threads. (Whole-machine `/proc/stat` would also count the other tenants of a shared machine.)
+//! - **pairing latency**: from a client's `connect` until it reads the first byte of the other
+//!   side, which is already there: a receiver waiting at the relay (the direct pairing), or a
+//!   [`Listener`] (announcement, the listener's data connection, then the same pairing).
+//!   Interleaved per round, medians over [`BenchOptions::pairings`] rounds.
 //! - **many sessions**: [`BenchOptions::sessions`] sessions held open at once (all senders
 //!   waiting, then all receivers paired, then each exchanges a small message both ways). Memory
 //!   is the whole process's (relay and clients share it), so it is an upper bound on the relay's.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use ferry_relay::protocol::Hello;
-use ferry_relay::{connect, Forwarding, Relay, RelayConfig, RelayHandle, Role, Stats};
+use ferry_relay::{connect, Forwarding, Listener, Relay, RelayConfig, RelayHandle, Role, Stats};
 
 use crate::report::{median, rusage_cpu, thread_cpu, Row};
 
@@ -48,6 +53,8 @@ pub struct BenchOptions {
     pub session_bytes: usize,
     /// The relay's [`RelayConfig::buffer_size`]. Default: the config's default.
     pub buffer_size: usize,
+    /// Rounds of the pairing-latency case (one direct and one listener pairing each). Default: 200.
+    pub pairings: usize,
 }
 
 impl Default for BenchOptions {
@@ -58,6 +65,7 @@ impl Default for BenchOptions {
             sessions: 1000,
             session_bytes: 4096,
             buffer_size: RelayConfig::default().buffer_size,
+            pairings: 200,
         }
     }
 }
@@ -143,8 +151,69 @@ pub fn run(opts: &BenchOptions) -> io::Result<Vec<Row>> {
             None,
         ));
     }
+    rows.extend(pairing_latency(opts.pairings)?);
     rows.extend(many_sessions(opts.sessions, opts.session_bytes)?);
     Ok(rows)
+}
+
+/// The pairing-latency case: direct pairing against the listener path, interleaved.
+fn pairing_latency(rounds: usize) -> io::Result<Vec<Row>> {
+    let relay = BenchRelay::start(bench_config(Forwarding::Splice))?;
+    let addr = relay.addr;
+    let wait = Duration::from_secs(20);
+    let listened = session_hash(usize::MAX);
+    let listener = Arc::new(Listener::register(addr, &[listened], wait).map_err(io::Error::other)?);
+    let server = {
+        let listener = listener.clone();
+        thread::spawn(move || {
+            while let Ok((mut s, _)) = listener.accept() {
+                // Greet, then hold the session until the client hangs up.
+                if s.write_all(&[1]).is_ok() {
+                    let _ = s.read(&mut [0u8; 1]);
+                }
+            }
+        })
+    };
+    let first_byte = |mut s: TcpStream| -> io::Result<()> { s.read_exact(&mut [0u8; 1]) };
+    let (mut direct, mut listening) = (Vec::new(), Vec::new());
+    for i in 0..rounds.max(1) {
+        // The receiver is registered (WAITING read) before the clock starts.
+        let h = session_hash(1_000_000 + i);
+        let mut waiting = TcpStream::connect(addr)?;
+        waiting.write_all(
+            &Hello {
+                role: Role::Receiver,
+                hash: h,
+            }
+            .encode(),
+        )?;
+        waiting.read_exact(&mut [0u8; 1])?;
+        let t0 = Instant::now();
+        let s = connect(addr, Role::Sender, h, wait).map_err(io::Error::other)?;
+        waiting.read_exact(&mut [0u8; 1])?;
+        waiting.write_all(&[1])?;
+        first_byte(s)?;
+        direct.push(t0.elapsed().as_secs_f64() * 1e6);
+        drop(waiting);
+
+        let t0 = Instant::now();
+        let s = connect(addr, Role::Receiver, listened, wait).map_err(io::Error::other)?;
+        first_byte(s)?;
+        listening.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    listener.close();
+    let _ = server.join();
+    relay.stop()?;
+    let base = median(&mut direct);
+    Ok(vec![
+        row("pairing latency, direct (peer waiting)", base, "us", None),
+        row(
+            "pairing latency, through a listener",
+            median(&mut listening),
+            "us",
+            Some(base),
+        ),
+    ])
 }
 
 /// A relay on its own thread and single-threaded runtime; joining yields its CPU seconds.

@@ -4,7 +4,7 @@ use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::protocol::{Hello, Role, Status};
+use crate::protocol::{Hello, Request, Role, Status};
 
 /// Why a relay connection did not produce a paired stream.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,18 @@ pub enum RelayError {
     /// The caller's timeout passed before the other side arrived.
     #[error("timed out waiting for the other side at the relay")]
     TimedOut,
+    /// `TAKEN` for a listener: another listener holds the hash at this index of the set.
+    #[error("relay refused: another listener already holds one of these hashes")]
+    HashTaken(u8),
+    /// A listener asked to hold more hashes than the protocol allows.
+    #[error("a listener may hold at most {max} hashes, not {0}", max = crate::protocol::MAX_LISTEN_HASHES)]
+    TooManyHashes(usize),
+    /// A listener's control connection was silent past its keep-alive limit.
+    #[error("the relay stopped answering on the listener's connection")]
+    KeepAliveTimeout,
+    /// The relay sent a control message this client does not understand.
+    #[error("relay sent a control message this client does not understand")]
+    Protocol,
 }
 
 impl std::fmt::Display for Role {
@@ -67,17 +79,42 @@ pub fn connect(
     hash: [u8; 32],
     timeout: Duration,
 ) -> Result<TcpStream, RelayError> {
+    let hello = Request::Session(Hello { role, hash });
     let deadline = Instant::now() + timeout;
-    let remaining = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-            .ok_or(RelayError::TimedOut)
-    };
+    let mut stream = open(relay, &hello, deadline)?;
+    loop {
+        stream.set_read_timeout(Some(remaining(deadline)?))?;
+        match next_status(&mut stream, role)? {
+            Status::Waiting => continue,
+            Status::Paired => {
+                stream.set_read_timeout(None)?;
+                stream.set_write_timeout(None)?;
+                return Ok(stream);
+            }
+            other => return Err(RelayError::UnknownStatus(other as u8)),
+        }
+    }
+}
+
+/// The time left before `deadline`, or [`RelayError::TimedOut`].
+pub(crate) fn remaining(deadline: Instant) -> Result<Duration, RelayError> {
+    deadline
+        .checked_duration_since(Instant::now())
+        .filter(|d| !d.is_zero())
+        .ok_or(RelayError::TimedOut)
+}
+
+/// Connects to the first address of the relay that answers and sends `hello`; the stream's read
+/// and write timeouts end at `deadline`.
+pub(crate) fn open(
+    relay: impl ToSocketAddrs,
+    hello: &Request,
+    deadline: Instant,
+) -> Result<TcpStream, RelayError> {
     let mut last_err = io::Error::new(io::ErrorKind::NotFound, "no address");
     let mut stream = None;
     for addr in relay.to_socket_addrs().map_err(RelayError::Resolve)? {
-        match TcpStream::connect_timeout(&addr, remaining()?) {
+        match TcpStream::connect_timeout(&addr, remaining(deadline)?) {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -87,39 +124,41 @@ pub fn connect(
     }
     let mut stream = stream.ok_or(RelayError::Connect(last_err))?;
     stream.set_nodelay(true)?;
-    stream.set_write_timeout(Some(remaining()?))?;
-    stream.write_all(&Hello { role, hash }.encode())?;
-    loop {
-        stream.set_read_timeout(Some(remaining()?))?;
-        let mut b = [0u8; 1];
-        let status = match stream.read(&mut b) {
+    stream.set_write_timeout(Some(remaining(deadline)?))?;
+    stream.set_read_timeout(Some(remaining(deadline)?))?;
+    stream.write_all(&hello.encode())?;
+    Ok(stream)
+}
+
+/// Reads one status byte (within the stream's read timeout): `WAITING`, `PAIRED` and
+/// `LISTENING` are returned, refusals become their errors (`TAKEN` naming `role`).
+pub(crate) fn next_status(stream: &mut TcpStream, role: Role) -> Result<Status, RelayError> {
+    let mut b = [0u8; 1];
+    let status = loop {
+        match stream.read(&mut b) {
             Ok(0) => return Err(RelayError::Closed),
-            Ok(_) => b[0],
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(RelayError::TimedOut)
-            }
+            Ok(_) => break b[0],
+            Err(e) if is_timeout(&e) => return Err(RelayError::TimedOut),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.into()),
-        };
-        match Status::from_byte(status) {
-            Some(Status::Waiting) => continue,
-            Some(Status::Paired) => {
-                stream.set_read_timeout(None)?;
-                stream.set_write_timeout(None)?;
-                return Ok(stream);
-            }
-            Some(Status::RateLimited) => return Err(RelayError::RateLimited),
-            Some(Status::Full) => return Err(RelayError::Full),
-            Some(Status::Timeout) => return Err(RelayError::PeerTimeout),
-            Some(Status::BadHello) => return Err(RelayError::BadHello),
-            Some(Status::Taken) => return Err(RelayError::Taken(role)),
-            Some(Status::TooMany) => return Err(RelayError::TooMany),
-            None => return Err(RelayError::UnknownStatus(status)),
         }
+    };
+    match Status::from_byte(status) {
+        Some(s @ (Status::Waiting | Status::Paired | Status::Listening)) => Ok(s),
+        Some(Status::RateLimited) => Err(RelayError::RateLimited),
+        Some(Status::Full) => Err(RelayError::Full),
+        Some(Status::Timeout) => Err(RelayError::PeerTimeout),
+        Some(Status::BadHello) => Err(RelayError::BadHello),
+        Some(Status::Taken) => Err(RelayError::Taken(role)),
+        Some(Status::TooMany) => Err(RelayError::TooMany),
+        None => Err(RelayError::UnknownStatus(status)),
     }
+}
+
+/// Whether a read or write failed for its timeout (which the OS reports either way).
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
 }

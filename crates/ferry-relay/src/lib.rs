@@ -1,5 +1,6 @@
-//! The ferry relay: the rendezvous + relay server behind `ferry relay`, and the client function
-//! `ferry send` / `ferry receive` use to reach a peer through it.
+//! The ferry relay: the rendezvous + relay server behind `ferry relay`, the client function
+//! `ferry send` / `ferry receive` use to reach a peer through it, and the [`Listener`] a
+//! long-running server (`ferry share`) uses to stay reachable through it.
 //!
 //! Two peers that register under the same nameplate hash (one sender, one receiver) are paired,
 //! and from then on the relay forwards bytes both ways. It holds no keys: everything after the
@@ -11,6 +12,28 @@
 //! relay answers one status byte: `0 WAITING` (first side; later followed by `1 PAIRED`), `1
 //! PAIRED` (from the next byte on, a transparent pipe), or an error followed by a close: `2
 //! RATE_LIMITED`, `3 FULL`, `4 TIMEOUT`, `5 BAD_HELLO`, `6 TAKEN`, `7 TOO_MANY`. See [`protocol`].
+//!
+//! # Listeners: one server, many clients, one after another
+//! A listener opens a *control connection* (hello role `3`, answered `8 LISTENING`) and
+//! registers up to 64 hashes with `SET_HASHES` (all or nothing; replaceable while connected, so
+//! the hourly renewal of meeting hashes needs no reconnect; a hash another listener holds is
+//! refused with `TAKEN`). A client that arrives under a listened hash, in either role, is
+//! registered as a waiter found by a fresh one-time token (256 bits from the OS) instead of by
+//! its hash, and the relay sends the listener `INCOMING [token][hash]`. The listener opens a
+//! *data connection* (hello role `4` with the token in the hash's place), which the relay pairs
+//! with that client exactly as a second side: the client sees `WAITING` then `PAIRED` as today,
+//! so two clients under one hash are two sessions with the listener and never each other's
+//! peer. A token pairs once; a token nobody waits under is answered `TIMEOUT`.
+//!
+//! Bounds: listeners at once ([`RelayConfig::max_listeners`]); each holds a session slot and
+//! its source's place under the per-source session cap, and its registration costs a token of
+//! the rate limit, as does each data connection; announced-but-unanswered clients per listener
+//! ([`RelayConfig::max_pending_per_listener`]; more get `FULL`); a token expires after
+//! [`RelayConfig::listener_answer_timeout`] (the client gets `TIMEOUT`); the relay pings every
+//! [`RelayConfig::keepalive_interval`] and drops a listener silent for three intervals, or one
+//! sending more than a burst of 16 messages plus 4 per interval, or anything it does not know.
+//! A listener that goes frees its hashes at once, and the clients announced to it get
+//! `TIMEOUT`. A client already waiting when its hash becomes listened is announced at once.
 //!
 //! # Design
 //! - **One tokio runtime for everything.** Accept, hello, pairing, timers and forwarding are
@@ -38,6 +61,9 @@
 //! - **Pairing** is a table keyed by hash under one mutex: the second side hands its stream to
 //!   the first side's task through a oneshot channel, under the lock, so a wait that ends at the
 //!   same moment never loses a peer. A waiting client that hangs up leaves the table at once.
+//! - **Listeners** share that table: waiters are kept by id and found by hash (ordinary) or by
+//!   token (announced); a listener's registration is a seat in the table that its control task
+//!   drops whichever way it ends. See the `control` module for the task's bounds.
 //! - **Shutdown**: [`RelayHandle::shutdown`] stops accepting and closes waiting and handshaking
 //!   connections; paired sessions get [`RelayConfig::shutdown_grace`] to finish, then are closed.
 //!
@@ -72,7 +98,9 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod client;
+mod control;
 pub mod forward;
+mod listener;
 mod pairing;
 pub mod protocol;
 mod server;
@@ -82,6 +110,7 @@ use std::time::Duration;
 
 pub use client::{connect, RelayError};
 pub use forward::Forwarding;
+pub use listener::{accept_token, Listener, KEEPALIVE};
 pub use protocol::Role;
 pub use server::{Relay, RelayHandle};
 pub use stats::Stats;
@@ -135,6 +164,19 @@ pub struct RelayConfig {
     pub shutdown_grace: Duration,
     /// Runtime worker threads for [`Relay::run_blocking`]; 0 means one per core. Default: 0.
     pub worker_threads: usize,
+    /// Listeners' control connections at once; more get `FULL`. Each also holds a session slot
+    /// and its source's place under [`max_sessions_per_ip`](Self::max_sessions_per_ip). Default: 256.
+    pub max_listeners: usize,
+    /// Clients announced to one listener and not yet answered by an accept connection; a client
+    /// beyond it gets `FULL`. Default: 16.
+    pub max_pending_per_listener: usize,
+    /// How long a listener has to open the accept connection for an announced client; then the
+    /// token expires and the client gets `TIMEOUT`. Default: 30 s.
+    pub listener_answer_timeout: Duration,
+    /// The relay pings a listener's control connection this often and drops it after three
+    /// intervals without a byte from it. It also bounds the listener's messages: a burst of 16,
+    /// then 4 per interval; more closes the control connection. Default: 30 s.
+    pub keepalive_interval: Duration,
 }
 
 impl Default for RelayConfig {
@@ -156,6 +198,10 @@ impl Default for RelayConfig {
             print_stats: true,
             shutdown_grace: Duration::from_secs(5),
             worker_threads: 0,
+            max_listeners: 256,
+            max_pending_per_listener: 16,
+            listener_answer_timeout: Duration::from_secs(30),
+            keepalive_interval: Duration::from_secs(30),
         }
     }
 }

@@ -12,24 +12,24 @@ use tokio::sync::{mpsc, watch};
 
 use crate::forward::{self, Activity, Meter};
 use crate::pairing::{
-    Join, Peer, PerSource, RateLimiter, Rendezvous, SessionSlot, SourceSlot, Ticket,
+    Join, ListenLimits, Peer, PerSource, RateLimiter, Rendezvous, SessionSlot, SourceSlot, Ticket,
 };
-use crate::protocol::{Hello, Status, HELLO_LEN};
+use crate::protocol::{Request, Status, HELLO_LEN};
 use crate::stats::{bump, Counters, Gauge, Stats};
 use crate::RelayConfig;
 
 /// State every task of one relay shares.
-struct Shared {
-    config: RelayConfig,
-    counters: Counters,
-    rendezvous: Rendezvous,
+pub(crate) struct Shared {
+    pub(crate) config: RelayConfig,
+    pub(crate) counters: Counters,
+    pub(crate) rendezvous: Rendezvous,
     rate: RateLimiter,
     /// Connections per source whose hello is not read yet.
     pre_hello: PerSource,
     /// Connections per source in a session (waiting or paired).
     in_session: PerSource,
     /// Set once: stop accepting, close waiting and handshaking connections.
-    shutdown: watch::Sender<bool>,
+    pub(crate) shutdown: watch::Sender<bool>,
     /// Set after the grace period: close in-flight sessions too.
     hard_stop: watch::Sender<bool>,
     local_addr: SocketAddr,
@@ -91,7 +91,14 @@ impl Relay {
         listener.set_nonblocking(true)?;
         let local_addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            rendezvous: Rendezvous::new(config.max_sessions),
+            rendezvous: Rendezvous::new(
+                config.max_sessions,
+                ListenLimits {
+                    max_listeners: config.max_listeners,
+                    max_pending: config.max_pending_per_listener,
+                    answer_within: config.listener_answer_timeout,
+                },
+            ),
             rate: RateLimiter::new(config.sessions_per_ip_per_minute),
             pre_hello: PerSource::new(config.max_handshakes_per_ip),
             in_session: PerSource::new(config.max_sessions_per_ip),
@@ -251,7 +258,8 @@ async fn handle_connection(
             Ok(Err(_)) => return,
         }
     };
-    // Checked before the rate limit, so a refusal here costs the source no token.
+    // Checked before the rate limit, so a refusal here costs the source no token. A listener's
+    // control and accept connections count like the sides of any session.
     let Some(in_session) = shared.in_session.take(peer.ip()) else {
         bump(&shared.counters.refused_sessions_per_ip);
         return refuse(stream, Status::TooMany).await;
@@ -260,7 +268,12 @@ async fn handle_connection(
         bump(&shared.counters.refused_rate_limited);
         return refuse(stream, Status::RateLimited).await;
     }
-    match shared.rendezvous.join(&hello, (stream, in_session)) {
+    let joined = match hello {
+        Request::Session(hello) => shared.rendezvous.join(&hello, (stream, in_session)),
+        Request::Accept { token } => shared.rendezvous.join_token(&token, (stream, in_session)),
+        Request::Listen => return crate::control::serve(shared, stream, in_session).await,
+    };
+    match joined {
         Join::HandedOver => {}
         Join::Taken(s) => {
             bump(&shared.counters.refused_taken);
@@ -270,41 +283,56 @@ async fn handle_connection(
             bump(&shared.counters.refused_full);
             refuse(s, Status::Full).await
         }
+        Join::NoToken(s) => {
+            bump(&shared.counters.refused_token);
+            refuse(s, Status::Timeout).await
+        }
         Join::Registered(ticket, slot, p) => wait_for_peer(shared, ticket, slot, p).await,
     }
 }
 
 /// Reads the hello; `Ok(None)` for a wrong version or role, checked on the first two bytes so
 /// garbage is refused without waiting for 34 bytes.
-async fn read_hello(stream: &mut TcpStream) -> io::Result<Option<Hello>> {
+async fn read_hello(stream: &mut TcpStream) -> io::Result<Option<Request>> {
     let mut buf = [0u8; HELLO_LEN];
     stream.read_exact(&mut buf[..2]).await?;
-    if Hello::parse_prefix([buf[0], buf[1]]).is_none() {
+    if !Request::valid_prefix([buf[0], buf[1]]) {
         return Ok(None);
     }
     stream.read_exact(&mut buf[2..]).await?;
-    Ok(Hello::parse(&buf))
+    Ok(Request::parse(&buf))
 }
 
 /// Sends an error status, then closes (write side first, so the byte is not lost to a reset).
-async fn refuse(stream: TcpStream, status: Status) {
+pub(crate) async fn refuse(stream: TcpStream, status: Status) {
     if send_status(&stream, status).await.is_ok() {
         let _ = forward::shutdown_write(&stream);
     }
 }
 
 /// Writes one status byte; a fresh socket always has room, the timeout guards the odd case.
-async fn send_status(stream: &TcpStream, status: Status) -> io::Result<()> {
+pub(crate) async fn send_status(stream: &TcpStream, status: Status) -> io::Result<()> {
+    write_within(stream, &[status as u8], Duration::from_secs(5)).await
+}
+
+/// Writes all of `bytes`, or fails when the peer does not take them within `limit` (a peer
+/// that stops reading cannot hold a task for ever).
+pub(crate) async fn write_within(
+    stream: &TcpStream,
+    mut bytes: &[u8],
+    limit: Duration,
+) -> io::Result<()> {
     let write = async {
-        loop {
-            match stream.try_write(&[status as u8]) {
-                Ok(_) => return Ok(()),
+        while !bytes.is_empty() {
+            match stream.try_write(bytes) {
+                Ok(n) => bytes = &bytes[n..],
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
                 Err(e) => return Err(e),
             }
         }
+        Ok(())
     };
-    tokio::time::timeout(Duration::from_secs(5), write)
+    tokio::time::timeout(limit, write)
         .await
         .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into()))
 }
@@ -323,6 +351,8 @@ enum WaitEnd {
     Peer(Peer),
     Timeout,
     Gone,
+    /// The listener the client was announced to did not answer in time, or went away.
+    Dropped,
 }
 
 async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, me: Peer) {
@@ -335,7 +365,7 @@ async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, 
     } else {
         let mut stop = shared.shutdown.subscribe();
         tokio::select! {
-            r = &mut ticket.rx => r.map_or(WaitEnd::Gone, WaitEnd::Peer),
+            r = &mut ticket.rx => r.map_or(WaitEnd::Dropped, WaitEnd::Peer),
             _ = tokio::time::sleep(shared.config.max_wait) => WaitEnd::Timeout,
             _ = hung_up(&stream) => WaitEnd::Gone,
             _ = stop.wait_for(|s| *s) => WaitEnd::Gone,
@@ -343,8 +373,13 @@ async fn wait_for_peer(shared: &Arc<Shared>, ticket: Ticket, slot: SessionSlot, 
     };
     let (peer, _theirs) = match end {
         WaitEnd::Peer(p) => p,
+        WaitEnd::Dropped => {
+            bump(&shared.counters.refused_timeout);
+            return refuse(stream, Status::Timeout).await;
+        }
         _ if !shared.rendezvous.cancel(&ticket) => {
-            // A peer took the registration just as the wait ended: its stream is in the channel.
+            // A peer took the registration just as the wait ended (its stream is in the
+            // channel), or its listener dropped it (the channel is closed).
             match ticket.rx.await {
                 Ok(p) => p,
                 Err(_) => return,

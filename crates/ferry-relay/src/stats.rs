@@ -44,6 +44,19 @@ pub struct Stats {
     pub refused_handshakes_per_ip: u64,
     /// Refusals with `TOO_MANY`: the source already had its most sessions at once.
     pub refused_sessions_per_ip: u64,
+    /// Listeners' control connections currently registered.
+    pub listeners: u64,
+    /// Listeners registered since the relay started.
+    pub listeners_total: u64,
+    /// Clients announced to a listener (`INCOMING` sent).
+    pub notifications: u64,
+    /// Announced clients whose listener did not answer in time (the client got `TIMEOUT`).
+    pub tokens_expired: u64,
+    /// Accept connections refused because no client waits under their token.
+    pub refused_token: u64,
+    /// Control connections closed by the relay: silent past the keep-alive, flooding, or sending
+    /// a message it does not know.
+    pub listeners_dropped: u64,
 }
 
 impl fmt::Display for Stats {
@@ -52,7 +65,8 @@ impl fmt::Display for Stats {
             f,
             "relay stats: active={} waiting={} handshaking={} paired_total={} connections_total={} \
              bytes_forwarded={} idle_closed={} slow_closed={} lifetime_closed={} spliced={} copied={} \
-             refused: rate_limited={} full={} timeout={} bad_hello={} taken={} handshakes_per_ip={} sessions_per_ip={}",
+             listeners={} listeners_total={} notifications={} tokens_expired={} listeners_dropped={} \
+             refused: rate_limited={} full={} timeout={} bad_hello={} taken={} handshakes_per_ip={} sessions_per_ip={} token={}",
             self.active,
             self.waiting,
             self.handshaking,
@@ -64,13 +78,19 @@ impl fmt::Display for Stats {
             self.lifetime_closed,
             self.spliced_directions,
             self.copied_directions,
+            self.listeners,
+            self.listeners_total,
+            self.notifications,
+            self.tokens_expired,
+            self.listeners_dropped,
             self.refused_rate_limited,
             self.refused_full,
             self.refused_timeout,
             self.refused_bad_hello,
             self.refused_taken,
             self.refused_handshakes_per_ip,
-            self.refused_sessions_per_ip
+            self.refused_sessions_per_ip,
+            self.refused_token
         )
     }
 }
@@ -96,6 +116,12 @@ pub(crate) struct Counters {
     pub(crate) refused_taken: AtomicU64,
     pub(crate) refused_handshakes_per_ip: AtomicU64,
     pub(crate) refused_sessions_per_ip: AtomicU64,
+    pub(crate) listeners: AtomicU64,
+    pub(crate) listeners_total: AtomicU64,
+    pub(crate) notifications: AtomicU64,
+    pub(crate) tokens_expired: AtomicU64,
+    pub(crate) refused_token: AtomicU64,
+    pub(crate) listeners_dropped: AtomicU64,
 }
 
 impl Counters {
@@ -119,6 +145,12 @@ impl Counters {
             refused_taken: self.refused_taken.load(Relaxed),
             refused_handshakes_per_ip: self.refused_handshakes_per_ip.load(Relaxed),
             refused_sessions_per_ip: self.refused_sessions_per_ip.load(Relaxed),
+            listeners: self.listeners.load(Relaxed),
+            listeners_total: self.listeners_total.load(Relaxed),
+            notifications: self.notifications.load(Relaxed),
+            tokens_expired: self.tokens_expired.load(Relaxed),
+            refused_token: self.refused_token.load(Relaxed),
+            listeners_dropped: self.listeners_dropped.load(Relaxed),
         }
     }
 }

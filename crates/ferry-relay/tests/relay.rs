@@ -2,59 +2,13 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::thread::{self, JoinHandle};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use ferry_relay::{connect, Forwarding, Relay, RelayConfig, RelayError, RelayHandle, Role, Stats};
+use ferry_relay::{connect, Forwarding, RelayConfig, RelayError, Role};
 
-const T: Duration = Duration::from_secs(20);
-
-struct Running {
-    addr: SocketAddr,
-    handle: RelayHandle,
-    thread: Option<JoinHandle<std::io::Result<Stats>>>,
-}
-
-impl Running {
-    fn stop(mut self) -> Stats {
-        self.handle.shutdown();
-        self.thread.take().unwrap().join().unwrap().unwrap()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.handle.shutdown();
-    }
-}
-
-fn quiet() -> RelayConfig {
-    RelayConfig {
-        print_stats: false,
-        worker_threads: 2,
-        shutdown_grace: Duration::from_secs(1),
-        ..RelayConfig::default()
-    }
-}
-
-fn start(config: RelayConfig) -> Running {
-    let relay = Relay::bind("127.0.0.1:0", config).unwrap();
-    let addr = relay.local_addr();
-    let handle = relay.shutdown_handle();
-    let thread = Some(thread::spawn(move || relay.run_blocking()));
-    Running {
-        addr,
-        handle,
-        thread,
-    }
-}
-
-fn hash(n: u64) -> [u8; 32] {
-    let mut h = [0u8; 32];
-    h[..8].copy_from_slice(&n.to_le_bytes());
-    h[8] = 0xfe;
-    h
-}
+mod support;
+use support::*;
 
 /// Sends a raw hello and returns the stream with the first status byte read.
 fn raw_hello(addr: SocketAddr, role: u8, h: [u8; 32]) -> (TcpStream, u8) {
@@ -425,27 +379,6 @@ fn shutdown_stops_cleanly() {
 // ---- Denial of service from one source address (issue 9, item 5). Each test binds its client
 // sockets to distinct 127.0.0.x addresses, so the relay sees distinct sources.
 
-/// Connects from `src` (a loopback address) to `to`.
-fn connect_from(src: [u8; 4], to: SocketAddr) -> TcpStream {
-    static RT: std::sync::LazyLock<tokio::runtime::Runtime> = std::sync::LazyLock::new(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap()
-    });
-    let s = RT
-        .block_on(async {
-            let sock = tokio::net::TcpSocket::new_v4()?;
-            sock.bind(SocketAddr::from((src, 0)))?;
-            sock.connect(to).await
-        })
-        .unwrap_or_else(|e| panic!("connect from {src:?}: {e}"));
-    let s = s.into_std().unwrap();
-    s.set_nonblocking(false).unwrap();
-    s
-}
-
 /// A raw hello from `src`; returns the stream and the first status byte (or `None` when the
 /// relay closed or reset without one).
 fn hello_from(src: [u8; 4], addr: SocketAddr, role: u8, h: [u8; 32]) -> (TcpStream, Option<u8>) {
@@ -461,19 +394,6 @@ fn hello_from(src: [u8; 4], addr: SocketAddr, role: u8, h: [u8; 32]) -> (TcpStre
         _ => None,
     };
     (s, status)
-}
-
-/// Waits until `done` holds for the relay's stats.
-fn wait_stats(relay: &Running, what: &str, done: impl Fn(&Stats) -> bool) {
-    let deadline = Instant::now() + T;
-    loop {
-        let st = relay.handle.stats();
-        if done(&st) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: {st}");
-        thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A session from two fresh addresses pairs and carries bytes both ways.
