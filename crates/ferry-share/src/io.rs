@@ -14,9 +14,9 @@ use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 
 use crate::client::{Client, ClientError, Event, Failure};
-use crate::fs::{OutboardCache, ShareRoot};
-use crate::server::{Job, Server, ServerConfig, ServerError};
-use crate::tree::{encode_piece, Outboard, Version};
+use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
+use crate::server::{Job, Piece, Server, ServerConfig, ServerError};
+use crate::tree::{encode_piece_into, Version};
 use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, END};
 
 /// Why a session ended.
@@ -117,8 +117,7 @@ where
         }
     });
     let mut server = Server::new(config);
-    let mut open: HashMap<RequestId, (File, Outboard)> = HashMap::new();
-    let mut packet = Vec::with_capacity(1 << 20);
+    let mut open: HashMap<RequestId, Opened> = HashMap::new();
     loop {
         // Answers first, then one piece; block for input only when there is nothing to send.
         while let Some(out) = server.poll_transmit() {
@@ -126,16 +125,12 @@ where
         }
         let idle = match server.next_piece() {
             Some(piece) => {
-                let (file, outboard) = &open[&piece.id];
-                packet.clear();
-                let len = (piece.range.end - piece.range.start) as u32;
-                wire::data_header(&mut packet, piece.id, piece.range.start, len);
-                match encode_piece(file, outboard, piece.range.clone(), &mut packet) {
-                    Ok(()) => {
-                        writer.send(&packet)?;
+                match build_piece(&mut writer, &open[&piece.id], &piece) {
+                    Ok(len) => {
+                        writer.send_payload_buf(len)?;
                         server.piece_sent(&piece);
                     }
-                    Err(e) => server.fail(piece.id, ErrorCode::Io, &e.to_string()),
+                    Err((code, message)) => server.fail(piece.id, code, &message),
                 }
                 false
             }
@@ -166,12 +161,50 @@ where
     }
 }
 
+/// A file being read: its descriptor, its outboard, and the identity the outboard belongs to.
+struct Opened {
+    file: File,
+    cached: Cached,
+}
+
+/// Builds the piece straight into the channel's packet buffer: the DATA header, then the proof and the data
+/// read from the file. Returns the packet's length. A file whose identity changed since it was opened is
+/// another version: the read fails with [`ErrorCode::Changed`] instead of mixing versions.
+fn build_piece<W: Write>(
+    writer: &mut SecureWriter<W>,
+    opened: &Opened,
+    piece: &Piece,
+) -> Result<usize, (ErrorCode, String)> {
+    let io_error = |e: io::Error| (ErrorCode::Io, e.to_string());
+    if FileId::of(&opened.file).map_err(io_error)? != opened.cached.id {
+        return Err((
+            ErrorCode::Changed,
+            "the file changed while it was read".into(),
+        ));
+    }
+    let max = writer.max_payload();
+    let buf = writer
+        .payload_buf(max)
+        .map_err(|e| (ErrorCode::Io, e.to_string()))?;
+    let len = (piece.range.end - piece.range.start) as u32;
+    let header = wire::data_header_bytes(piece.id, piece.range.start, len);
+    buf[..header.len()].copy_from_slice(&header);
+    let body = encode_piece_into(
+        &opened.file,
+        &opened.cached.outboard,
+        piece.range.clone(),
+        &mut buf[header.len()..],
+    )
+    .map_err(io_error)?;
+    Ok(header.len() + body)
+}
+
 fn run_job(
     server: &mut Server,
     job: Job,
     root: &ShareRoot,
     cache: &OutboardCache,
-    open: &mut HashMap<RequestId, (File, Outboard)>,
+    open: &mut HashMap<RequestId, Opened>,
     log: &mut dyn FnMut(&str),
 ) {
     let mut note = |r: Option<&(ErrorCode, String)>| {
@@ -196,17 +229,17 @@ fn run_job(
             server.list_done(id, r);
         }
         Job::Open { id, path } => {
-            let r = root.open_file(&path).and_then(|f| {
+            let r = root.open_file(&path).and_then(|file| {
                 cache
-                    .outboard(&f)
-                    .map(|(ob, _)| (f, ob))
+                    .outboard(&file)
+                    .map(|cached| Opened { file, cached })
                     .map_err(|e| (ErrorCode::Io, e.to_string()))
             });
             note(r.as_ref().err());
             match r {
-                Ok((file, ob)) => {
-                    let version = ob.version();
-                    open.insert(id, (file, ob));
+                Ok(opened) => {
+                    let version = opened.cached.outboard.version();
+                    open.insert(id, opened);
                     server.read_opened(id, Ok(version));
                 }
                 Err(e) => server.read_opened(id, Err(e)),
