@@ -579,6 +579,16 @@ impl Response<'_> {
     }
 }
 
+/// The id and raw path of a [`LIST`], [`STAT`] or [`READ`] request, read without checking the path: to refuse
+/// a request whose path breaks the rules by its id.
+pub fn request_path(packet: &[u8]) -> Option<(RequestId, &[u8])> {
+    let mut r = Reader::new(packet);
+    match r.u8().ok()? {
+        LIST | STAT | READ => Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?)),
+        _ => None,
+    }
+}
+
 /// Writes the header of a [`DATA`] message; the encoded piece follows.
 pub fn data_header(out: &mut impl Put, id: RequestId, offset: u64, len: u32) {
     out.put(&data_header_bytes(id, offset, len));
