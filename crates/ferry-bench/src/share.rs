@@ -160,8 +160,8 @@ fn connect(addr: SocketAddr, depth: usize) -> io::Result<Client> {
     Session::open(reader, writer, depth as u32).map_err(other)
 }
 
-/// Runs `count` random 4 KiB reads of `path` with up to `depth` in flight; returns each read's time from
-/// request to its end, in issue order of completion.
+/// Runs `count` random 4 KiB reads of `path` with up to `depth` in flight (refilled when half have
+/// completed); returns each read's time from request to its end, in order of completion.
 fn random_reads(
     session: &mut Client,
     path: &SharePath,
@@ -174,7 +174,9 @@ fn random_reads(
     let mut times = Vec::with_capacity(count);
     let (mut issued, mut bytes) = (0, 0u64);
     while times.len() < count {
-        while issued < count && started.len() < depth {
+        // Refill in batches, half the window at a time: one write carries many requests.
+        let refill = started.len() <= depth / 2;
+        while refill && issued < count && started.len() < depth {
             let offset = (xorshift(seed) % (size / 4096)) * 4096;
             let id = session
                 .client()
