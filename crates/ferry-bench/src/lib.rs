@@ -8,6 +8,7 @@ pub mod channel;
 pub mod create;
 pub mod relay;
 pub mod report;
+pub mod share;
 pub mod transfer;
 
 pub use report::{Report, Row};

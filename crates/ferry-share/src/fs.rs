@@ -9,16 +9,20 @@
 //! non-blocking and refused by its type). Hard links are files like any other: with the kernel's
 //! `protected_hardlinks` (the default), a user can only link files it may already read.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
-use crate::tree::{Outboard, Version};
+use crate::tree::{outboard_len, Outboard, Version};
 use crate::wire::{Entry, ErrorCode, Kind, SharePath, END};
 
 /// A failed file-system request: its code for the client and a message.
@@ -214,88 +218,410 @@ impl ShareRoot {
 
 /// What identifies a file version without reading it: device, inode, size, and both times to the
 /// nanosecond. ctime changes with every write, also one that keeps the size and resets the mtime.
-fn identity(st: &Stat) -> [u8; 56] {
-    let mut key = [0u8; 56];
-    for (i, v) in [
-        st.st_dev,
-        st.st_ino,
-        st.st_size as u64,
-        st.st_mtime as u64,
-        st.st_mtime_nsec,
-        st.st_ctime as u64,
-        st.st_ctime_nsec,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        key[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FileId([u8; 56]);
+
+impl FileId {
+    /// The identity of `file` as it is now.
+    pub fn of(file: &File) -> io::Result<FileId> {
+        Ok(FileId::from_stat(&rustix::fs::fstat(file.as_fd())?))
     }
-    key
+
+    fn from_stat(st: &Stat) -> FileId {
+        let mut key = [0u8; 56];
+        for (i, v) in [
+            st.st_dev,
+            st.st_ino,
+            st.st_size as u64,
+            st.st_mtime as u64,
+            st.st_mtime_nsec,
+            st.st_ctime as u64,
+            st.st_ctime_nsec,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            key[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+        }
+        FileId(key)
+    }
+
+    fn field(&self, i: usize) -> u64 {
+        u64::from_le_bytes(self.0[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }
+
+    fn size(&self) -> u64 {
+        self.field(2)
+    }
 }
 
-const CACHE_MAGIC: &[u8; 16] = b"ferry outboard 1";
+/// The cache file's first bytes.
+const CACHE_MAGIC: &[u8; 16] = b"ferry outboard 2";
+/// Magic, identity, size, root, checksum; the outboard follows.
+const HEADER: u64 = 16 + 56 + 8 + 32 + 32;
 
-/// Outboards of file versions already hashed, in `$XDG_CACHE_HOME/ferry/share/`, keyed by the file's
-/// identity, so a restarted share does not hash again what did not change.
+/// Limits of an [`OutboardCache`].
+#[derive(Debug, Clone, Copy)]
+pub struct CacheLimits {
+    /// Most bytes of cache files on disk; the least recently used go first.
+    pub disk: u64,
+    /// Most bytes of outboards held in memory (the rest are read from their cache files node by node).
+    pub memory: u64,
+    /// Most outboards known at once (each keeps its cache file open).
+    pub entries: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        CacheLimits {
+            disk: 1 << 30,
+            memory: 32 << 20,
+            entries: 1024,
+        }
+    }
+}
+
+/// The outboard of a file as it was opened.
+#[derive(Debug, Clone)]
+pub struct Cached {
+    /// Its outboard.
+    pub outboard: Outboard,
+    /// The identity it belongs to: a file whose identity changed since is another version.
+    pub id: FileId,
+    /// Whether it was hashed for this call (neither in memory nor in a cache file).
+    pub hashed: bool,
+}
+
+/// Outboards of file versions already hashed, shared by every session of a share (clone it: clones share
+/// one cache), persisted in a directory (`$XDG_CACHE_HOME/ferry/share/` for the CLI) so a restarted share
+/// does not hash again what did not change.
+///
+/// One cache file per inode, `DEV-INODE` in hex, replaced (temp file + rename, 0600, directory 0700) when
+/// the file changes: a header (magic, the file's identity, size, root hash, and a BLAKE3 checksum of the
+/// header's fields and the outboard), then the outboard. A file is used only when its length, magic and
+/// identity match and its checksum holds (checked once per load, reading 1/256 of the file's size); anything
+/// else is rebuilt. Small outboards are held in memory within [`CacheLimits::memory`]; the others are read
+/// from their cache file as pieces need them. Two sessions that open the same cold file hash it once (the
+/// second waits); two processes may both hash it, and the last rename wins.
 #[derive(Debug, Clone)]
 pub struct OutboardCache {
+    inner: Arc<CacheInner>,
+}
+
+#[derive(Debug)]
+struct CacheInner {
     dir: PathBuf,
+    limits: CacheLimits,
+    state: Mutex<CacheState>,
+    built: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct CacheState {
+    loaded: HashMap<FileId, Loaded>,
+    building: HashSet<FileId>,
+    /// Bytes of memory of the loaded outboards, and reserved for ones being loaded.
+    memory: u64,
+    tick: u64,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    outboard: Outboard,
+    used: u64,
 }
 
 impl OutboardCache {
-    /// A cache in `dir` (created when first written).
+    /// A cache in `dir` (created when first written) with the default limits.
     pub fn new(dir: PathBuf) -> Self {
-        OutboardCache { dir }
+        Self::with_limits(dir, CacheLimits::default())
     }
 
-    fn entry_path(&self, st: &Stat) -> PathBuf {
-        let key = blake3::derive_key("ferry 2026 share outboard cache v1", &identity(st));
-        self.dir
-            .join(key.iter().map(|b| format!("{b:02x}")).collect::<String>())
-    }
-
-    /// The outboard of `file` as it is now: from the cache when its identity is known, else hashed (and
-    /// stored when the file did not change while it was hashed). Returns whether it was hashed now.
-    pub fn outboard(&self, file: &File) -> io::Result<(Outboard, bool)> {
-        let before = rustix::fs::fstat(file.as_fd())?;
-        let path = self.entry_path(&before);
-        if let Some(ob) = Self::load(&path, before.st_size as u64) {
-            return Ok((ob, false));
+    /// A cache in `dir` with `limits`.
+    pub fn with_limits(dir: PathBuf, limits: CacheLimits) -> Self {
+        OutboardCache {
+            inner: Arc::new(CacheInner {
+                dir,
+                limits,
+                state: Mutex::new(CacheState::default()),
+                built: Condvar::new(),
+            }),
         }
-        let size = before.st_size as u64;
-        let reader = std::io::BufReader::with_capacity(1 << 20, ReadFrom { file, pos: 0 });
-        let ob = Outboard::compute(reader, size)?;
-        let after = rustix::fs::fstat(file.as_fd())?;
-        if identity(&after) == identity(&before) {
-            // Best effort: a cache that cannot be written only costs a rehash next time.
-            let _ = self.store(&path, &ob);
-        }
-        Ok((ob, true))
     }
 
-    fn load(path: &Path, size: u64) -> Option<Outboard> {
-        let bytes = std::fs::read(path).ok()?;
-        let body = bytes.strip_prefix(CACHE_MAGIC)?;
-        let (head, rest) = body.split_at_checked(40)?;
-        let stored = u64::from_le_bytes(head[..8].try_into().ok()?);
-        let root: [u8; 32] = head[8..].try_into().ok()?;
-        if stored != size {
-            return None;
-        }
-        Outboard::from_parts(Version { size, root }, rest.to_vec())
+    fn lock(&self) -> MutexGuard<'_, CacheState> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn store(&self, path: &Path, ob: &Outboard) -> io::Result<()> {
-        std::fs::create_dir_all(&self.dir)?;
-        let temp = path.with_extension(format!("tmp{}", std::process::id()));
-        let mut f = File::create(&temp)?;
-        let v = ob.version();
-        f.write_all(CACHE_MAGIC)?;
-        f.write_all(&v.size.to_le_bytes())?;
-        f.write_all(&v.root)?;
-        f.write_all(ob.as_bytes())?;
-        std::fs::rename(&temp, path)
+    /// Bytes of outboards held in memory now.
+    pub fn memory(&self) -> u64 {
+        self.lock().memory
     }
+
+    /// The outboard of `file` as it is now: known, from its cache file, or hashed (and stored when the file
+    /// did not change while it was hashed).
+    pub fn outboard(&self, file: &File) -> io::Result<Cached> {
+        let id = FileId::of(file)?;
+        let mut state = self.lock();
+        loop {
+            state.tick += 1;
+            let tick = state.tick;
+            if let Some(l) = state.loaded.get_mut(&id) {
+                l.used = tick;
+                let outboard = l.outboard.clone();
+                return Ok(Cached {
+                    outboard,
+                    id,
+                    hashed: false,
+                });
+            }
+            if !state.building.contains(&id) {
+                break;
+            }
+            state = self
+                .inner
+                .built
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        state.building.insert(id);
+        let want = outboard_len(id.size());
+        let in_memory = want <= self.inner.limits.memory / 8 && self.reserve(&mut state, want);
+        drop(state);
+        let got = self.load_or_build(file, id, in_memory);
+        let mut state = self.lock();
+        state.building.remove(&id);
+        let kept = got.as_ref().is_ok_and(|c| c.id == id);
+        if in_memory && !(kept && got.as_ref().is_ok_and(|c| c.outboard.memory() == want)) {
+            state.memory -= want;
+        }
+        if let Ok(c) = &got {
+            if kept {
+                state.tick += 1;
+                let used = state.tick;
+                state.loaded.insert(
+                    id,
+                    Loaded {
+                        outboard: c.outboard.clone(),
+                        used,
+                    },
+                );
+                let limit = self.inner.limits.entries;
+                Self::evict(&mut state, |s| s.loaded.len() <= limit);
+            }
+        }
+        drop(state);
+        self.inner.built.notify_all();
+        got
+    }
+
+    /// Makes room for `bytes` of memory (dropping unused outboards, least recently used first) and reserves
+    /// it; false when it does not fit.
+    fn reserve(&self, state: &mut CacheState, bytes: u64) -> bool {
+        let max = self.inner.limits.memory;
+        Self::evict(state, |s| s.memory + bytes <= max);
+        let fits = state.memory + bytes <= max;
+        if fits {
+            state.memory += bytes;
+        }
+        fits
+    }
+
+    /// Drops unused outboards, least recently used first, until `enough`.
+    fn evict(state: &mut CacheState, enough: impl Fn(&CacheState) -> bool) {
+        while !enough(state) {
+            let victim = state
+                .loaded
+                .iter()
+                .filter(|(_, l)| !l.outboard.is_shared())
+                .min_by_key(|(_, l)| l.used)
+                .map(|(id, _)| *id);
+            let Some(victim) = victim else { return };
+            if let Some(l) = state.loaded.remove(&victim) {
+                state.memory -= l.outboard.memory();
+            }
+        }
+    }
+
+    fn entry_path(&self, id: &FileId) -> PathBuf {
+        self.inner
+            .dir
+            .join(format!("{:x}-{:x}", id.field(0), id.field(1)))
+    }
+
+    fn load_or_build(&self, file: &File, id: FileId, in_memory: bool) -> io::Result<Cached> {
+        let path = self.entry_path(&id);
+        if let Some(outboard) = load(&path, &id, in_memory) {
+            return Ok(Cached {
+                outboard,
+                id,
+                hashed: false,
+            });
+        }
+        let size = id.size();
+        let reader = || std::io::BufReader::with_capacity(1 << 20, ReadFrom { file, pos: 0 });
+        let (temp, temp_path) = match self.create_temp() {
+            Ok(t) => t,
+            // No cache directory: hash into memory, as nothing else can hold it.
+            Err(_) => {
+                let outboard = Outboard::compute(reader(), size)?;
+                let id = FileId::of(file)?;
+                return Ok(Cached {
+                    outboard,
+                    id,
+                    hashed: true,
+                });
+            }
+        };
+        let built = (|| {
+            temp.set_len(HEADER + outboard_len(size))?;
+            let version = Outboard::compute_into(reader(), size, &temp, HEADER)?;
+            let mut header = header(&id, &version);
+            let sum = checksum(&temp, &header, outboard_len(size))?;
+            header.extend_from_slice(&sum);
+            temp.write_all_at(&header, 0)?;
+            Ok::<_, io::Error>(version)
+        })();
+        let version = match built {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp_path);
+                return Err(e);
+            }
+        };
+        let after = FileId::of(file)?;
+        if after == id {
+            std::fs::rename(&temp_path, &path)?;
+            self.trim_disk();
+        } else {
+            // Changed while hashed: serve what was hashed (pieces of new bytes fail the client's check)
+            // but keep nothing.
+            let _ = std::fs::remove_file(&temp_path);
+        }
+        let outboard = hold(version, temp, in_memory)?;
+        Ok(Cached {
+            outboard,
+            id: after,
+            hashed: true,
+        })
+    }
+
+    fn create_temp(&self) -> io::Result<(File, PathBuf)> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.inner.dir)?;
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = self
+            .inner
+            .dir
+            .join(format!(".tmp-{}-{n}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        Ok((file, path))
+    }
+
+    /// Keeps the cache files within [`CacheLimits::disk`]: the least recently used (by mtime, which every
+    /// load refreshes) are removed first; temp files left by a crash are removed after an hour.
+    fn trim_disk(&self) {
+        let Ok(read) = std::fs::read_dir(&self.inner.dir) else {
+            return;
+        };
+        let now = std::time::SystemTime::now();
+        let mut files = Vec::new();
+        let mut total = 0;
+        for entry in read.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            let mtime = meta.modified().unwrap_or(now);
+            if entry.file_name().as_bytes().starts_with(b".tmp-") {
+                if now.duration_since(mtime).unwrap_or_default().as_secs() > 3600 {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+                continue;
+            }
+            total += meta.len();
+            files.push((mtime, meta.len(), entry.path()));
+        }
+        files.sort_unstable();
+        for (_, len, path) in files {
+            if total <= self.inner.limits.disk {
+                break;
+            }
+            // A file in use stays readable through its open descriptor.
+            if std::fs::remove_file(path).is_ok() {
+                total -= len;
+            }
+        }
+    }
+}
+
+/// The header of a cache file, without its checksum.
+fn header(id: &FileId, version: &Version) -> Vec<u8> {
+    let mut h = Vec::with_capacity(HEADER as usize);
+    h.extend_from_slice(CACHE_MAGIC);
+    h.extend_from_slice(&id.0);
+    h.extend_from_slice(&version.size.to_le_bytes());
+    h.extend_from_slice(&version.root);
+    h
+}
+
+/// BLAKE3 of `header` and the `len` outboard bytes after the header in `file`.
+fn checksum(file: &File, header: &[u8], len: u64) -> io::Result<[u8; 32]> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(header);
+    let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], HEADER + at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(*hasher.finalize().as_bytes())
+}
+
+/// The outboard of the cache file at `path`, if it is whole and belongs to `id`.
+fn load(path: &Path, id: &FileId, in_memory: bool) -> Option<Outboard> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .ok()?;
+    let len = outboard_len(id.size());
+    if file.metadata().ok()?.len() != HEADER + len {
+        return None;
+    }
+    let mut head = [0u8; HEADER as usize];
+    file.read_exact_at(&mut head, 0).ok()?;
+    let (fields, sum) = head.split_at(HEADER as usize - 32);
+    if !fields.starts_with(CACHE_MAGIC) || fields[16..72] != id.0 {
+        return None;
+    }
+    let version = Version {
+        size: u64::from_le_bytes(fields[72..80].try_into().ok()?),
+        root: fields[80..112].try_into().ok()?,
+    };
+    if version.size != id.size() || checksum(&file, fields, len).ok()? != sum {
+        return None;
+    }
+    // Recently used: the disk limit removes the others first.
+    let _ = file.set_modified(std::time::SystemTime::now());
+    hold(version, file, in_memory).ok()
+}
+
+/// The outboard in `file` after its header: read into memory, or read from the file as needed.
+fn hold(version: Version, file: File, in_memory: bool) -> io::Result<Outboard> {
+    if in_memory {
+        let mut bytes = vec![0u8; outboard_len(version.size) as usize];
+        file.read_exact_at(&mut bytes, HEADER)?;
+        return Ok(Outboard::from_parts(version, bytes).expect("sized for its version"));
+    }
+    Ok(Outboard::from_file(version, Arc::new(file), HEADER))
 }
 
 /// Reads a shared `&File` from a position of its own (pread), leaving the file's offset alone.
@@ -423,21 +749,186 @@ mod tests {
     fn outboards_are_cached_by_identity_and_a_change_rehashes() {
         let (t, root) = share();
         let cache = OutboardCache::new(t.path().join("cache"));
-        let f = root.open_file(&p("a.txt")).unwrap();
-        let (ob, hashed) = cache.outboard(&f).unwrap();
-        assert!(hashed);
-        assert_eq!(ob.version().root, *blake3::hash(b"alpha").as_bytes());
-        let (again, hashed) = cache
-            .outboard(&root.open_file(&p("a.txt")).unwrap())
-            .unwrap();
-        assert!(!hashed, "from the cache");
-        assert_eq!(again.version(), ob.version());
+        let open = || root.open_file(&p("a.txt")).unwrap();
+        let first = cache.outboard(&open()).unwrap();
+        assert!(first.hashed);
+        assert_eq!(
+            first.outboard.version().root,
+            *blake3::hash(b"alpha").as_bytes()
+        );
+        let again = cache.outboard(&open()).unwrap();
+        assert!(!again.hashed, "from the cache");
+        assert_eq!(again.outboard.version(), first.outboard.version());
         // Same size, new content: ctime moves, the cache entry no longer matches.
         std::fs::write(t.path().join("share/a.txt"), b"ALPHA").unwrap();
-        let (changed, hashed) = cache
-            .outboard(&root.open_file(&p("a.txt")).unwrap())
+        let changed = cache.outboard(&open()).unwrap();
+        assert!(changed.hashed);
+        assert_ne!(changed.id, first.id);
+        assert_eq!(
+            changed.outboard.version().root,
+            *blake3::hash(b"ALPHA").as_bytes()
+        );
+    }
+
+    /// A file of `groups` groups and a bit, in the share.
+    fn big(t: &ferry_testkit::TempDir, name: &str, groups: u64) -> (PathBuf, Vec<u8>) {
+        let data = ferry_testkit::pseudo_random((groups * crate::tree::GROUP + 99) as usize, 7);
+        let path = t.path().join("share").join(name);
+        std::fs::write(&path, &data).unwrap();
+        (path, data)
+    }
+
+    /// The one cache file in `dir`.
+    fn cache_file(dir: &Path) -> PathBuf {
+        let files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        files.into_iter().next().unwrap()
+    }
+
+    /// Whether every piece of `cached` verifies against the file's true hash.
+    fn serves_verified(cached: &Cached, file: &File, data: &[u8]) -> bool {
+        let v = cached.outboard.version();
+        assert_eq!(v.root, *blake3::hash(data).as_bytes());
+        let range = crate::tree::covering(v.size, 0, u64::MAX);
+        let mut piece = Vec::new();
+        crate::tree::encode_piece(file, &cached.outboard, range.clone(), &mut piece).unwrap();
+        let mut out = Vec::new();
+        crate::tree::verify_piece(&v, range, &piece, &mut out).is_ok() && out == data
+    }
+
+    #[test]
+    fn a_restarted_share_reads_outboards_from_disk_and_rebuilds_damaged_ones() {
+        let (t, root) = share();
+        let (_, data) = big(&t, "big", 200);
+        let dir = t.path().join("cache");
+        let open = || root.open_file(&p("big")).unwrap();
+        assert!(
+            OutboardCache::new(dir.clone())
+                .outboard(&open())
+                .unwrap()
+                .hashed
+        );
+        // The cache directory is private, and so is the file.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700);
+        let file = cache_file(&dir);
+        assert_eq!(mode(&file), 0o600);
+        // A new process (a new cache) finds it on disk, held in memory or read from the file.
+        for memory in [0, 1 << 20] {
+            let limits = CacheLimits {
+                memory,
+                ..CacheLimits::default()
+            };
+            let cached = OutboardCache::with_limits(dir.clone(), limits)
+                .outboard(&open())
+                .unwrap();
+            assert!(!cached.hashed, "read back, not hashed");
+            assert_eq!(cached.outboard.memory() > 0, memory > 0);
+            assert!(serves_verified(&cached, &open(), &data));
+        }
+        // Damage: a flipped bit in the outboard, one in the header's root, a cut, garbage. Each is found by
+        // the checks, rebuilt, and the rebuilt file is whole again.
+        let good = std::fs::read(&file).unwrap();
+        let mut flipped = good.clone();
+        flipped[HEADER as usize + 100] ^= 1;
+        let mut root_flipped = good.clone();
+        root_flipped[90] ^= 1;
+        for damaged in [
+            flipped,
+            root_flipped,
+            good[..good.len() - 1].to_vec(),
+            vec![0x55; good.len()],
+        ] {
+            std::fs::write(&file, &damaged).unwrap();
+            let cached = OutboardCache::new(dir.clone()).outboard(&open()).unwrap();
+            assert!(cached.hashed, "damage found, rebuilt");
+            assert!(serves_verified(&cached, &open(), &data));
+            assert_eq!(std::fs::read(&file).unwrap(), good);
+        }
+    }
+
+    #[test]
+    fn a_changed_file_replaces_its_cache_entry() {
+        let (t, root) = share();
+        let (path, _) = big(&t, "big", 3);
+        let dir = t.path().join("cache");
+        let cache = OutboardCache::new(dir.clone());
+        cache.outboard(&root.open_file(&p("big")).unwrap()).unwrap();
+        let before = std::fs::read(cache_file(&dir)).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .write_all_at(b"new", 5)
             .unwrap();
-        assert!(hashed);
-        assert_eq!(changed.version().root, *blake3::hash(b"ALPHA").as_bytes());
+        let cached = cache.outboard(&root.open_file(&p("big")).unwrap()).unwrap();
+        assert!(cached.hashed);
+        let after = std::fs::read(cache_file(&dir)).unwrap();
+        assert_ne!(before, after, "one entry per file, replaced");
+    }
+
+    #[test]
+    fn concurrent_opens_of_a_cold_file_hash_it_once() {
+        let (t, root) = share();
+        let (_, data) = big(&t, "big", 2000);
+        let cache = OutboardCache::new(t.path().join("cache"));
+        let root = Arc::new(root);
+        let results: Vec<Cached> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let (cache, root) = (cache.clone(), Arc::clone(&root));
+                    s.spawn(move || cache.outboard(&root.open_file(&p("big")).unwrap()).unwrap())
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(results.iter().filter(|c| c.hashed).count(), 1);
+        for c in &results {
+            assert!(serves_verified(
+                c,
+                &root.open_file(&p("big")).unwrap(),
+                &data
+            ));
+        }
+        cache_file(&t.path().join("cache"));
+    }
+
+    #[test]
+    fn limits_hold_on_disk_and_in_memory() {
+        let (t, root) = share();
+        let dir = t.path().join("cache");
+        // Each file's outboard is 64 bytes per group: 40 groups make 2.5 KiB, with its header.
+        let limits = CacheLimits {
+            disk: 6_000,
+            memory: 20_000,
+            entries: 2,
+        };
+        let cache = OutboardCache::with_limits(dir.clone(), limits);
+        let mut held = Vec::new();
+        for i in 0..10 {
+            big(&t, &format!("f{i}"), 40);
+            let c = cache
+                .outboard(&root.open_file(&p(&format!("f{i}"))).unwrap())
+                .unwrap();
+            assert!(cache.memory() <= limits.memory);
+            held.push(c);
+            let on_disk: u64 = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum();
+            assert!(on_disk <= limits.disk, "{on_disk}");
+        }
+        // Outboards in use stay whole, whatever was evicted; the memory bound made the later ones file-read.
+        assert!(held.iter().any(|c| c.outboard.memory() == 0));
+        drop(held);
+        big(&t, "last", 40);
+        cache
+            .outboard(&root.open_file(&p("last")).unwrap())
+            .unwrap();
+        assert!(cache.memory() <= limits.memory);
     }
 }

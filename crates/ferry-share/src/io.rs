@@ -14,9 +14,9 @@ use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 
 use crate::client::{Client, ClientError, Event, Failure};
-use crate::fs::{OutboardCache, ShareRoot};
-use crate::server::{Job, Server, ServerConfig, ServerError};
-use crate::tree::{encode_piece, Outboard, Version};
+use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
+use crate::server::{Job, Piece, Server, ServerConfig, ServerError};
+use crate::tree::{encode_piece_into, Version, GROUP};
 use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, END};
 
 /// Why a session ended.
@@ -117,8 +117,8 @@ where
         }
     });
     let mut server = Server::new(config);
-    let mut open: HashMap<RequestId, (File, Outboard)> = HashMap::new();
-    let mut packet = Vec::with_capacity(1 << 20);
+    let mut files = Files::new(root, cache);
+    let mut small = Vec::new();
     loop {
         // Answers first, then one piece; block for input only when there is nothing to send.
         while let Some(out) = server.poll_transmit() {
@@ -126,22 +126,29 @@ where
         }
         let idle = match server.next_piece() {
             Some(piece) => {
-                let (file, outboard) = &open[&piece.id];
-                packet.clear();
-                let len = (piece.range.end - piece.range.start) as u32;
-                wire::data_header(&mut packet, piece.id, piece.range.start, len);
-                match encode_piece(file, outboard, piece.range.clone(), &mut packet) {
-                    Ok(()) => {
-                        writer.send(&packet)?;
-                        server.piece_sent(&piece);
+                let sent = if piece.range.end - piece.range.start < SMALL_PIECE {
+                    // A small piece joins the answers waiting to go out in one write; a large one is
+                    // sealed where it was built.
+                    small.resize(SMALL_PIECE as usize + GROUP as usize, 0);
+                    match files.build_piece(&piece, &mut small) {
+                        Ok(len) => writer.send(&small[..len]).map(|()| true),
+                        Err(e) => Ok(fail(&mut server, &piece, e)),
                     }
-                    Err(e) => server.fail(piece.id, ErrorCode::Io, &e.to_string()),
+                } else {
+                    let max = writer.max_payload();
+                    match files.build_piece(&piece, writer.payload_buf(max)?) {
+                        Ok(len) => writer.send_payload_buf(len).map(|()| true),
+                        Err(e) => Ok(fail(&mut server, &piece, e)),
+                    }
+                };
+                if sent? {
+                    server.piece_sent(&piece);
                 }
                 false
             }
             None => true,
         };
-        open.retain(|id, _| server.is_reading(*id));
+        files.forget_done(&server);
         let next = if idle {
             writer.flush()?;
             rx.recv().ok()
@@ -161,57 +168,109 @@ where
             server.changed(&[SharePath::root()]);
         }
         while let Some(job) = server.next_job() {
-            run_job(&mut server, job, root, cache, &mut open, log);
+            files.run(&mut server, job);
+        }
+        while let Some(refusal) = server.next_refusal() {
+            log(&format!("refused: {refusal}"));
         }
     }
 }
 
-fn run_job(
-    server: &mut Server,
-    job: Job,
-    root: &ShareRoot,
-    cache: &OutboardCache,
-    open: &mut HashMap<RequestId, (File, Outboard)>,
-    log: &mut dyn FnMut(&str),
-) {
-    let mut note = |r: Option<&(ErrorCode, String)>| {
-        if let Some((ErrorCode::UnsafePath, msg)) = r {
-            log(&format!("refused: {msg}"));
+fn fail(server: &mut Server, piece: &Piece, (code, message): (ErrorCode, String)) -> bool {
+    server.fail(piece.id, code, &message);
+    false
+}
+
+/// Pieces smaller than this are gathered with other packets into one write (the channel's writer does that
+/// for packets under 64 KiB); larger ones are built in the writer's packet buffer, not copied again.
+const SMALL_PIECE: u64 = 32 << 10;
+
+/// A file being read: its descriptor, its outboard, and the identity the outboard belongs to.
+struct Opened {
+    file: File,
+    cached: Cached,
+}
+
+/// The file-system side of one session: runs a [`Server`]'s jobs against the share and builds its pieces,
+/// keeping each read's file open until the read ends. [`serve`] drives it over a channel; anything else
+/// (another event loop, a test) can drive it with packets of its own.
+pub struct Files<'a> {
+    root: &'a ShareRoot,
+    cache: &'a OutboardCache,
+    open: HashMap<RequestId, Opened>,
+}
+
+impl<'a> Files<'a> {
+    /// The files of `root`, with outboards from `cache`.
+    pub fn new(root: &'a ShareRoot, cache: &'a OutboardCache) -> Self {
+        Files {
+            root,
+            cache,
+            open: HashMap::new(),
         }
-    };
-    match job {
-        Job::Stat { id, path } => {
-            let r = root.stat(&path);
-            note(r.as_ref().err());
-            server.stat_done(id, r);
-        }
-        Job::List {
-            id,
-            path,
-            cursor,
-            max,
-        } => {
-            let r = root.list(&path, cursor, max);
-            note(r.as_ref().err());
-            server.list_done(id, r);
-        }
-        Job::Open { id, path } => {
-            let r = root.open_file(&path).and_then(|f| {
-                cache
-                    .outboard(&f)
-                    .map(|(ob, _)| (f, ob))
-                    .map_err(|e| (ErrorCode::Io, e.to_string()))
-            });
-            note(r.as_ref().err());
-            match r {
-                Ok((file, ob)) => {
-                    let version = ob.version();
-                    open.insert(id, (file, ob));
-                    server.read_opened(id, Ok(version));
+    }
+
+    /// Runs one job and reports its result to `server`.
+    pub fn run(&mut self, server: &mut Server, job: Job) {
+        match job {
+            Job::Stat { id, path } => server.stat_done(id, self.root.stat(&path)),
+            Job::List {
+                id,
+                path,
+                cursor,
+                max,
+            } => server.list_done(id, self.root.list(&path, cursor, max)),
+            Job::Open { id, path } => {
+                let r = self.root.open_file(&path).and_then(|file| {
+                    self.cache
+                        .outboard(&file)
+                        .map(|cached| Opened { file, cached })
+                        .map_err(|e| (ErrorCode::Io, e.to_string()))
+                });
+                match r {
+                    Ok(opened) => {
+                        let version = opened.cached.outboard.version();
+                        self.open.insert(id, opened);
+                        server.read_opened(id, Ok(version));
+                    }
+                    Err(e) => server.read_opened(id, Err(e)),
                 }
-                Err(e) => server.read_opened(id, Err(e)),
             }
         }
+    }
+
+    /// Builds the packet of `piece` at the front of `buf` (at least a piece's range plus one group long):
+    /// the DATA header, then the proof and the data read from the file straight into place. Returns its
+    /// length. A file whose identity changed since it was opened is another version: the read fails with
+    /// [`ErrorCode::Changed`] instead of mixing versions.
+    pub fn build_piece(&self, piece: &Piece, buf: &mut [u8]) -> Result<usize, (ErrorCode, String)> {
+        let io_error = |e: io::Error| (ErrorCode::Io, e.to_string());
+        let opened = self
+            .open
+            .get(&piece.id)
+            .ok_or((ErrorCode::Io, "the read's file is not open".to_string()))?;
+        if FileId::of(&opened.file).map_err(io_error)? != opened.cached.id {
+            return Err((
+                ErrorCode::Changed,
+                "the file changed while it was read".into(),
+            ));
+        }
+        let len = (piece.range.end - piece.range.start) as u32;
+        let header = wire::data_header_bytes(piece.id, piece.range.start, len);
+        buf[..header.len()].copy_from_slice(&header);
+        let body = encode_piece_into(
+            &opened.file,
+            &opened.cached.outboard,
+            piece.range.clone(),
+            &mut buf[header.len()..],
+        )
+        .map_err(io_error)?;
+        Ok(header.len() + body)
+    }
+
+    /// Closes the files of reads that ended.
+    pub fn forget_done(&mut self, server: &Server) {
+        self.open.retain(|id, _| server.is_reading(*id));
     }
 }
 

@@ -119,7 +119,12 @@ pub struct Server {
     in_flight: HashMap<RequestId, InFlight>,
     /// Reads with pieces left, taking turns: id and the bytes still to send.
     reads: VecDeque<(RequestId, Range<u64>)>,
+    /// Requests refused with [`ErrorCode::UnsafePath`], for the log (the oldest dropped past a bound).
+    refused: VecDeque<String>,
 }
+
+/// Refusals kept for the log until taken.
+const MAX_REFUSED: usize = 64;
 
 impl Server {
     /// A session; its hello is the first packet out.
@@ -142,12 +147,28 @@ impl Server {
             jobs: VecDeque::new(),
             in_flight: HashMap::new(),
             reads: VecDeque::new(),
+            refused: VecDeque::new(),
         }
     }
 
     /// Takes one packet from the client.
     pub fn handle(&mut self, packet: &[u8]) -> Result<(), ServerError> {
-        let req = Request::decode(packet)?;
+        let req = match Request::decode(packet) {
+            Ok(req) => req,
+            // A request whose path breaks the name rules (`..`, absolute, NUL, ...) is refused on its own;
+            // the session goes on.
+            Err(DecodeError::UnsafePath(problem)) if self.greeted => {
+                let (id, path) =
+                    wire::request_path(packet).ok_or(DecodeError::UnsafePath(problem))?;
+                if self.in_flight.contains_key(&id) {
+                    return Err(ServerError::DuplicateId(id));
+                }
+                let shown = String::from_utf8_lossy(path).escape_debug().to_string();
+                self.refuse(id, format!("{shown}: {problem}"));
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
         if !self.greeted {
             return match req {
                 Request::Hello(h) if h.version == PROTOCOL_VERSION => {
@@ -206,6 +227,11 @@ impl Server {
         self.in_flight.insert(id, state);
         self.jobs.extend(job);
         Ok(())
+    }
+
+    /// The next request refused for trying to leave the share, described for the sharer's log.
+    pub fn next_refusal(&mut self) -> Option<String> {
+        self.refused.pop_front()
     }
 
     /// The next job for the file-system layer.
@@ -375,7 +401,17 @@ impl Server {
         }
     }
 
+    fn refuse(&mut self, id: RequestId, message: String) {
+        self.error(id, ErrorCode::UnsafePath, &message);
+    }
+
     fn error(&mut self, id: RequestId, code: ErrorCode, message: &str) {
+        if code == ErrorCode::UnsafePath {
+            if self.refused.len() == MAX_REFUSED {
+                self.refused.pop_front();
+            }
+            self.refused.push_back(message.to_string());
+        }
         self.push(Response::Error {
             id,
             code,

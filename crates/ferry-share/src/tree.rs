@@ -11,21 +11,30 @@
 //! file can verify under a claimed size that differs in its last groups. A client that reports or relies
 //! on a size (end of file, `ferry pull`'s completion) verifies the last group first ([`last_group`]).
 
+use std::fs::File;
 use std::io;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
-use bao_tree::io::outboard::PreOrderOutboard;
-use bao_tree::io::sync::{encode_ranges, CreateOutboard, DecodeResponseIter, ReadAt, Size};
+use bao_tree::io::sync::{DecodeResponseIter, OutboardMut, ReadAt};
 use bao_tree::io::BaoContentItem;
-use bao_tree::{BaoTree, BlockSize, ChunkNum, ChunkRanges};
+use bao_tree::iter::BaoChunk;
+use bao_tree::{BaoTree, BlockSize, ChunkNum, ChunkRanges, TreeNode};
 
 /// log2 of the chunks (1 KiB) in a group.
 pub const GROUP_CHUNK_LOG: u8 = 4;
 /// Bytes in a group: the smallest verifiable unit.
 pub const GROUP: u64 = 1024 << GROUP_CHUNK_LOG;
+/// Bytes of one parent node (two hashes) in an outboard and in a piece.
+const PAIR: u64 = 64;
 
 fn block_size() -> BlockSize {
     BlockSize::from_chunk_log(GROUP_CHUNK_LOG)
+}
+
+fn tree_of(size: u64) -> BaoTree {
+    BaoTree::new(size, block_size())
 }
 
 /// A file version: what a read is verified against.
@@ -37,44 +46,203 @@ pub struct Version {
     pub root: [u8; 32],
 }
 
-/// The parent hashes of one version's tree, kept by the sharer.
+/// Bytes of the outboard of a file of `size` bytes.
+pub fn outboard_len(size: u64) -> u64 {
+    tree_of(size).outboard_size()
+}
+
+/// The parent hashes of one version's tree (pre-order, 64 bytes per parent), kept by the sharer: in memory,
+/// or in a file read node by node (`pread`) as pieces need them. Cloning shares the storage.
 #[derive(Debug, Clone)]
-pub struct Outboard(PreOrderOutboard<Vec<u8>>);
+pub struct Outboard {
+    version: Version,
+    tree: BaoTree,
+    store: Store,
+}
+
+#[derive(Debug, Clone)]
+enum Store {
+    Memory(Arc<Vec<u8>>),
+    File { file: Arc<File>, offset: u64 },
+}
 
 impl Outboard {
-    /// Hashes `size` bytes of `data` into an outboard.
+    /// Hashes `size` bytes of `data` into an outboard in memory.
     pub fn compute(data: impl io::Read, size: u64) -> io::Result<Outboard> {
-        PreOrderOutboard::<Vec<u8>>::create_sized(data, size, block_size()).map(Outboard)
+        let tree = tree_of(size);
+        let mut bytes = MemOut(vec![0; tree.outboard_size() as usize], tree);
+        let root = bao_tree::io::sync::outboard(data, tree, &mut bytes)?;
+        let version = Version {
+            size,
+            root: *root.as_bytes(),
+        };
+        Ok(Outboard::from_parts(version, bytes.0).expect("sized for its tree"))
     }
 
-    /// An outboard read back from storage; `None` when `bytes` cannot be the outboard of such a version.
-    pub fn from_parts(version: Version, bytes: Vec<u8>) -> Option<Outboard> {
-        let tree = BaoTree::new(version.size, block_size());
-        (bytes.len() as u64 == tree.outboard_size()).then(|| {
-            Outboard(PreOrderOutboard {
-                root: blake3_hash(version.root),
-                tree,
-                data: bytes,
-            })
+    /// Hashes `size` bytes of `data` into `file` from `offset` (the outboard's bytes, [`outboard_len`] of
+    /// them); returns the version. Memory stays bounded whatever the size: parents are written in sorted
+    /// batches.
+    pub fn compute_into(
+        data: impl io::Read,
+        size: u64,
+        file: &File,
+        offset: u64,
+    ) -> io::Result<Version> {
+        let tree = tree_of(size);
+        let mut out = FileOut {
+            file,
+            offset,
+            tree,
+            batch: Vec::with_capacity(BATCH),
+        };
+        let root = bao_tree::io::sync::outboard(data, tree, &mut out)?;
+        out.flush()?;
+        Ok(Version {
+            size,
+            root: *root.as_bytes(),
         })
+    }
+
+    /// An outboard held in memory; `None` when `bytes` cannot be the outboard of such a version.
+    pub fn from_parts(version: Version, bytes: Vec<u8>) -> Option<Outboard> {
+        let tree = tree_of(version.size);
+        (bytes.len() as u64 == tree.outboard_size()).then(|| Outboard {
+            version,
+            tree,
+            store: Store::Memory(Arc::new(bytes)),
+        })
+    }
+
+    /// An outboard read from `file` at `offset` as pieces need it (the caller checked the file holds
+    /// [`outboard_len`] bytes there).
+    pub fn from_file(version: Version, file: Arc<File>, offset: u64) -> Outboard {
+        Outboard {
+            version,
+            tree: tree_of(version.size),
+            store: Store::File { file, offset },
+        }
     }
 
     /// The version it describes.
     pub fn version(&self) -> Version {
-        Version {
-            size: self.0.tree.size(),
-            root: *self.0.root.as_bytes(),
+        self.version
+    }
+
+    /// Its bytes when held in memory.
+    pub fn as_bytes(&self) -> Option<&[u8]> {
+        match &self.store {
+            Store::Memory(b) => Some(b),
+            Store::File { .. } => None,
         }
     }
 
-    /// Its bytes, to store.
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.0.data
+    /// Bytes of memory it holds (0 when read from a file).
+    pub fn memory(&self) -> u64 {
+        self.as_bytes().map_or(0, |b| b.len() as u64)
+    }
+
+    /// Whether a clone of it is in use elsewhere.
+    pub fn is_shared(&self) -> bool {
+        match &self.store {
+            Store::Memory(b) => Arc::strong_count(b) > 1,
+            Store::File { file, .. } => Arc::strong_count(file) > 1,
+        }
+    }
+
+    fn pair(&self, node: TreeNode) -> io::Result<Option<[u8; 64]>> {
+        let Some(at) = self.tree.pre_order_offset(node) else {
+            return Ok(None);
+        };
+        let at = at * PAIR;
+        let mut pair = [0u8; 64];
+        match &self.store {
+            Store::Memory(b) => pair.copy_from_slice(
+                b.get(at as usize..(at + PAIR) as usize)
+                    .ok_or_else(|| io::Error::other("outboard too short"))?,
+            ),
+            Store::File { file, offset } => {
+                FileExt::read_exact_at(&**file, &mut pair, offset + at)?
+            }
+        }
+        Ok(Some(pair))
     }
 }
 
-fn blake3_hash(bytes: [u8; 32]) -> bao_tree::blake3::Hash {
-    bao_tree::blake3::Hash::from_bytes(bytes)
+/// Parents gathered before they are written to a file outboard (1 MiB; a few in tests, to test batches).
+const BATCH: usize = if cfg!(test) { 64 } else { 16 << 10 };
+
+/// An outboard being computed in memory.
+struct MemOut(Vec<u8>, BaoTree);
+
+impl OutboardMut for MemOut {
+    fn save(&mut self, node: TreeNode, pair: &(Hash, Hash)) -> io::Result<()> {
+        if let Some(at) = self.1.pre_order_offset(node) {
+            let at = (at * PAIR) as usize;
+            self.0[at..at + 32].copy_from_slice(pair.0.as_bytes());
+            self.0[at + 32..at + 64].copy_from_slice(pair.1.as_bytes());
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An outboard being computed into a file: the hashing saves parents in post-order, their places are in
+/// pre-order, so they are gathered, sorted and written in runs of neighbours.
+struct FileOut<'a> {
+    file: &'a File,
+    offset: u64,
+    tree: BaoTree,
+    batch: Vec<(u64, [u8; 64])>,
+}
+
+impl FileOut<'_> {
+    fn flush(&mut self) -> io::Result<()> {
+        self.batch.sort_unstable_by_key(|(at, _)| *at);
+        let mut run: Vec<u8> = Vec::with_capacity(self.batch.len() * PAIR as usize);
+        let mut start = 0;
+        for (at, pair) in self.batch.drain(..) {
+            if !run.is_empty() && start + run.len() as u64 != at {
+                self.file.write_all_at(&run, self.offset + start)?;
+                run.clear();
+            }
+            if run.is_empty() {
+                start = at;
+            }
+            run.extend_from_slice(&pair);
+        }
+        if !run.is_empty() {
+            self.file.write_all_at(&run, self.offset + start)?;
+        }
+        Ok(())
+    }
+}
+
+impl OutboardMut for FileOut<'_> {
+    fn save(&mut self, node: TreeNode, pair: &(Hash, Hash)) -> io::Result<()> {
+        if let Some(at) = self.tree.pre_order_offset(node) {
+            let mut bytes = [0u8; 64];
+            bytes[..32].copy_from_slice(pair.0.as_bytes());
+            bytes[32..].copy_from_slice(pair.1.as_bytes());
+            self.batch.push((at * PAIR, bytes));
+            if self.batch.len() >= BATCH {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&mut self) -> io::Result<()> {
+        self.flush()
+    }
+}
+
+type Hash = bao_tree::blake3::Hash;
+
+fn blake3_hash(bytes: [u8; 32]) -> Hash {
+    Hash::from_bytes(bytes)
 }
 
 /// The groups that cover `[offset, offset + len)`, cut at `size`: the byte range a piece for it spans.
@@ -103,26 +271,86 @@ fn chunks(range: &Range<u64>) -> ChunkRanges {
     ChunkRanges::from(ChunkNum(range.start / 1024)..ChunkNum(range.end.div_ceil(1024)))
 }
 
-/// Appends the piece for `range` (group-aligned, inside the file: from [`covering`]) to `out`: the parent
-/// hashes on its path, then its data read from `data`. It does not re-hash the data: a sharer whose file
-/// changed under its outboard sends bytes that fail the client's check, never bytes that pass.
-pub fn encode_piece(
-    data: impl ReadAt + Size,
+/// Bytes of the piece for `range` of a version of `size` bytes: its parent hashes and its data.
+pub fn piece_len(size: u64, range: &Range<u64>) -> u64 {
+    if range.is_empty() {
+        return 0;
+    }
+    let tree = tree_of(size);
+    let parents = tree
+        .ranges_pre_order_chunks_iter_ref(&chunks(range), 0)
+        .filter(|c| matches!(c, BaoChunk::Parent { .. }))
+        .count() as u64;
+    parents * PAIR + (range.end - range.start)
+}
+
+/// Writes the piece for `range` (group-aligned, inside the file: from [`covering`]) into the front of `out`:
+/// the parent hashes on its path, then its data read from `data` straight into place. Returns its length
+/// ([`piece_len`]). It does not re-hash the data: a sharer whose file changed under its outboard sends bytes
+/// that fail the client's check, never bytes that pass.
+pub fn encode_piece_into(
+    data: impl ReadAt,
     outboard: &Outboard,
     range: Range<u64>,
-    out: &mut Vec<u8>,
-) -> io::Result<()> {
-    let size = outboard.0.tree.size();
+    out: &mut [u8],
+) -> io::Result<usize> {
+    let size = outboard.version.size;
     if !is_piece_range(size, &range) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "piece range is not group-aligned inside the file",
         ));
     }
-    if range.is_empty() && size != 0 {
-        return Ok(());
+    if range.is_empty() {
+        return Ok(0);
     }
-    encode_ranges(data, &outboard.0, &chunks(&range), out).map_err(io::Error::other)
+    let short = || io::Error::new(io::ErrorKind::InvalidInput, "piece buffer too small");
+    let mut at = 0usize;
+    for item in outboard
+        .tree
+        .ranges_pre_order_chunks_iter_ref(&chunks(&range), 0)
+    {
+        match item {
+            BaoChunk::Parent { node, .. } => {
+                let pair = outboard
+                    .pair(node)?
+                    .ok_or_else(|| io::Error::other("outboard misses a parent"))?;
+                out.get_mut(at..at + 64)
+                    .ok_or_else(short)?
+                    .copy_from_slice(&pair);
+                at += 64;
+            }
+            BaoChunk::Leaf {
+                start_chunk, size, ..
+            } => {
+                let buf = out.get_mut(at..at + size).ok_or_else(short)?;
+                data.read_exact_at(start_chunk.to_bytes(), buf)?;
+                at += size;
+            }
+        }
+    }
+    Ok(at)
+}
+
+/// Appends the piece for `range` to `out` ([`encode_piece_into`] for a growing buffer).
+pub fn encode_piece(
+    data: impl ReadAt,
+    outboard: &Outboard,
+    range: Range<u64>,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    let mark = out.len();
+    let len = if is_piece_range(outboard.version.size, &range) {
+        piece_len(outboard.version.size, &range) as usize
+    } else {
+        0
+    };
+    out.resize(mark + len, 0);
+    let r = encode_piece_into(data, outboard, range, &mut out[mark..]);
+    if r.is_err() {
+        out.truncate(mark);
+    }
+    r.map(|_| ())
 }
 
 /// A piece that does not verify.
@@ -162,7 +390,7 @@ pub fn verify_piece(
             Err(VerifyError::Length)
         };
     }
-    let tree = BaoTree::new(size, block_size());
+    let tree = tree_of(size);
     let ranges = chunks(&range);
     let mut reader = piece;
     let mark = out.len();
@@ -219,11 +447,47 @@ mod tests {
             let d = data(len);
             let ob = Outboard::compute(&d[..], len as u64).unwrap();
             assert_eq!(ob.version().root, *blake3::hash(&d).as_bytes(), "len {len}");
-            let again = Outboard::from_parts(ob.version(), ob.as_bytes().to_vec()).unwrap();
+            let again =
+                Outboard::from_parts(ob.version(), ob.as_bytes().unwrap().to_vec()).unwrap();
             assert_eq!(again.version(), ob.version());
             assert!(
-                Outboard::from_parts(ob.version(), vec![0; ob.as_bytes().len() + 64]).is_none()
+                Outboard::from_parts(ob.version(), vec![0; ob.as_bytes().unwrap().len() + 64])
+                    .is_none()
             );
+        }
+    }
+
+    #[test]
+    fn an_outboard_hashed_into_a_file_is_the_one_in_memory() {
+        let t = ferry_testkit::temp_dir("ferry-tree-");
+        // Enough groups that the parents are written in several sorted batches.
+        for len in [
+            0usize,
+            5000,
+            3 * GROUP as usize + 1,
+            (3 * BATCH + 77) * GROUP as usize,
+        ] {
+            let d = data(len);
+            let mem = Outboard::compute(&d[..], len as u64).unwrap();
+            let file = File::options()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(t.path().join("ob"))
+                .unwrap();
+            let version = Outboard::compute_into(&d[..], len as u64, &file, 10).unwrap();
+            assert_eq!(version, mem.version());
+            let mut stored = vec![0u8; outboard_len(len as u64) as usize];
+            FileExt::read_exact_at(&file, &mut stored, 10).unwrap();
+            assert_eq!(stored, mem.as_bytes().unwrap(), "len {len}");
+            let from_file = Outboard::from_file(version, Arc::new(file), 10);
+            let range = covering(len as u64, len as u64 / 2, 4096);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            encode_piece(&d[..], &mem, range.clone(), &mut a).unwrap();
+            encode_piece(&d[..], &from_file, range.clone(), &mut b).unwrap();
+            assert_eq!(a, b);
+            assert_eq!(a.len() as u64, piece_len(len as u64, &range));
         }
     }
 

@@ -4,9 +4,10 @@
 //! Every directory of the share gets a watch (new ones as they appear; symlinks are not followed). A
 //! change announces the changed entry and its directory (a listing of the directory is stale too). When the
 //! kernel's queue overflowed, the whole share is announced (the empty path). When the watch limit
-//! (`fs.inotify.max_user_watches`) is reached, the directories that got no watch are reported once through
-//! the warning callback; changes below them are not announced (clients still see them on their next
-//! listing or read, as versions are checked on every read).
+//! (`fs.inotify.max_user_watches`) is reached, a warning goes once through the warning callback, and from
+//! then on the whole share is announced every [`UNWATCHED_INTERVAL`]: changes in the directories without a
+//! watch reach clients late, never silently (and no read is ever wrong meanwhile: versions are checked on
+//! every read).
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
@@ -24,6 +25,9 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::io::Errno;
 
 use crate::wire::SharePath;
+
+/// How often the whole share is announced while some directories have no watch.
+pub const UNWATCHED_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A running watch; dropping it stops it.
 pub struct Watcher {
@@ -57,6 +61,26 @@ fn flags() -> WatchFlags {
 pub fn watch(
     root: &Path,
     debounce: Duration,
+    on_change: impl FnMut(Vec<SharePath>) + Send + 'static,
+    on_warning: impl FnMut(String) + Send + 'static,
+) -> io::Result<Watcher> {
+    watch_limited(
+        root,
+        debounce,
+        UNWATCHED_INTERVAL,
+        usize::MAX,
+        on_change,
+        on_warning,
+    )
+}
+
+/// [`watch`] with at most `max_watches` watches (the kernel's limit stands anyway) and the interval of
+/// whole-share announcements once the limit is reached.
+fn watch_limited(
+    root: &Path,
+    debounce: Duration,
+    unwatched_interval: Duration,
+    max_watches: usize,
     mut on_change: impl FnMut(Vec<SharePath>) + Send + 'static,
     mut on_warning: impl FnMut(String) + Send + 'static,
 ) -> io::Result<Watcher> {
@@ -66,6 +90,7 @@ pub fn watch(
         root: root.to_path_buf(),
         dirs: HashMap::new(),
         full: false,
+        max_watches,
     };
     state.add_tree(&[], &mut on_warning);
     let stop = Arc::new(AtomicBool::new(false));
@@ -74,6 +99,7 @@ pub fn watch(
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 << 10];
         let mut pending = BTreeSet::new();
         let mut since: Option<Instant> = None;
+        let mut whole_announced = Instant::now();
         let tick = Timespec {
             tv_sec: 0,
             tv_nsec: 50_000_000,
@@ -113,6 +139,10 @@ pub fn watch(
             for d in new_dirs {
                 state.add_tree(&d, &mut on_warning);
             }
+            if state.full && whole_announced.elapsed() >= unwatched_interval {
+                pending.insert(SharePath::root());
+                whole_announced = Instant::now();
+            }
             if !pending.is_empty() {
                 let first = *since.get_or_insert_with(Instant::now);
                 if first.elapsed() >= debounce {
@@ -135,6 +165,8 @@ struct State {
     dirs: HashMap<i32, Vec<u8>>,
     /// The watch limit was reached (reported once).
     full: bool,
+    /// Most watches to add (below the kernel's own limit only in tests).
+    max_watches: usize,
 }
 
 fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
@@ -151,7 +183,12 @@ impl State {
         let mut stack = vec![rel.to_vec()];
         while let Some(dir) = stack.pop() {
             let full = self.root.join(OsStr::from_bytes(&dir));
-            match inotify::add_watch(&self.fd, &full, flags()) {
+            let added = if self.dirs.len() >= self.max_watches {
+                Err(Errno::NOSPC)
+            } else {
+                inotify::add_watch(&self.fd, &full, flags())
+            };
+            match added {
                 Ok(wd) => {
                     self.dirs.insert(wd, dir.clone());
                 }
@@ -159,8 +196,9 @@ impl State {
                     if !self.full {
                         self.full = true;
                         warn(format!(
-                            "the inotify watch limit is reached (fs.inotify.max_user_watches): changes in {} and other directories are not announced",
-                            full.display()
+                            "the inotify watch limit is reached (fs.inotify.max_user_watches): changes in {} and other directories are announced as a change of the whole share every {} s",
+                            full.display(),
+                            UNWATCHED_INTERVAL.as_secs()
                         ));
                     }
                     continue;
@@ -217,6 +255,36 @@ mod tests {
         while !seen.contains(&p("later/inside")) {
             let left = deadline.saturating_duration_since(Instant::now());
             seen.extend(rx.recv_timeout(left).expect("a write in a new directory"));
+        }
+    }
+
+    #[test]
+    fn past_the_watch_limit_the_whole_share_is_announced() {
+        let t = ferry_testkit::temp_dir("ferry-watch-");
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let (wtx, wrx) = mpsc::channel();
+        let _w = watch_limited(
+            t.path(),
+            Duration::from_millis(20),
+            Duration::from_millis(200),
+            1,
+            move |paths| tx.send(paths).unwrap(),
+            move |w| wtx.send(w).unwrap(),
+        )
+        .unwrap();
+        let warning = wrx.recv_timeout(Duration::from_secs(5)).expect("warned");
+        assert!(warning.contains("limit"), "{warning}");
+        assert!(wrx.try_recv().is_err(), "warned once");
+        // A write in an unwatched directory: the whole share is announced soon.
+        std::fs::write(t.path().join("a/b/new.txt"), b"x").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let got = rx.recv_timeout(left).expect("the whole share announced");
+            if got.contains(&SharePath::root()) {
+                break;
+            }
         }
     }
 }

@@ -579,12 +579,29 @@ impl Response<'_> {
     }
 }
 
+/// The id and raw path of a [`LIST`], [`STAT`] or [`READ`] request, read without checking the path: to refuse
+/// a request whose path breaks the rules by its id.
+pub fn request_path(packet: &[u8]) -> Option<(RequestId, &[u8])> {
+    let mut r = Reader::new(packet);
+    match r.u8().ok()? {
+        LIST | STAT | READ => Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?)),
+        _ => None,
+    }
+}
+
 /// Writes the header of a [`DATA`] message; the encoded piece follows.
 pub fn data_header(out: &mut impl Put, id: RequestId, offset: u64, len: u32) {
-    out.put_u8(DATA);
-    out.put_u32(id);
-    out.put_u64(offset);
-    out.put_u32(len);
+    out.put(&data_header_bytes(id, offset, len));
+}
+
+/// The header of a [`DATA`] message, to place in front of a piece built in place.
+pub fn data_header_bytes(id: RequestId, offset: u64, len: u32) -> [u8; DATA_HEADER_LEN] {
+    let mut h = [0u8; DATA_HEADER_LEN];
+    h[0] = DATA;
+    h[1..5].copy_from_slice(&id.to_le_bytes());
+    h[5..13].copy_from_slice(&offset.to_le_bytes());
+    h[13..].copy_from_slice(&len.to_le_bytes());
+    h
 }
 
 /// Bytes of a [`DATA`] header.

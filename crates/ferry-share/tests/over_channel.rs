@@ -55,32 +55,50 @@ fn start(client: [u8; 32]) -> Sharer {
     let addr = listener.local_addr().unwrap();
     let key = IdentityKey::generate();
     let public = key.public();
+    let seed = *key.seed();
     let log = Arc::new(Mutex::new(Vec::new()));
     let (log2, cache_dir) = (Arc::clone(&log), dir.path().join("cache"));
+    let root = Arc::new(ShareRoot::open(&share).unwrap());
+    let cache = OutboardCache::new(cache_dir);
+    let changes = Changes::default();
+    let publisher = changes.clone();
+    let watch = ferry_share::watch::watch(
+        &share,
+        Duration::from_millis(50),
+        move |paths| publisher.publish(paths),
+        |_| {},
+    )
+    .unwrap();
+    // Clients one after another or at once, each on a thread of its own, sharing the cache and the watch.
     std::thread::spawn(move || {
-        let (stream, _) = listener.accept().unwrap();
-        let est = match handshake(stream.try_clone().unwrap(), Role::Responder, key, client) {
-            Ok(e) => e,
-            Err(e) => {
-                log2.lock().unwrap().push(format!("handshake: {e}"));
-                return;
-            }
-        };
-        let (reader, writer) = split_tcp(stream, est).unwrap();
-        let root = ShareRoot::open(&share).unwrap();
-        let cache = OutboardCache::new(cache_dir);
-        let changes = Changes::default();
-        let publisher = changes.clone();
-        let _watch = ferry_share::watch::watch(
-            &share,
-            Duration::from_millis(50),
-            move |paths| publisher.publish(paths),
-            |_| {},
-        )
-        .unwrap();
-        let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
-        let config = ServerConfig::default();
-        let _ = serve(reader, writer, &root, &cache, &changes, config, &mut log);
+        let _watch = watch;
+        for stream in listener.incoming() {
+            let stream = stream.unwrap();
+            let (log2, root, cache, changes) = (
+                Arc::clone(&log2),
+                Arc::clone(&root),
+                cache.clone(),
+                changes.clone(),
+            );
+            std::thread::spawn(move || {
+                let est = match handshake(
+                    stream.try_clone().unwrap(),
+                    Role::Responder,
+                    IdentityKey::from_seed(seed),
+                    client,
+                ) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        log2.lock().unwrap().push(format!("handshake: {e}"));
+                        return;
+                    }
+                };
+                let (reader, writer) = split_tcp(stream, est).unwrap();
+                let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
+                let config = ServerConfig::default();
+                let _ = serve(reader, writer, &root, &cache, &changes, config, &mut log);
+            });
+        }
     });
     Sharer {
         dir,
@@ -185,4 +203,31 @@ fn an_unpaired_key_gets_nothing() {
     let stranger = IdentityKey::generate();
     let err = connect(&sharer, stranger).err().expect("refused");
     assert!(matches!(err, SessionError::Channel(_)), "{err}");
+}
+
+#[test]
+fn two_clients_read_at_once() {
+    let me = IdentityKey::generate();
+    let sharer = start(me.public());
+    let original = std::fs::read(sharer.dir.path().join("share/big.bin")).unwrap();
+    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let (sharer, key) = (&sharer, IdentityKey::from_seed(*me.seed()));
+                s.spawn(move || {
+                    let mut session = connect(sharer, key).unwrap();
+                    let out_path = sharer.dir.path().join(format!("pulled{i}"));
+                    let mut out = std::fs::File::create(&out_path).unwrap();
+                    session
+                        .read_into(p("big.bin"), 0, u64::MAX, &mut out)
+                        .unwrap();
+                    std::fs::read(&out_path).unwrap()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for got in results {
+        assert!(got == original, "each client got the whole file");
+    }
 }

@@ -1,0 +1,411 @@
+//! `ferry bench share`: the share protocol's verified reads over the real encrypted channel on loopback.
+//!
+//! Cases:
+//! - **random 4 KiB reads**: one client, [`Options::depth`] reads in flight, each a random 4 KiB range of a
+//!   [`Options::file_bytes`] file whose hash tree is cached; every byte verified by the client. Reads/s.
+//! - **latency**: the same reads one at a time; the median round trip in µs.
+//! - **first verified byte**: a 4 KiB read at the start of the file through a new share: hash tree never
+//!   built (the whole file is hashed first), on disk (a restarted share: the cache file is checked and
+//!   loaded), and in memory (the same share again). Milliseconds.
+//! - **sharer's peak RSS**: [`Options::rss_clients`] clients each reading its own
+//!   [`Options::rss_file_bytes`] file whole, at once, from a sharer in a child process (so the clients'
+//!   memory is not counted): its `VmHWM`. The child is the current executable, which must call
+//!   [`serve_if_child`] first thing in `main` (`ferry` does, and `examples/share_bench.rs`).
+//!
+//! The first three run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`). No sftp
+//! baseline: openssh's sftp-server needs an ssh server on 127.0.0.1, which this benchmark does not start.
+
+use std::fs;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferry_channel::blocking::{handshake_until, split_tcp};
+use ferry_channel::{Auth, Config, Handshake, Role};
+use ferry_share::client::Event;
+use ferry_share::fs::{OutboardCache, ShareRoot};
+use ferry_share::io::{serve, Changes, Session};
+use ferry_share::server::ServerConfig;
+use ferry_share::wire::SharePath;
+
+use crate::report::{median, xorshift, Report, Row};
+
+const BENCH: &str = "share";
+
+/// The environment variable that makes [`serve_if_child`] serve: `SHARE_DIR:CACHE_DIR`.
+pub const SERVE_ENV: &str = "FERRY_BENCH_SHARE_SERVE";
+
+/// What to run and how big.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Samples per case (medians are reported).
+    pub runs: usize,
+    /// Size of the file read at random and for the first byte (the 10 GiB is a parameter).
+    pub file_bytes: u64,
+    /// Reads per random-read sample.
+    pub reads: usize,
+    /// Reads in flight.
+    pub depth: usize,
+    /// Reads per latency sample.
+    pub latency_reads: usize,
+    /// Clients reading at once for the RSS case.
+    pub rss_clients: usize,
+    /// Size of each file of the RSS case (sparse: it costs no memory to hold).
+    pub rss_file_bytes: u64,
+    /// Where the data goes (a tmpfs).
+    pub scratch: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            runs: 5,
+            file_bytes: 1 << 30,
+            reads: 200_000,
+            depth: 64,
+            latency_reads: 5_000,
+            rss_clients: 16,
+            rss_file_bytes: 1 << 30,
+            scratch: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+impl Options {
+    /// A short smoke run.
+    pub fn quick() -> Self {
+        Options {
+            runs: 1,
+            file_bytes: 64 << 20,
+            reads: 20_000,
+            latency_reads: 500,
+            rss_file_bytes: 64 << 20,
+            ..Options::default()
+        }
+    }
+}
+
+/// A directory on the scratch file system, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(base: &Path) -> io::Result<Scratch> {
+        let dir = base.join(format!("ferry-bench-share-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("share"))?;
+        Ok(Scratch(dir))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write_random_file(path: &Path, bytes: u64) -> io::Result<()> {
+    let mut f = io::BufWriter::with_capacity(1 << 20, fs::File::create(path)?);
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..bytes / 8 {
+        f.write_all(&xorshift(&mut seed).to_le_bytes())?;
+    }
+    f.write_all(&vec![7u8; (bytes % 8) as usize])?;
+    f.flush()
+}
+
+fn other(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+/// A sharer of `share` accepting clients on 127.0.0.1 until the process ends, each on a thread of its own,
+/// all with one outboard cache in `cache`.
+fn start_sharer(share: &Path, cache: &Path) -> io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let root = Arc::new(ShareRoot::open(share)?);
+    let cache = OutboardCache::new(cache.to_path_buf());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let (root, cache) = (Arc::clone(&root), cache.clone());
+            std::thread::spawn(move || {
+                let _ = stream.set_nodelay(true);
+                let hs = Handshake::new(Role::Responder, Config::ferry(), Auth::Unauthenticated);
+                let mut s = stream.try_clone()?;
+                let est = handshake_until(&mut s, hs, Instant::now() + Duration::from_secs(10))
+                    .map_err(other)?;
+                let (reader, writer) = split_tcp(stream, est).map_err(other)?;
+                let changes = Changes::default();
+                let config = ServerConfig::default();
+                serve(reader, writer, &root, &cache, &changes, config, &mut |_| {}).map_err(other)
+            });
+        }
+    });
+    Ok(addr)
+}
+
+type Client = Session<TcpStream, TcpStream>;
+
+fn connect(addr: SocketAddr, depth: usize) -> io::Result<Client> {
+    let stream = TcpStream::connect(addr)?;
+    stream.set_nodelay(true)?;
+    let hs = Handshake::new(Role::Initiator, Config::ferry(), Auth::Unauthenticated);
+    let mut s = stream.try_clone()?;
+    let est =
+        handshake_until(&mut s, hs, Instant::now() + Duration::from_secs(10)).map_err(other)?;
+    let (reader, writer) = split_tcp(stream, est).map_err(other)?;
+    Session::open(reader, writer, depth as u32).map_err(other)
+}
+
+/// Runs `count` random 4 KiB reads of `path` with up to `depth` in flight (refilled when half have
+/// completed); returns each read's time from request to its end, in order of completion.
+fn random_reads(
+    session: &mut Client,
+    path: &SharePath,
+    size: u64,
+    count: usize,
+    depth: usize,
+    seed: &mut u64,
+) -> io::Result<Vec<Duration>> {
+    let mut started = std::collections::HashMap::new();
+    let mut times = Vec::with_capacity(count);
+    let (mut issued, mut bytes) = (0, 0u64);
+    while times.len() < count {
+        // Refill in batches, half the window at a time: one write carries many requests.
+        let refill = started.len() <= depth / 2;
+        while refill && issued < count && started.len() < depth {
+            let offset = (xorshift(seed) % (size / 4096)) * 4096;
+            let id = session
+                .client()
+                .read(path.clone(), None, offset, 4096)
+                .map_err(other)?;
+            started.insert(id, Instant::now());
+            issued += 1;
+        }
+        match session.next_event().map_err(other)? {
+            Event::Data { bytes: b, .. } => bytes += b.len() as u64,
+            Event::Done { id } => {
+                let t = started.remove(&id).ok_or_else(|| other("unknown read"))?;
+                times.push(t.elapsed());
+            }
+            Event::Failed { failure, .. } => return Err(other(format!("{failure:?}"))),
+            _ => {}
+        }
+    }
+    if bytes != 4096 * count as u64 {
+        return Err(other("short reads"));
+    }
+    Ok(times)
+}
+
+/// Runs every share case and reports it; `server_exe` is the executable started as the sharer of the RSS
+/// case (it must call [`serve_if_child`]).
+pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
+    let s = Scratch::new(&opts.scratch)?;
+    let share = s.0.join("share");
+    write_random_file(&share.join("big"), opts.file_bytes)?;
+    let path = SharePath::new(b"big").map_err(other)?;
+    reads(opts, &s, &path, report)?;
+    first_byte(opts, &s, &path, report)?;
+    peak_rss(opts, server_exe, report)
+}
+
+fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> io::Result<()> {
+    let addr = start_sharer(&s.0.join("share"), &s.0.join("cache-reads"))?;
+    let mut session = connect(addr, opts.depth)?;
+    let mut seed = 0x1234_5678u64;
+    // Warm: the hash tree is built and held.
+    random_reads(&mut session, path, opts.file_bytes, 100, 1, &mut seed)?;
+    let (mut rates, mut lat) = (Vec::new(), Vec::new());
+    for _ in 0..opts.runs {
+        let start = Instant::now();
+        let count = opts.reads;
+        random_reads(
+            &mut session,
+            path,
+            opts.file_bytes,
+            count,
+            opts.depth,
+            &mut seed,
+        )?;
+        rates.push(count as f64 / start.elapsed().as_secs_f64());
+        let times = random_reads(
+            &mut session,
+            path,
+            opts.file_bytes,
+            opts.latency_reads,
+            1,
+            &mut seed,
+        )?;
+        let mut us: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
+        lat.push(median(&mut us));
+    }
+    let size = crate::channel::size_name(opts.file_bytes as usize);
+    report.push(Row::new(
+        BENCH,
+        format!(
+            "random 4 KiB verified reads, {} in flight ({size})",
+            opts.depth
+        ),
+        median(&mut rates),
+        "reads/s",
+    ));
+    report.push(Row::new(
+        BENCH,
+        format!("random 4 KiB verified read, one at a time ({size})"),
+        median(&mut lat),
+        "µs",
+    ));
+    Ok(())
+}
+
+/// Milliseconds from a 4 KiB read's request to its verified data.
+fn time_to_first_byte(session: &mut Client, path: &SharePath) -> io::Result<f64> {
+    let start = Instant::now();
+    let id = session
+        .client()
+        .read(path.clone(), None, 0, 4096)
+        .map_err(other)?;
+    loop {
+        match session.next_event().map_err(other)? {
+            Event::Data { id: i, .. } if i == id => break,
+            Event::Failed { failure, .. } => return Err(other(format!("{failure:?}"))),
+            _ => {}
+        }
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    while !matches!(session.next_event().map_err(other)?, Event::Done { id: i } if i == id) {}
+    Ok(ms)
+}
+
+fn first_byte(
+    opts: &Options,
+    s: &Scratch,
+    path: &SharePath,
+    report: &mut Report,
+) -> io::Result<()> {
+    let (mut cold, mut disk, mut memory) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..opts.runs {
+        let cache = s.0.join(format!("cache-first-{run}"));
+        let addr = start_sharer(&s.0.join("share"), &cache)?;
+        let mut session = connect(addr, 1)?;
+        cold.push(time_to_first_byte(&mut session, path)?);
+        memory.push(time_to_first_byte(&mut session, path)?);
+        // A restarted share: a new cache over the same directory.
+        let addr = start_sharer(&s.0.join("share"), &cache)?;
+        disk.push(time_to_first_byte(&mut connect(addr, 1)?, path)?);
+        fs::remove_dir_all(&cache)?;
+    }
+    let size = crate::channel::size_name(opts.file_bytes as usize);
+    for (what, mut samples) in [
+        ("hash tree never built", cold),
+        ("hash tree on disk (restarted share)", disk),
+        ("hash tree in memory", memory),
+    ] {
+        report.push(Row::new(
+            BENCH,
+            format!("first verified byte of {size}, {what}"),
+            median(&mut samples),
+            "ms",
+        ));
+    }
+    Ok(())
+}
+
+fn peak_rss(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
+    let s = Scratch::new(&opts.scratch.join("rss"))?;
+    let share = s.0.join("share");
+    for i in 0..opts.rss_clients {
+        fs::File::create(share.join(format!("f{i}")))?.set_len(opts.rss_file_bytes)?;
+    }
+    let mut child = Command::new(server_exe)
+        .env(
+            SERVE_ENV,
+            format!("{}:{}", share.display(), s.0.join("cache").display()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().ok_or_else(|| other("no stdout"))?).read_line(&mut line)?;
+    let addr: SocketAddr = line.trim().parse().map_err(|_| {
+        other(format!(
+            "{} did not start a sharer (does it call serve_if_child?)",
+            server_exe.display()
+        ))
+    })?;
+    let start = Instant::now();
+    let results: Vec<io::Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..opts.rss_clients)
+            .map(|i| {
+                scope.spawn(move || {
+                    let mut session = connect(addr, 64)?;
+                    let path = SharePath::new(format!("f{i}").as_bytes()).map_err(other)?;
+                    let mut sink = fs::OpenOptions::new().write(true).open("/dev/null")?;
+                    session
+                        .read_into(path, 0, u64::MAX, &mut sink)
+                        .map_err(other)?;
+                    Ok(())
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(other("client panicked"))))
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    let hwm = fs::read_to_string(format!("/proc/{}/status", child.id()))?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    results.into_iter().collect::<io::Result<Vec<()>>>()?;
+    let size = crate::channel::size_name(opts.rss_file_bytes as usize);
+    report.push(Row::new(
+        BENCH,
+        format!(
+            "sharer peak RSS, {} clients reading a {size} file each",
+            opts.rss_clients
+        ),
+        hwm as f64 / 1024.0,
+        "MiB",
+    ));
+    let total = opts.rss_clients as u64 * opts.rss_file_bytes;
+    report.push(Row::new(
+        BENCH,
+        "  their total rate (cold hash trees included)",
+        crate::report::gbps(total, elapsed),
+        "GB/s",
+    ));
+    Ok(())
+}
+
+/// When [`SERVE_ENV`] is set: serves the share it names on 127.0.0.1, prints the address on stdout, and
+/// exits when stdin closes. Otherwise returns at once. Call it first thing in `main` of the executable
+/// given to [`run`].
+pub fn serve_if_child() {
+    let Ok(spec) = std::env::var(SERVE_ENV) else {
+        return;
+    };
+    let (share, cache) = spec
+        .split_once(':')
+        .unwrap_or((&spec, "/dev/shm/ferry-bench-cache"));
+    match start_sharer(Path::new(share), Path::new(cache)) {
+        Ok(addr) => {
+            println!("{addr}");
+            let _ = io::stdout().flush();
+            let _ = io::copy(&mut io::stdin(), &mut io::sink());
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("share bench sharer: {e}");
+            std::process::exit(1);
+        }
+    }
+}
