@@ -90,15 +90,37 @@ pub fn region_at(file: &File, pos: u64) -> io::Result<Region> {
     Ok(region)
 }
 
+/// `statfs` magic of tmpfs (and of shmem-backed mounts such as /dev/shm).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
 /// Reserves `len` bytes of `file` from `offset` without changing its size (`fallocate` with
 /// `FALLOC_FL_KEEP_SIZE`), so that a full disk shows now rather than after the data. Returns
 /// `Ok(false)` when the file system cannot reserve (the write then finds out as before); only a
 /// full disk or quota is an error.
+///
+/// On tmpfs a reservation is not metadata: it allocates and zeroes every page before the data
+/// overwrites them (0.3 s of system time per GiB here, during which nothing is received). There
+/// the free space is compared instead (one `fstatvfs`), which finds the same full disk as early.
 pub fn reserve(file: &File, offset: u64, len: u64) -> io::Result<bool> {
+    let fd = file.as_raw_fd();
+    // SAFETY: an all-zero `statfs` is a valid value of this plain C struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is owned by `file`; `fs` is writable.
+    if unsafe { libc::fstatfs(fd, &mut fs) } == 0 && fs.f_type as i64 == TMPFS_MAGIC {
+        // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        check(unsafe { libc::fstatvfs(fd, &mut st) })?;
+        let free = (st.f_bavail as u64).saturating_mul(st.f_frsize as u64);
+        return match len > free {
+            true => Err(io::Error::from_raw_os_error(libc::ENOSPC)),
+            false => Ok(true),
+        };
+    }
     // SAFETY: fallocate on a descriptor owned by `file`; no memory is passed.
     let ret = unsafe {
         libc::fallocate(
-            file.as_raw_fd(),
+            fd,
             libc::FALLOC_FL_KEEP_SIZE,
             offset as libc::off_t,
             len as libc::off_t,
