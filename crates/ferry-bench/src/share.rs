@@ -10,7 +10,7 @@
 //! - **sharer's peak RSS**: [`Options::rss_clients`] clients each reading its own
 //!   [`Options::rss_file_bytes`] file whole, at once, from a sharer in a child process (so the clients'
 //!   memory is not counted): its `VmHWM`. The child is the current executable, which must call
-//!   [`serve_if_child`] first thing in `main` (`ferry` does, and `examples/share_bench.rs`).
+//!   [`serve_if_child`] first thing in `main` (`ferry` does).
 //!
 //! The first three run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`). No sftp
 //! baseline: openssh's sftp-server needs an ssh server on 127.0.0.1, which this benchmark does not start.

@@ -2,12 +2,12 @@
 
 use anyhow::bail;
 use clap::Args;
-use ferry_bench::{channel, relay, transfer, Report};
+use ferry_bench::{channel, relay, share, transfer, Report};
 
 /// Arguments of `ferry bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Layers to run: channel, transfer, relay (default: all).
+    /// Layers to run: channel, transfer, relay, share (default: all).
     layers: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -23,7 +23,9 @@ pub struct BenchArgs {
 /// Runs the selected layers.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let layers = if args.layers.is_empty() {
-        ["channel", "transfer", "relay"].map(String::from).to_vec()
+        ["channel", "transfer", "relay", "share"]
+            .map(String::from)
+            .to_vec()
     } else {
         args.layers
     };
@@ -67,7 +69,20 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     report.push(row);
                 }
             }
-            other => bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay)"),
+            "share" => {
+                let mut opts = if args.quick {
+                    share::Options::quick()
+                } else {
+                    share::Options::default()
+                };
+                if let Some(r) = args.runs {
+                    opts.runs = r.max(1);
+                }
+                share::run(&opts, &std::env::current_exe()?, &mut report)?;
+            }
+            other => {
+                bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share)")
+            }
         }
     }
     Ok(())

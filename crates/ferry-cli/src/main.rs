@@ -55,6 +55,8 @@ enum Command {
 // would make a closed pipe end the process, but it would also kill a sender or relay whose peer hangs up
 // (splice and write on sockets raise SIGPIPE too) instead of letting it report `peer-gone` and clean up.
 fn main() -> ExitCode {
+    // `ferry bench share` re-runs this binary as its sharer (to measure the sharer's memory alone).
+    ferry_bench::share::serve_if_child();
     let cli = Cli::parse();
     let (json, verb) = match &cli.command {
         Command::Send(a) => (a.json(), "sent"),
