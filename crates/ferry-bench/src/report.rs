@@ -160,6 +160,37 @@ pub fn xorshift(seed: &mut u64) -> u64 {
     *seed
 }
 
+/// Writes `bytes` of xorshift data from `seed` to a new file at `path`, 1 MiB at a time.
+pub fn write_random_file(path: &std::path::Path, bytes: u64, mut seed: u64) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        fill_random(&mut buf[..n], &mut seed);
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// Fills `buf` with xorshift data from `seed`.
+pub fn fill_random(buf: &mut [u8], seed: &mut u64) {
+    for chunk in buf.chunks_mut(8) {
+        chunk.copy_from_slice(&xorshift(seed).to_le_bytes()[..chunk.len()]);
+    }
+}
+
+/// The peak RSS (`VmHWM`, KiB) of process `pid`; `None` once it has exited (a zombie has no memory lines).
+pub fn vm_hwm_kib(pid: u32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+}
+
 /// CPU seconds (user + system) the calling thread used so far.
 pub fn thread_cpu() -> f64 {
     rusage_cpu(libc::RUSAGE_THREAD)

@@ -31,7 +31,7 @@ use ferry_share::io::{serve, Changes, Session};
 use ferry_share::server::ServerConfig;
 use ferry_share::wire::SharePath;
 
-use crate::report::{median, xorshift, Report, Row};
+use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
 
 const BENCH: &str = "share";
 
@@ -104,16 +104,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
-}
-
-fn write_random_file(path: &Path, bytes: u64) -> io::Result<()> {
-    let mut f = io::BufWriter::with_capacity(1 << 20, fs::File::create(path)?);
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    for _ in 0..bytes / 8 {
-        f.write_all(&xorshift(&mut seed).to_le_bytes())?;
-    }
-    f.write_all(&vec![7u8; (bytes % 8) as usize])?;
-    f.flush()
 }
 
 fn other(e: impl std::fmt::Display) -> io::Error {
@@ -206,7 +196,7 @@ fn random_reads(
 pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
     let s = Scratch::new(&opts.scratch)?;
     let share = s.0.join("share");
-    write_random_file(&share.join("big"), opts.file_bytes)?;
+    write_random_file(&share.join("big"), opts.file_bytes, 0x9e37_79b9_7f4a_7c15)?;
     let path = SharePath::new(b"big").map_err(other)?;
     reads(opts, &s, &path, report)?;
     first_byte(opts, &s, &path, report)?;
@@ -358,11 +348,7 @@ fn peak_rss(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Resul
             .collect()
     });
     let elapsed = start.elapsed();
-    let hwm = fs::read_to_string(format!("/proc/{}/status", child.id()))?
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .unwrap_or(0);
+    let hwm = vm_hwm_kib(child.id()).unwrap_or(0);
     drop(child.stdin.take());
     let _ = child.wait();
     results.into_iter().collect::<io::Result<Vec<()>>>()?;

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use crate::report::{gbps, median, thread_cpu, timeval_secs, xorshift, Report, Row};
+use crate::report::{
+    fill_random, gbps, median, thread_cpu, timeval_secs, vm_hwm_kib, write_random_file, Report, Row,
+};
 
 const BENCH: &str = "transfer";
 
@@ -85,25 +87,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
     }
-}
-
-fn fill_random(buf: &mut [u8], seed: &mut u64) {
-    for chunk in buf.chunks_mut(8) {
-        chunk.copy_from_slice(&xorshift(seed).to_le_bytes()[..chunk.len()]);
-    }
-}
-
-fn write_random_file(path: &Path, bytes: u64, mut seed: u64) -> std::io::Result<()> {
-    let mut f = fs::File::create(path)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut left = bytes;
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        fill_random(&mut buf[..n], &mut seed);
-        f.write_all(&buf[..n])?;
-        left -= n as u64;
-    }
-    Ok(())
 }
 
 /// `count` files of 4-8 KiB spread over 100 directories under `root`.
@@ -247,19 +230,11 @@ fn cli_run(
 /// mark across exec, which would report this benchmark's own memory for both sides.
 fn watch_peak_rss(pid: u32) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
-        let path = format!("/proc/{pid}/status");
         let mut peak = 0;
         loop {
-            let Ok(text) = fs::read_to_string(&path) else {
-                return peak;
-            };
-            let hwm = text
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
-            match hwm {
+            match vm_hwm_kib(pid) {
                 Some(v) => peak = peak.max(v),
-                // A zombie has no memory lines any more: the peak is final.
+                // Gone, or a zombie (no memory lines any more): the peak is final.
                 None => return peak,
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
