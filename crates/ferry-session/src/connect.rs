@@ -36,15 +36,34 @@ const MAX_LAN_CANDIDATES: usize = 8;
 /// The relay's answer to a receiver waiting there: a paired stream, or why not.
 type RelayAnswer = Result<TcpStream, ferry_relay::RelayError>;
 
-/// Waits at `relay` for the sender of `hash`, up to `wait`, on its own thread: direct paths are retried
-/// meanwhile.
-fn wait_at_relay(relay: &str, hash: NameplateHash, wait: Duration) -> mpsc::Receiver<RelayAnswer> {
+/// Waits at `relay` for the sender of any of `hashes`, up to `wait`, each on its own thread: direct paths are
+/// retried meanwhile. The answer is the first paired stream, or the last error once every wait failed.
+fn wait_at_relay(
+    relay: &str,
+    hashes: &[NameplateHash],
+    wait: Duration,
+) -> mpsc::Receiver<RelayAnswer> {
     let (tx, rx) = mpsc::channel();
-    let relay = relay.to_string();
+    let (each_tx, each_rx) = mpsc::channel();
+    for hash in hashes {
+        let (relay, hash, each_tx) = (relay.to_string(), *hash, each_tx.clone());
+        std::thread::spawn(move || {
+            let answer =
+                ferry_relay::connect(relay.as_str(), ferry_relay::Role::Receiver, hash.0, wait);
+            let _ = each_tx.send(answer);
+        });
+    }
+    drop(each_tx);
     std::thread::spawn(move || {
-        let answer =
-            ferry_relay::connect(relay.as_str(), ferry_relay::Role::Receiver, hash.0, wait);
-        let _ = tx.send(answer);
+        let mut last = Err(ferry_relay::RelayError::Closed);
+        for answer in each_rx {
+            if answer.is_ok() {
+                let _ = tx.send(answer);
+                return;
+            }
+            last = answer;
+        }
+        let _ = tx.send(last);
     });
     rx
 }
@@ -52,7 +71,7 @@ fn wait_at_relay(relay: &str, hash: NameplateHash, wait: Duration) -> mpsc::Rece
 /// Where the receiver may find the sender directly, looked at once: `--peer`, this host (`registry`),
 /// then the LAN (mDNS). Addresses in `tried` already failed a handshake and are not proposed again.
 fn direct_candidates(
-    hash: &NameplateHash,
+    hashes: &[NameplateHash],
     opts: &PeerOptions,
     peer: Option<SocketAddr>,
     registry: Option<&LocalRegistry>,
@@ -68,14 +87,30 @@ fn direct_candidates(
     let Some(registry) = registry else {
         return Ok(Vec::new());
     };
-    if let Some(addr) = registry.lookup(hash)?.filter(|a| !tried.contains(a)) {
-        return Ok(vec![(addr, PathKind::SameHost)]);
+    let mut here = Vec::new();
+    for hash in hashes {
+        if let Some(addr) = registry.lookup(hash)?.filter(|a| !tried.contains(a)) {
+            here.push((addr, PathKind::SameHost));
+        }
+    }
+    if !here.is_empty() {
+        return Ok(here);
     }
     if !opts.no_discovery && tried.len() < MAX_LAN_CANDIDATES {
         // A failed browse (no multicast here) is no error: other paths remain. The browse returns only
         // addresses on a directly attached network: an announcement naming a routed one is a spoofer's.
-        let found: Vec<_> = mdns::browse(hash, BROWSE_TIMEOUT)
-            .unwrap_or_default()
+        // Several hashes are browsed side by side, so a paired meeting's windows cost one browse's time.
+        let browsed: Vec<SocketAddr> = std::thread::scope(|s| {
+            let browses: Vec<_> = hashes
+                .iter()
+                .map(|h| s.spawn(move || mdns::browse(h, BROWSE_TIMEOUT).unwrap_or_default()))
+                .collect();
+            browses
+                .into_iter()
+                .flat_map(|b| b.join().unwrap_or_default())
+                .collect()
+        });
+        let found: Vec<_> = browsed
             .into_iter()
             .filter(|a| !tried.contains(a))
             .take(MAX_LAN_CANDIDATES - tried.len())
@@ -93,7 +128,7 @@ fn pause(
     until: Option<Instant>,
     relay: Option<&mpsc::Receiver<RelayAnswer>>,
     registry: Option<&LocalRegistry>,
-    hash: &NameplateHash,
+    hashes: &[NameplateHash],
     fresh: impl Fn(&SocketAddr) -> bool,
 ) -> Result<Option<RelayAnswer>, SessionError> {
     let mut step = Duration::from_millis(2);
@@ -108,8 +143,10 @@ fn pause(
             }
         }
         if let Some(registry) = registry {
-            if registry.lookup(hash)?.is_some_and(|a| fresh(&a)) {
-                return Ok(None);
+            for hash in hashes {
+                if registry.lookup(hash)?.is_some_and(|a| fresh(&a)) {
+                    return Ok(None);
+                }
             }
         }
         let now = Instant::now();
@@ -139,7 +176,7 @@ pub fn connect(
     }
     let started = Instant::now();
     let deadline = started + wait;
-    let hash = meeting.hash;
+    let hashes: Vec<NameplateHash> = meeting.hashes().copied().collect();
     let registry = match peer.is_none() && !opts.force_relay {
         true => Some(LocalRegistry::open_default()?),
         false => None,
@@ -162,7 +199,7 @@ pub fn connect(
     let mut relay_waited = false;
     let mut retry = RETRY_FIRST;
     loop {
-        for (addr, path) in direct_candidates(&hash, opts, peer, registry.as_ref(), &tried)? {
+        for (addr, path) in direct_candidates(&hashes, opts, peer, registry.as_ref(), &tried)? {
             let left = deadline.saturating_duration_since(Instant::now());
             let timeout = CONNECT_TIMEOUT.min(left.max(CONNECT_LEAST));
             let stream = match TcpStream::connect_timeout(&addr, timeout) {
@@ -213,7 +250,7 @@ pub fn connect(
         if let (Some(relay), None) = (&opts.relay, &relay_answers) {
             if opts.force_relay || started.elapsed() >= FIND_BRIEFLY {
                 let left = deadline.saturating_duration_since(Instant::now());
-                relay_answers = Some(wait_at_relay(relay, hash, left.max(RELAY_LEAST)));
+                relay_answers = Some(wait_at_relay(relay, &hashes, left.max(RELAY_LEAST)));
             }
         }
         let now = Instant::now();
@@ -231,7 +268,7 @@ pub fn connect(
             until,
             relay_answers.as_ref(),
             registry.as_ref(),
-            &hash,
+            &hashes,
             fresh,
         )? {
             None => {}

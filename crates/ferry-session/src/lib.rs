@@ -39,12 +39,14 @@ mod connect;
 mod error;
 mod handshake;
 mod rendezvous;
+mod standing;
 pub mod upgrade;
 
 pub use connect::connect;
 pub use error::SessionError;
 pub use handshake::handshake_with;
 pub use rendezvous::Rendezvous;
+pub use standing::{HashSource, Standing};
 
 /// How to look for the peer.
 #[derive(Debug, Clone)]
@@ -105,6 +107,9 @@ pub struct Meeting {
     /// What this host's registry, mDNS and the relay see: a code's nameplate hash, or a paired peer's hash of
     /// the current time window.
     pub hash: NameplateHash,
+    /// Hashes the looking side also tries, in the same round, after `hash`: a paired peer's neighbouring
+    /// time windows, so that clocks a window apart still meet. The waiting side announces `hash` only.
+    pub also: Vec<NameplateHash>,
     /// How the meeting is named in messages, e.g. `nameplate 7`.
     pub label: String,
     /// How each handshake authenticates.
@@ -116,9 +121,15 @@ impl Meeting {
     pub fn code(code: &Code) -> Self {
         Meeting {
             hash: code.nameplate_hash(),
+            also: Vec::new(),
             label: format!("nameplate {}", code.nameplate()),
             auth: MeetingAuth::Code(code.password()),
         }
+    }
+
+    /// Every hash of the meeting, `hash` first.
+    pub fn hashes(&self) -> impl Iterator<Item = &NameplateHash> + '_ {
+        std::iter::once(&self.hash).chain(&self.also)
     }
 }
 
