@@ -9,6 +9,7 @@ mod bench;
 mod failure;
 mod interrupt;
 mod pair_cmd;
+mod paired;
 mod peers_cmd;
 mod prompt;
 mod reach_args;

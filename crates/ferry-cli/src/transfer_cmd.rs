@@ -22,10 +22,13 @@ use serde_json::json;
 
 use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
+use crate::paired;
 use crate::prompt;
 use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
 use crate::spool;
-use crate::ui::{count, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui};
+use crate::ui::{
+    count, escape, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui,
+};
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 
 /// Arguments of `ferry send`.
@@ -48,6 +51,9 @@ pub struct SendArgs {
     /// Use this code instead of a generated one (form: NUMBER-word-word-word).
     #[arg(long)]
     code: Option<String>,
+    /// Send to the paired peer NAME (see `ferry peers`), which runs `ferry receive --from`: no code.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["code", "qr"])]
+    to: Option<String>,
     #[command(flatten)]
     common: CommonArgs,
     #[command(flatten)]
@@ -67,6 +73,9 @@ pub struct SendArgs {
 pub struct ReceiveArgs {
     /// The code the sender printed; without it, asked for at the terminal (Tab completes the words).
     code: Option<String>,
+    /// Receive from the paired peer NAME (see `ferry peers`), which runs `ferry send --to`: no code.
+    #[arg(long, value_name = "NAME", conflicts_with = "code")]
+    from: Option<String>,
     /// Directory to receive into.
     #[arg(long, default_value = ".")]
     out: PathBuf,
@@ -174,15 +183,26 @@ fn report_upgrade(ui: &Ui, peer: &str) {
 /// Runs `ferry send`.
 pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let opts = peer_options(&args.common, &args.relay)?;
-    let code = match &args.code {
-        Some(c) => c.parse::<Code>()?,
+    // A paired peer is met by identity under the pair's hash, a stranger by a code.
+    let (meeting, code, paired) = match &args.to {
+        Some(name) => {
+            let me = paired::Me::load()?;
+            let peer = me.peer(name)?;
+            (me.waiting_for(&peer, paired::TRANSFER), None, Some((me, peer)))
+        }
         None => {
-            let registry = LocalRegistry::open_default()?;
-            Code::generate(|h| !registry.is_taken(h))
+            let code = match &args.code {
+                Some(c) => c.parse::<Code>()?,
+                None => {
+                    let registry = LocalRegistry::open_default()?;
+                    Code::generate(|h| !registry.is_taken(h))
+                }
+            };
+            (Meeting::code(&code), Some(code), None)
         }
     };
     // Be findable first: the receiver connects while the tree is walked (the handshake waits for it).
-    let mut rendezvous = Rendezvous::start(Meeting::code(&code), &opts, args.listen.listen, ui)?;
+    let mut rendezvous = Rendezvous::start(meeting, &opts, args.listen.listen, ui)?;
     let spooled = match &args.text {
         Some(text) => Some(spool::text(text, args.common.json)?),
         None if spool::is_stdin(&args.paths) => {
@@ -200,10 +220,18 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     };
 
     let totals = walked.manifest.totals();
-    ui.event(
-        "code",
-        json!({ "code": code.to_string(), "listen": rendezvous.listen.map(|a| a.to_string()), "relay": opts.relay }),
-    );
+    let listen = rendezvous.listen.map(|a| a.to_string());
+    match (&code, &paired) {
+        (Some(code), _) => ui.event(
+            "code",
+            json!({ "code": code.to_string(), "listen": listen, "relay": opts.relay }),
+        ),
+        (None, Some((_, peer))) => ui.event(
+            "waiting",
+            json!({ "peer": peer.name.as_str(), "listen": listen, "relay": opts.relay }),
+        ),
+        (None, None) => {}
+    }
     for w in &walked.warnings {
         ui.warn(&w.to_string());
     }
@@ -223,20 +251,34 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             count(totals.dirs, "directory", "directories"),
         )
     };
-    let command = format!("ferry receive {relay}{code}");
-    ui.info(&format!(
-        "Sending {what}.\nCode: {code}\nOn the other side run:  {command}"
-    ));
-    if args.qr {
-        // Asked for: shown also with --json (on stderr, which carries no events).
-        stderr_text(&qr_code(&command));
+    if let Some(code) = &code {
+        let command = format!("ferry receive {relay}{code}");
+        ui.info(&format!(
+            "Sending {what}.\nCode: {code}\nOn the other side run:  {command}"
+        ));
+        if args.qr {
+            // Asked for: shown also with --json (on stderr, which carries no events).
+            stderr_text(&qr_code(&command));
+        }
+        if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
+            ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), code));
+        }
     }
-    if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
-        ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), &code));
+    if let Some((_, peer)) = &paired {
+        ui.info(&format!(
+            "Sending {what} to {}.\nOn {} run:  ferry receive {relay}--from NAME (this machine's name there)",
+            escape(peer.name.as_str()),
+            escape(peer.name.as_str()),
+        ));
     }
 
     let connected = rendezvous.accept(ui)?;
     report_path(ui, &connected);
+    if let Some((me, peer)) = &paired {
+        if let Err(w) = me.seen(&peer.key, &connected.peer) {
+            ui.warn(&w);
+        }
+    }
     let max_packet = connected
         .established
         .sealer
@@ -313,18 +355,35 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         _ => {}
     }
     let output = output(args.output.as_deref(), args.common.json)?;
-    let code: Code = match &args.code {
-        Some(code) => code.parse()?,
-        None if !ui.is_json() && std::io::stdin().is_terminal() => prompt::ask_code()?,
+    let connected = match &args.from {
+        Some(name) => {
+            let me = paired::Me::load()?;
+            let peer = me.peer(name)?;
+            let meeting = me.looking_for(&peer, paired::TRANSFER);
+            let connected =
+                ferry_session::connect(&meeting, &opts, args.peer.peer, args.wait.wait, ui);
+            ui.waited();
+            let connected = connected?;
+            if let Err(w) = me.seen(&peer.key, &connected.peer) {
+                ui.warn(&w);
+            }
+            connected
+        }
         None => {
-            return Err(Usage(
-                "give the code the sender printed: ferry receive CODE (it is asked for only at a terminal, without --json)"
-                    .into(),
-            )
-            .into())
+            let code: Code = match &args.code {
+                Some(code) => code.parse()?,
+                None if !ui.is_json() && std::io::stdin().is_terminal() => prompt::ask_code()?,
+                None => {
+                    return Err(Usage(
+                        "give the code the sender printed: ferry receive CODE (it is asked for only at a terminal, without --json), or --from NAME for a paired peer"
+                            .into(),
+                    )
+                    .into())
+                }
+            };
+            look_for(&code, &opts, &args.peer, &args.wait, ui)?
         }
     };
-    let connected = look_for(&code, &opts, &args.peer, &args.wait, ui)?;
     report_path(ui, &connected);
     let relayed = connected.path == PathKind::Relay;
     let mut halves = split_tcp(connected.stream, connected.established)?;

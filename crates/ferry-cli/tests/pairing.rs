@@ -3,20 +3,13 @@
 mod common;
 
 use std::fs;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use common::{assert_failure, event, events, Watched, World};
 use serde_json::Value;
 
-/// A `ferry` command of installation `who` ("a" or "b"): its own config directory.
-fn as_(w: &World, who: &str) -> Command {
-    let mut c = w.cmd();
-    c.env("XDG_CONFIG_HOME", w.path(&format!("config-{who}")));
-    c
-}
-
 fn fingerprint_and_key(w: &World, who: &str) -> (String, String) {
-    let out = as_(w, who).args(["id", "--json"]).output().unwrap();
+    let out = w.as_(who).args(["id", "--json"]).output().unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     (
         v["fingerprint"].as_str().unwrap().to_string(),
@@ -25,7 +18,7 @@ fn fingerprint_and_key(w: &World, who: &str) -> (String, String) {
 }
 
 fn peers_of(w: &World, who: &str) -> Vec<Value> {
-    let out = as_(w, who).args(["peers", "--json"]).output().unwrap();
+    let out = w.as_(who).args(["peers", "--json"]).output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v["peers"].as_array().unwrap().clone()
@@ -33,7 +26,7 @@ fn peers_of(w: &World, who: &str) -> Vec<Value> {
 
 /// Starts `ferry pair` on `a` and returns it with the code it printed.
 fn start_pairing(w: &World, extra: &[&str]) -> (Watched, String) {
-    let child = as_(w, "a")
+    let child = w.as_("a")
         .args(["pair", "--json"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -54,7 +47,7 @@ fn two_machines_pair_and_each_pins_the_others_key() {
     let (fa, ka) = fingerprint_and_key(&w, "a");
     let (fb, kb) = fingerprint_and_key(&w, "b");
     let (a, code) = start_pairing(&w, &["--name", "bob"]);
-    let b = as_(&w, "b")
+    let b = w.as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])
         .output()
         .unwrap();
@@ -106,7 +99,7 @@ fn a_wrong_code_pairs_nobody() {
     let mut parts: Vec<&str> = code.split('-').collect();
     parts[3] = if parts[3] == "zoo" { "zone" } else { "zoo" };
     let wrong = parts.join("-");
-    let b = as_(&w, "b")
+    let b = w.as_("b")
         .args(["pair", &wrong, "--json"])
         .output()
         .unwrap();
@@ -135,7 +128,7 @@ fn a_name_taken_on_one_side_stops_both() {
     fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
 
     let (a, code) = start_pairing(&w, &[]);
-    let b = as_(&w, "b")
+    let b = w.as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])
         .output()
         .unwrap();

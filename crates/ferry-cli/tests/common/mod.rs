@@ -81,6 +81,39 @@ impl World {
         c
     }
 
+    /// A `ferry` command of installation `who` (e.g. "a", "b"): its own config and cache directories
+    /// (`config-WHO`, `cache-WHO`), this world's rendezvous directory.
+    pub fn as_(&self, who: &str) -> Command {
+        let mut c = self.cmd();
+        c.env("XDG_CONFIG_HOME", self.path(&format!("config-{who}")))
+            .env("XDG_CACHE_HOME", self.path(&format!("cache-{who}")));
+        c
+    }
+
+    /// Pairs installations `a` and `b` with real `ferry pair` processes: `a` names the other `b`, and `b`
+    /// names the other `a`.
+    pub fn pair(&self, a: &str, b: &str) {
+        let child = self
+            .as_(a)
+            .args(["pair", "--json", "--name", b])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry pair");
+        let mut first = Watched::new(child);
+        let code = first.wait_for(|e| e["event"] == "code")["code"]
+            .as_str()
+            .expect("a code")
+            .to_string();
+        let second = self
+            .as_(b)
+            .args(["pair", &code, "--json", "--name", a])
+            .output()
+            .expect("run ferry pair");
+        assert_success(&format!("pairing at {b}"), &second);
+        assert_success(&format!("pairing at {a}"), &first.finish());
+    }
+
     /// Starts `ferry send --json --code CODE PATHS...`.
     pub fn spawn_send<P: AsRef<Path>>(&self, code: &str, paths: &[P]) -> Child {
         self.cmd()

@@ -1,0 +1,149 @@
+//! Paired peers as commands reach them: this machine's identity and `peers.toml` turned into meetings
+//! (`send --to`, `receive --from`, `ls`, `pull`), and the check a sharer makes of every peer that reached it.
+//!
+//! A meeting with a paired peer is found under hashes only the pair can compute ([`ferry_peers::meeting`]):
+//! the waiting side announces the current window's hash, the looking side tries the current window, the
+//! previous and the next, all in each round. Both sides authenticate by identity: the looking side pins the
+//! peer's key; a sharer, which serves every allowed peer, accepts any key in the handshake and checks it
+//! against `peers.toml` (read again for every connection, so `ferry peers remove` takes effect at once)
+//! before it reads a single request.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ferry_channel::{Auth, IdentityKey, PUBLIC_KEY_LEN};
+use ferry_peers::meeting::{hashes_to_try, meeting_hash, window_of};
+use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore};
+use ferry_rendezvous::NameplateHash;
+use ferry_session::{HashSource, Meeting, MeetingAuth};
+
+use crate::peers_cmd::{config, unix_now};
+use crate::ui::escape;
+
+/// The purpose of `send --to` / `receive --from` meetings.
+pub const TRANSFER: &str = "transfer";
+
+/// The purpose of the meetings of the share `name`.
+pub fn share_purpose(name: &str) -> String {
+    format!("share:{name}")
+}
+
+/// This machine as paired peers know it: where its config lives and its identity key.
+pub struct Me {
+    /// The config directory (`peers.toml`, `identity`).
+    pub dir: PathBuf,
+    key: IdentityKey,
+}
+
+impl Me {
+    /// Loads this machine's identity (creating it on first use).
+    pub fn load() -> anyhow::Result<Me> {
+        let dir = config()?;
+        let (key, _) = identity::load_or_create(&dir)?;
+        Ok(Me { dir, key })
+    }
+
+    /// The paired peer called `name`; an unknown name is a usage error that points at `ferry peers`.
+    pub fn peer(&self, name: &str) -> anyhow::Result<Peer> {
+        Ok(PeerStore::load(&self.dir)?.get(name)?.clone())
+    }
+
+    /// Authenticates each handshake with this machine's key; the peer's must be `pinned` (any, when `None`).
+    pub fn auth(&self, pinned: Option<[u8; PUBLIC_KEY_LEN]>) -> MeetingAuth {
+        // The key is not Clone: each handshake gets its own, made from the seed.
+        let seed = *self.key.seed();
+        MeetingAuth::Other(Arc::new(move || Auth::Identity {
+            key: IdentityKey::from_seed(seed),
+            pinned,
+        }))
+    }
+
+    /// The meeting the looking side seeks with `peer` for `purpose`: this window's hash, then the previous
+    /// and the next window's, so clocks up to a window apart meet.
+    pub fn looking_for(&self, peer: &Peer, purpose: &str) -> Meeting {
+        let [hash, also @ ..] = hashes_to_try(&peer.secret, purpose, unix_now());
+        Meeting {
+            hash,
+            also: also.to_vec(),
+            label: format!("{purpose} with {}", peer.name),
+            auth: self.auth(Some(peer.key)),
+        }
+    }
+
+    /// The meeting the waiting side announces for `peer` and `purpose`: this window's hash.
+    pub fn waiting_for(&self, peer: &Peer, purpose: &str) -> Meeting {
+        Meeting {
+            hash: meeting_hash(&peer.secret, purpose, window_of(unix_now())),
+            also: Vec::new(),
+            label: format!("{purpose} with {}", peer.name),
+            auth: self.auth(Some(peer.key)),
+        }
+    }
+
+    /// Records a successful session with `key` at `address` in `peers.toml`; a failure to write it is only
+    /// worth a warning (`Err` holds it).
+    pub fn seen(&self, key: &[u8; PUBLIC_KEY_LEN], address: &str) -> Result<(), String> {
+        PeerStore::update(&self.dir, |s| {
+            s.seen(key, unix_now(), Some(address.to_string()));
+            Ok(())
+        })
+        .map_err(|e| format!("cannot record the session in peers.toml: {e}"))
+    }
+}
+
+/// Which paired peers a sharer serves: all of them, or those `--allow` names.
+#[derive(Debug, Clone, Default)]
+pub struct Allowed(Option<Vec<PeerName>>);
+
+impl Allowed {
+    /// All paired peers (`names` empty), or only `names`; each must name a paired peer now.
+    pub fn new(dir: &Path, names: &[String]) -> anyhow::Result<Allowed> {
+        if names.is_empty() {
+            return Ok(Allowed(None));
+        }
+        let store = PeerStore::load(dir)?;
+        let mut allowed = Vec::new();
+        for n in names {
+            allowed.push(store.get(n)?.name.clone());
+        }
+        Ok(Allowed(Some(allowed)))
+    }
+
+    fn allows(&self, peer: &Peer) -> bool {
+        self.0.as_ref().is_none_or(|names| names.contains(&peer.name))
+    }
+
+    /// The hashes a sharer of `purpose` announces now: one per allowed peer, this window's (read from
+    /// `peers.toml` each time, so peers paired and removed while it runs are followed).
+    pub fn hashes(&self, dir: PathBuf, purpose: String) -> HashSource {
+        let allowed = self.clone();
+        Arc::new(move || -> Vec<NameplateHash> {
+            let Ok(store) = PeerStore::load(&dir) else {
+                return Vec::new();
+            };
+            let window = window_of(unix_now());
+            store
+                .peers()
+                .iter()
+                .filter(|p| allowed.allows(p))
+                .map(|p| meeting_hash(&p.secret, &purpose, window))
+                .collect()
+        })
+    }
+
+    /// The paired, allowed peer holding `key` (`peers.toml` read now), or why the connection is refused.
+    pub fn admit(&self, dir: &Path, key: Option<&[u8; PUBLIC_KEY_LEN]>) -> Result<Peer, String> {
+        let key = key.ok_or("no identity was presented")?;
+        let store = PeerStore::load(dir).map_err(|e| format!("cannot read the peer list: {e}"))?;
+        let Some(peer) = store.by_key(key) else {
+            return Err(format!(
+                "the key {} is not paired with this machine",
+                Fingerprint::of(key)
+            ));
+        };
+        if !self.allows(peer) {
+            return Err(format!("{} is not in --allow", escape(peer.name.as_str())));
+        }
+        Ok(peer.clone())
+    }
+}
