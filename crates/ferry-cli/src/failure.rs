@@ -119,6 +119,28 @@ fn transfer_failure(e: &TransferError) -> Failure {
     }
 }
 
+/// A share session's error (`ls`): the sharer's request codes keep their sense where the CLI has one.
+fn share_failure(e: &ferry_share::io::SessionError) -> Failure {
+    use ferry_share::io::SessionError as S;
+    use ferry_share::wire::ErrorCode as Remote;
+    match e {
+        S::Channel(e) => return channel_failure(e),
+        S::Io(e) => return io_failure(e),
+        S::Server(_) | S::Client(_) => ErrorCode::Protocol,
+        S::Integrity => ErrorCode::Integrity,
+        S::Closed => ErrorCode::PeerGone,
+        S::Remote(code, _) => match code {
+            Remote::NotFound | Remote::WrongKind | Remote::Io => ErrorCode::Io,
+            Remote::UnsafePath => ErrorCode::UnsafePath,
+            Remote::Changed => ErrorCode::SourceChanged,
+            Remote::Permission => ErrorCode::Permission,
+            Remote::BadRequest => ErrorCode::Protocol,
+            _ => ErrorCode::Remote,
+        },
+    }
+    .into()
+}
+
 /// Classifies an error by the most specific cause in its chain.
 pub fn classify(err: &anyhow::Error) -> Failure {
     for cause in err.chain() {
@@ -148,6 +170,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         }
         if let Some(e) = cause.downcast_ref::<ferry_peers::PeersError>() {
             return peers_failure(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ferry_share::io::SessionError>() {
+            return share_failure(e);
         }
         if cause
             .downcast_ref::<ferry_rendezvous::CodeError>()

@@ -53,6 +53,13 @@ impl Drop for KeptUntilExit {
     }
 }
 
+/// Drops what [`keep_until_exit`] holds now: a server that stops on a signal by itself (`ferry share`)
+/// withdraws its announcements before it exits.
+pub fn release_kept() {
+    let values = std::mem::take(&mut *kept());
+    drop(values);
+}
+
 /// What ended the question.
 pub enum Answer {
     /// A line was read (`None`: end of input or a read error).
@@ -81,8 +88,7 @@ pub fn install(json: bool) {
                 return;
             }
         }
-        let values = std::mem::take(&mut *kept());
-        drop(values);
+        release_kept();
         let e = failure::Interrupted;
         let code = ferry_wire::ErrorCode::Interrupted;
         if json {

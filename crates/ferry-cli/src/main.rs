@@ -8,6 +8,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod bench;
 mod failure;
 mod interrupt;
+mod ls_cmd;
 mod pair_cmd;
 mod paired;
 mod peers_cmd;
@@ -15,6 +16,7 @@ mod prompt;
 mod reach_args;
 mod relay_cmd;
 mod settings;
+mod share_cmd;
 mod spool;
 mod transfer_cmd;
 mod ui;
@@ -39,6 +41,10 @@ enum Command {
     Id(peers_cmd::IdArgs),
     /// List, rename or remove paired peers.
     Peers(peers_cmd::PeersArgs),
+    /// Serve a directory to paired peers (read-only) until stopped.
+    Share(share_cmd::ShareArgs),
+    /// List a paired peer's share: NAME or NAME:PATH.
+    Ls(ls_cmd::LsArgs),
     /// Run the rendezvous and relay server (sees only ciphertext).
     Relay(relay_cmd::RelayArgs),
     /// Run the layered benchmark suite.
@@ -65,11 +71,13 @@ fn main() -> ExitCode {
         Command::Pair(a) => (a.json(), ""),
         Command::Id(a) => (a.json, ""),
         Command::Peers(a) => (a.json, ""),
+        Command::Share(a) => (a.json(), ""),
+        Command::Ls(a) => (a.json(), ""),
         _ => (false, ""),
     };
     let mut ui = ui::Ui::new(json, verb);
-    if !matches!(cli.command, Command::Relay(_)) {
-        // The relay handles SIGINT/SIGTERM itself, to shut down cleanly.
+    if !matches!(cli.command, Command::Relay(_) | Command::Share(_)) {
+        // The relay and the share handle SIGINT/SIGTERM themselves, to shut down cleanly.
         interrupt::install(json);
     }
     let result = match cli.command {
@@ -78,6 +86,8 @@ fn main() -> ExitCode {
         Command::Pair(args) => pair_cmd::pair(args, &mut ui),
         Command::Id(args) => peers_cmd::id(args),
         Command::Peers(args) => peers_cmd::peers(args),
+        Command::Share(args) => share_cmd::run(args, &mut ui),
+        Command::Ls(args) => ls_cmd::run(args, &mut ui),
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {

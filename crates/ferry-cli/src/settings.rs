@@ -31,6 +31,14 @@ pub fn config_dir() -> Option<PathBuf> {
     }
 }
 
+/// ferry's cache directory: `$XDG_CACHE_HOME/ferry` or `~/.cache/ferry`.
+pub fn cache_dir() -> Option<PathBuf> {
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d).join("ferry")),
+        _ => std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/ferry")),
+    }
+}
+
 impl Settings {
     /// Reads the config file; a missing file gives the defaults, a broken one a clear error.
     pub fn load() -> anyhow::Result<Settings> {

@@ -140,7 +140,7 @@ pub fn show_text(ui: &Ui, text: &[u8]) {
 }
 
 /// Prints one JSON event on stdout.
-fn print_event(event: &str, mut fields: Value) {
+pub fn print_event(event: &str, mut fields: Value) {
     if let Value::Object(map) = &mut fields {
         map.insert("event".to_string(), Value::String(event.to_string()));
     }

@@ -1,0 +1,379 @@
+//! `ferry share DIR`: serves a directory to paired peers until SIGINT or SIGTERM.
+//!
+//! One [`Standing`] waiting side is reachable under every allowed peer's meeting hash (renewed as windows turn
+//! and peers come and go); each handshake accepts any identity, and the key is checked against `peers.toml`
+//! and `--allow` before a single request is read. Each admitted client gets a thread running
+//! [`ferry_share::io::serve`], with one outboard cache and one change feed for all of them.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::ChannelError;
+use ferry_session::{Connected, Standing};
+use ferry_share::fs::{OutboardCache, ShareRoot};
+use ferry_share::io::{serve, Changes};
+use ferry_share::server::ServerConfig;
+use serde_json::{json, Value};
+
+use crate::failure::Usage;
+use crate::paired::{self, Allowed, Me};
+use crate::reach_args::{peer_options, CommonArgs, ListenArg, RelayArgs};
+use crate::settings::cache_dir;
+use crate::ui::{count, escape, human_bytes, print_event, stderr_line, Ui};
+
+/// Most clients served at once; one more is refused (and told nothing: its connection closes).
+const MAX_CLIENTS: usize = 64;
+/// How long changes in the share are gathered before clients hear of them.
+const CHANGE_DEBOUNCE: Duration = Duration::from_millis(100);
+/// Longest share name.
+const MAX_SHARE_NAME: usize = 64;
+
+/// Arguments of `ferry share`.
+#[derive(Args, Debug)]
+#[command(
+    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, stats)")),
+    mut_arg("listen", |a| a.help(
+        "Address to listen on for peers. Default: a free port on loopback with --no-discovery; with discovery, \
+         every interface, taking connections only from this host and directly attached networks"
+    )),
+    mut_arg("relay", |a| a.help(
+        "Relay to stay registered at, for peers no direct path reaches (also FERRY_RELAY, config `relay`)"
+    )),
+)]
+pub struct ShareArgs {
+    /// The directory to serve (read-only).
+    dir: PathBuf,
+    /// The share's name; peers reach it with `--share NAME` (letters, digits, '.', '_', '-').
+    #[arg(long, default_value = "default", value_name = "SHARE")]
+    name: String,
+    /// Serve only these paired peers (comma-separated names from `ferry peers`; default: every paired peer).
+    #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
+    allow: Vec<String>,
+    /// Let peers write (not available yet: writes come with `ferry mount`).
+    #[arg(long)]
+    writable: bool,
+    /// Also print the stats line every DURATION (30s, 5m, 1h); it is always printed on SIGUSR1.
+    #[arg(long, value_name = "DURATION", value_parser = crate::transfer_cmd::parse_duration)]
+    stats_interval: Option<Duration>,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    listen: ListenArg,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+impl ShareArgs {
+    /// `--json` given.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
+/// What a share reports: JSON events on stdout, or one line each on stderr. Copied into every client's thread.
+#[derive(Clone, Copy)]
+struct Log {
+    json: bool,
+}
+
+impl Log {
+    fn event(&self, event: &str, fields: Value, text: impl FnOnce() -> String) {
+        if self.json {
+            print_event(event, fields);
+        } else {
+            stderr_line(&escape(&text()));
+        }
+    }
+}
+
+/// What the stats line counts.
+#[derive(Default)]
+struct Stats {
+    clients: AtomicUsize,
+    sessions: AtomicU64,
+    refused: AtomicU64,
+    bytes_sent: Arc<AtomicU64>,
+    bytes_received: Arc<AtomicU64>,
+}
+
+impl Stats {
+    fn report(&self, log: Log) {
+        let (clients, sessions, refused) = (
+            self.clients.load(Ordering::Relaxed),
+            self.sessions.load(Ordering::Relaxed),
+            self.refused.load(Ordering::Relaxed),
+        );
+        let (sent, received) = (
+            self.bytes_sent.load(Ordering::Relaxed),
+            self.bytes_received.load(Ordering::Relaxed),
+        );
+        log.event(
+            "stats",
+            json!({ "clients": clients, "sessions": sessions, "refused": refused,
+                    "bytes_sent": sent, "bytes_received": received }),
+            || {
+                format!(
+                    "stats: {clients} clients now, {sessions} sessions in all, {refused} refused, {} sent, {} received",
+                    human_bytes(sent),
+                    human_bytes(received)
+                )
+            },
+        );
+    }
+}
+
+/// A stream that counts the bytes through it.
+struct Counted {
+    stream: TcpStream,
+    count: Arc<AtomicU64>,
+}
+
+impl Read for Counted {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.stream.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.stream.write(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// A share name: 1 to 64 letters, digits, '.', '_' or '-' (it goes into the meeting's purpose and the hello).
+fn check_share_name(name: &str) -> Result<(), Usage> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_SHARE_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    match ok {
+        true => Ok(()),
+        false => Err(Usage(format!(
+            "{:?} is not a share name: use 1 to {MAX_SHARE_NAME} letters, digits, '.', '_' or '-'",
+            name.chars().take(80).collect::<String>()
+        ))),
+    }
+}
+
+/// Runs `ferry share` until a signal stops it.
+pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
+    if args.writable {
+        return Err(Usage("--writable: writes come with `ferry mount`; not available yet".into()).into());
+    }
+    check_share_name(&args.name)?;
+    let opts = peer_options(&args.common, &args.relay)?;
+    let me = Me::load()?;
+    let allowed = Allowed::new(&me.dir, &args.allow)?;
+    let root = Arc::new(
+        ShareRoot::open(&args.dir).with_context(|| format!("cannot share {}", args.dir.display()))?,
+    );
+    let cache_dir = cache_dir()
+        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
+        .join("share");
+    let cache = OutboardCache::new(cache_dir);
+    let changes = Changes::default();
+    let log = Log {
+        json: args.common.json,
+    };
+    let _watcher = {
+        let changes = changes.clone();
+        ferry_share::watch::watch(
+            &args.dir,
+            CHANGE_DEBOUNCE,
+            move |paths| changes.publish(paths),
+            move |warning| log.event("warning", json!({ "message": warning }), || format!("warning: {warning}")),
+        )
+        .with_context(|| format!("cannot watch {} for changes", args.dir.display()))?
+    };
+    let stats = Arc::new(Stats::default());
+    stop_on_signals(Arc::clone(&stats), log)?;
+    if let Some(every) = args.stats_interval.filter(|d| !d.is_zero()) {
+        let stats = Arc::clone(&stats);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(every);
+            stats.report(log);
+        });
+    }
+
+    let purpose = paired::share_purpose(&args.name);
+    let hashes = allowed.hashes(me.dir.clone(), purpose);
+    let mut standing = Standing::start(hashes, me.auth(None), &opts, args.listen.listen, ui)?;
+    let peers = standing.hashes().len();
+    log.event(
+        "ready",
+        json!({ "share": args.name, "dir": args.dir, "peers": peers,
+                "listen": standing.listen.map(|a| a.to_string()), "relay": opts.relay }),
+        || {
+            let listen = standing
+                .listen
+                .map(|a| format!(", listening on {a}"))
+                .unwrap_or_default();
+            let relay = opts
+                .relay
+                .as_ref()
+                .map(|r| format!(", at the relay {r}"))
+                .unwrap_or_default();
+            let share = match args.name.as_str() {
+                "default" => String::new(),
+                name => format!(" --share {name}"),
+            };
+            format!(
+                "Sharing {} as {:?} with {}{listen}{relay}.\nOn a peer run:  ferry ls{share} NAME[:PATH]  \
+                 (NAME: this machine's name there). Ctrl-C stops.",
+                args.dir.display(),
+                args.name,
+                count(peers as u64, "paired peer", "paired peers"),
+            )
+        },
+    );
+    let config = ServerConfig {
+        share: args.name.clone().into_bytes(),
+        ..ServerConfig::default()
+    };
+    loop {
+        let connected = standing.accept(ui)?;
+        let address = connected.peer.clone();
+        // Who it is, decided before anything is read from it.
+        let peer = match allowed.admit(&me.dir, connected.established.peer_identity.as_ref()) {
+            Ok(peer) => peer,
+            Err(reason) => {
+                refuse(&stats, log, &address, &reason);
+                continue;
+            }
+        };
+        if stats.clients.load(Ordering::Relaxed) >= MAX_CLIENTS {
+            let reason = format!("{MAX_CLIENTS} clients are connected already");
+            refuse(&stats, log, peer.name.as_str(), &reason);
+            continue;
+        }
+        if let Err(w) = me.seen(&peer.key, &address) {
+            log.event("warning", json!({ "message": w }), || format!("warning: {w}"));
+        }
+        stats.clients.fetch_add(1, Ordering::Relaxed);
+        stats.sessions.fetch_add(1, Ordering::Relaxed);
+        let name = peer.name.to_string();
+        log.event(
+            "client-connected",
+            json!({ "peer": name, "address": address, "path": connected.path.as_str() }),
+            || format!("{name} connected ({}, {address})", connected.path),
+        );
+        let (root, cache, changes, stats) = (
+            Arc::clone(&root),
+            cache.clone(),
+            changes.clone(),
+            Arc::clone(&stats),
+        );
+        let config = config.clone();
+        std::thread::spawn(move || {
+            let served = serve_client(connected, &root, &cache, &changes, config, &stats, &name, log);
+            stats.clients.fetch_sub(1, Ordering::Relaxed);
+            match served {
+                // A client that hangs up without the channel's close costs the share nothing.
+                Ok(()) | Err(ferry_share::io::SessionError::Channel(ChannelError::Truncated)) => log.event("client-gone", json!({ "peer": name }), || {
+                    format!("{name} disconnected")
+                }),
+                Err(e) => {
+                    let e = e.to_string();
+                    log.event("client-gone", json!({ "peer": name, "error": e }), || {
+                        format!("{name} disconnected: {e}")
+                    })
+                }
+            }
+        });
+    }
+}
+
+/// Logs a refused connection; dropping it closes it.
+fn refuse(stats: &Stats, log: Log, peer: &str, reason: &str) {
+    stats.refused.fetch_add(1, Ordering::Relaxed);
+    log.event("refused", json!({ "peer": peer, "reason": reason }), || {
+        format!("refused {peer}: {reason}")
+    });
+}
+
+/// Serves one admitted client until it hangs up.
+#[allow(clippy::too_many_arguments)]
+fn serve_client(
+    connected: Connected,
+    root: &ShareRoot,
+    cache: &OutboardCache,
+    changes: &Changes,
+    config: ServerConfig,
+    stats: &Stats,
+    name: &str,
+    log: Log,
+) -> Result<(), ferry_share::io::SessionError> {
+    let est = connected.established;
+    let reading = connected.stream.try_clone()?;
+    let reader = SecureReader::new(
+        Counted {
+            stream: reading,
+            count: Arc::clone(&stats.bytes_received),
+        },
+        est.opener,
+    );
+    let writer = SecureWriter::new(
+        Counted {
+            stream: connected.stream,
+            count: Arc::clone(&stats.bytes_sent),
+        },
+        est.sealer,
+    );
+    let mut on_refusal = |what: &str| {
+        log.event("refused", json!({ "peer": name, "reason": what }), || {
+            format!("{name}: {what}")
+        })
+    };
+    serve(reader, writer, root, cache, changes, config, &mut on_refusal)
+}
+
+/// SIGINT, SIGTERM and SIGHUP end the share (announcements withdrawn, sessions closed, exit 0); SIGUSR1
+/// prints the stats line. Signals are read on a thread of their own, so nothing unsafe runs in a handler.
+fn stop_on_signals(stats: Arc<Stats>, log: Log) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    // Registered before returning, so no signal from now on is missed.
+    let (mut int, mut term, mut hup, mut usr1) = runtime.block_on(async {
+        Ok::<_, io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+            signal(SignalKind::user_defined1())?,
+        ))
+    })?;
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            loop {
+                tokio::select! {
+                    _ = int.recv() => break,
+                    _ = term.recv() => break,
+                    _ = hup.recv() => break,
+                    _ = usr1.recv() => stats.report(log),
+                }
+            }
+        });
+        crate::interrupt::release_kept();
+        stats.report(log);
+        log.event("stopped", json!({}), || "stopped".to_string());
+        std::process::exit(0);
+    });
+    Ok(())
+}
