@@ -1,0 +1,120 @@
+//! `ferry send --to NAME` / `ferry receive --from NAME` between installations paired with real `ferry pair`
+//! processes (each its own config directory, one rendezvous directory): no code, either side first, and an
+//! impostor holding a copy of the pair's secret is refused.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::process::{Child, Stdio};
+
+use common::*;
+
+fn send_to(w: &World, who: &str, peer: &str) -> Child {
+    w.as_(who)
+        .args(["send", "--json", "--to", peer])
+        .arg(w.src())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn receive_from(w: &World, who: &str, peer: &str, wait: &str) -> Child {
+    w.as_(who)
+        .args(["receive", "--json", "--yes", "--wait", wait, "--from", peer, "--out"])
+        .arg(w.out())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn some_files(w: &World) {
+    fs::create_dir_all(w.src().join("sub")).unwrap();
+    fs::write(w.src().join("a.bin"), ferry_testkit::pseudo_random(300_000, 1)).unwrap();
+    fs::write(w.src().join("sub/b.txt"), b"paired\n").unwrap();
+}
+
+#[test]
+fn the_sender_waits_and_the_receiver_finds_it_without_a_code() {
+    let w = World::new();
+    w.pair("a", "b");
+    some_files(&w);
+    let mut sender = Watched::new(send_to(&w, "a", "b"));
+    let waiting = sender.wait_for(|e| e["event"] == "waiting");
+    assert_eq!(waiting["peer"], "b");
+    let received = finish(receive_from(&w, "b", "a", "30s"));
+    let sent = sender.finish();
+    assert_success("receive --from", &received);
+    assert_success("send --to", &sent);
+    assert!(event(&events(&sent.stdout), "code").is_none(), "no code");
+    assert_same_tree(&w.src(), &w.out().join("src"));
+    // Both sides recorded the session.
+    let peers = w.as_("b").args(["peers", "--json"]).output().unwrap();
+    let peers: serde_json::Value = serde_json::from_slice(&peers.stdout).unwrap();
+    assert!(peers["peers"][0]["last_address"].is_string(), "{peers}");
+}
+
+#[test]
+fn the_receiver_may_look_first_and_waits_for_the_sender() {
+    let w = World::new();
+    w.pair("a", "b");
+    some_files(&w);
+    let mut receiver = Watched::new(receive_from(&w, "b", "a", "60s"));
+    // Time for the receiver's first rounds to find nobody (an order, not an assertion).
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let sent = finish(send_to(&w, "a", "b"));
+    assert_success("send --to", &sent);
+    let received = receiver.finish();
+    assert_success("receive --from", &received);
+    assert_same_tree(&w.src(), &w.out().join("src"));
+}
+
+#[test]
+fn an_unknown_peer_name_is_a_usage_error_pointing_at_ferry_peers() {
+    let w = World::new();
+    some_files(&w);
+    for args in [
+        vec!["send", "--json", "--to", "nobody", "."],
+        vec!["receive", "--json", "--from", "nobody"],
+    ] {
+        let out = w.as_("a").args(&args).output().unwrap();
+        assert_failure("an unknown name", &out, 2, "usage");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("ferry peers"),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn an_impostor_with_a_stolen_peer_list_is_refused_by_identity() {
+    let w = World::new();
+    w.pair("a", "b");
+    some_files(&w);
+    // c holds a copy of a's peers.toml (b's key and the pair's secret), but not a's identity key.
+    let stolen = w.path("config-c/ferry");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&stolen)
+        .unwrap();
+    fs::copy(
+        w.path("config-a/ferry/peers.toml"),
+        stolen.join("peers.toml"),
+    )
+    .unwrap();
+    // c meets b under the pair's hash, as a would...
+    let mut impostor = Watched::new(send_to(&w, "c", "b"));
+    impostor.wait_for(|e| e["event"] == "waiting");
+    // ...but b pins a's key, and c cannot sign as a.
+    let received = finish(receive_from(&w, "b", "a", "0"));
+    assert_failure("receive --from a, met by c", &received, 5, "identity-mismatch");
+    assert!(list_all(&w.out()).is_empty(), "nothing received");
+    // The impostor's handshake may end before b checks its signature; b then hangs up on it.
+    let impostor = impostor.finish();
+    assert!(!impostor.status.success(), "the impostor sent nothing");
+    assert!(event(&events(&impostor.stdout), "done").is_none());
+}
