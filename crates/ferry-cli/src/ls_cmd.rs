@@ -82,7 +82,8 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.warn(&w);
     }
     let (reader, writer) = split_tcp(connected.stream, connected.established)?;
-    let mut session = Session::open(reader, writer, IN_FLIGHT).map_err(|e| refused(e, &peer.name.to_string()))?;
+    let mut session =
+        Session::open(reader, writer, IN_FLIGHT).map_err(|e| refused(e, &peer.name.to_string()))?;
     let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
     let entry = session
         .stat(path.clone())

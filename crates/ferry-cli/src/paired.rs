@@ -110,7 +110,9 @@ impl Allowed {
     }
 
     fn allows(&self, peer: &Peer) -> bool {
-        self.0.as_ref().is_none_or(|names| names.contains(&peer.name))
+        self.0
+            .as_ref()
+            .is_none_or(|names| names.contains(&peer.name))
     }
 
     /// The hashes a sharer of `purpose` announces now: one per allowed peer, this window's (read from

@@ -174,14 +174,17 @@ fn check_share_name(name: &str) -> Result<(), Usage> {
 /// Runs `ferry share` until a signal stops it.
 pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     if args.writable {
-        return Err(Usage("--writable: writes come with `ferry mount`; not available yet".into()).into());
+        return Err(
+            Usage("--writable: writes come with `ferry mount`; not available yet".into()).into(),
+        );
     }
     check_share_name(&args.name)?;
     let opts = peer_options(&args.common, &args.relay)?;
     let me = Me::load()?;
     let allowed = Allowed::new(&me.dir, &args.allow)?;
     let root = Arc::new(
-        ShareRoot::open(&args.dir).with_context(|| format!("cannot share {}", args.dir.display()))?,
+        ShareRoot::open(&args.dir)
+            .with_context(|| format!("cannot share {}", args.dir.display()))?,
     );
     let cache_dir = cache_dir()
         .context("no cache directory: set HOME or XDG_CACHE_HOME")?
@@ -197,7 +200,11 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
             &args.dir,
             CHANGE_DEBOUNCE,
             move |paths| changes.publish(paths),
-            move |warning| log.event("warning", json!({ "message": warning }), || format!("warning: {warning}")),
+            move |warning| {
+                log.event("warning", json!({ "message": warning }), || {
+                    format!("warning: {warning}")
+                })
+            },
         )
         .with_context(|| format!("cannot watch {} for changes", args.dir.display()))?
     };
@@ -263,7 +270,9 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
             continue;
         }
         if let Err(w) = me.seen(&peer.key, &address) {
-            log.event("warning", json!({ "message": w }), || format!("warning: {w}"));
+            log.event("warning", json!({ "message": w }), || {
+                format!("warning: {w}")
+            });
         }
         stats.clients.fetch_add(1, Ordering::Relaxed);
         stats.sessions.fetch_add(1, Ordering::Relaxed);
@@ -281,13 +290,17 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
         );
         let config = config.clone();
         std::thread::spawn(move || {
-            let served = serve_client(connected, &root, &cache, &changes, config, &stats, &name, log);
+            let served = serve_client(
+                connected, &root, &cache, &changes, config, &stats, &name, log,
+            );
             stats.clients.fetch_sub(1, Ordering::Relaxed);
             match served {
                 // A client that hangs up without the channel's close costs the share nothing.
-                Ok(()) | Err(ferry_share::io::SessionError::Channel(ChannelError::Truncated)) => log.event("client-gone", json!({ "peer": name }), || {
-                    format!("{name} disconnected")
-                }),
+                Ok(()) | Err(ferry_share::io::SessionError::Channel(ChannelError::Truncated)) => {
+                    log.event("client-gone", json!({ "peer": name }), || {
+                        format!("{name} disconnected")
+                    })
+                }
                 Err(e) => {
                     let e = e.to_string();
                     log.event("client-gone", json!({ "peer": name, "error": e }), || {
@@ -340,7 +353,15 @@ fn serve_client(
             format!("{name}: {what}")
         })
     };
-    serve(reader, writer, root, cache, changes, config, &mut on_refusal)
+    serve(
+        reader,
+        writer,
+        root,
+        cache,
+        changes,
+        config,
+        &mut on_refusal,
+    )
 }
 
 /// SIGINT, SIGTERM and SIGHUP end the share (announcements withdrawn, sessions closed, exit 0); SIGUSR1

@@ -188,7 +188,11 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         Some(name) => {
             let me = paired::Me::load()?;
             let peer = me.peer(name)?;
-            (me.waiting_for(&peer, paired::TRANSFER), None, Some((me, peer)))
+            (
+                me.waiting_for(&peer, paired::TRANSFER),
+                None,
+                Some((me, peer)),
+            )
         }
         None => {
             let code = match &args.code {

@@ -22,7 +22,9 @@ fn send_to(w: &World, who: &str, peer: &str) -> Child {
 
 fn receive_from(w: &World, who: &str, peer: &str, wait: &str) -> Child {
     w.as_(who)
-        .args(["receive", "--json", "--yes", "--wait", wait, "--from", peer, "--out"])
+        .args([
+            "receive", "--json", "--yes", "--wait", wait, "--from", peer, "--out",
+        ])
         .arg(w.out())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -32,7 +34,11 @@ fn receive_from(w: &World, who: &str, peer: &str, wait: &str) -> Child {
 
 fn some_files(w: &World) {
     fs::create_dir_all(w.src().join("sub")).unwrap();
-    fs::write(w.src().join("a.bin"), ferry_testkit::pseudo_random(300_000, 1)).unwrap();
+    fs::write(
+        w.src().join("a.bin"),
+        ferry_testkit::pseudo_random(300_000, 1),
+    )
+    .unwrap();
     fs::write(w.src().join("sub/b.txt"), b"paired\n").unwrap();
 }
 
@@ -111,7 +117,12 @@ fn an_impostor_with_a_stolen_peer_list_is_refused_by_identity() {
     impostor.wait_for(|e| e["event"] == "waiting");
     // ...but b pins a's key, and c cannot sign as a.
     let received = finish(receive_from(&w, "b", "a", "0"));
-    assert_failure("receive --from a, met by c", &received, 5, "identity-mismatch");
+    assert_failure(
+        "receive --from a, met by c",
+        &received,
+        5,
+        "identity-mismatch",
+    );
     assert!(list_all(&w.out()).is_empty(), "nothing received");
     // The impostor's handshake may end before b checks its signature; b then hangs up on it.
     let impostor = impostor.finish();

@@ -26,7 +26,8 @@ fn peers_of(w: &World, who: &str) -> Vec<Value> {
 
 /// Starts `ferry pair` on `a` and returns it with the code it printed.
 fn start_pairing(w: &World, extra: &[&str]) -> (Watched, String) {
-    let child = w.as_("a")
+    let child = w
+        .as_("a")
         .args(["pair", "--json"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -47,7 +48,8 @@ fn two_machines_pair_and_each_pins_the_others_key() {
     let (fa, ka) = fingerprint_and_key(&w, "a");
     let (fb, kb) = fingerprint_and_key(&w, "b");
     let (a, code) = start_pairing(&w, &["--name", "bob"]);
-    let b = w.as_("b")
+    let b = w
+        .as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])
         .output()
         .unwrap();
@@ -99,7 +101,8 @@ fn a_wrong_code_pairs_nobody() {
     let mut parts: Vec<&str> = code.split('-').collect();
     parts[3] = if parts[3] == "zoo" { "zone" } else { "zoo" };
     let wrong = parts.join("-");
-    let b = w.as_("b")
+    let b = w
+        .as_("b")
         .args(["pair", &wrong, "--json"])
         .output()
         .unwrap();
@@ -128,7 +131,8 @@ fn a_name_taken_on_one_side_stops_both() {
     fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
 
     let (a, code) = start_pairing(&w, &[]);
-    let b = w.as_("b")
+    let b = w
+        .as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])
         .output()
         .unwrap();

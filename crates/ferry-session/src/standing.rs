@@ -301,7 +301,8 @@ fn stay_at_relay(relay: &str, seat: &RelaySeat, tx: &mpsc::Sender<Event>) {
                 let ended = loop {
                     match listener.accept() {
                         Ok((stream, _hash)) => {
-                            let offered = Event::Offered(stream, PathKind::Relay, relay.to_string());
+                            let offered =
+                                Event::Offered(stream, PathKind::Relay, relay.to_string());
                             if tx.send(offered).is_err() {
                                 return;
                             }

@@ -1,0 +1,360 @@
+//! `ferry share` and `ferry ls` between installations paired with real `ferry pair` processes: listings equal
+//! to the source, who is refused (unpaired, removed, not allowed, a stolen peer list) before any request,
+//! several clients, a real relay, signals.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::Path;
+use std::process::{Output, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+/// `who` runs `ferry share --json SRC extra...`; returns it once ready, with its ready event.
+fn share(w: &World, who: &str, extra: &[&str]) -> (Watched, Value) {
+    let child = w
+        .as_(who)
+        .args(["share", "--json"])
+        .arg(w.src())
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut sharer = Watched::new(child);
+    let ready = sharer.wait_for(|e| e["event"] == "ready");
+    (sharer, ready)
+}
+
+/// `who` runs `ferry ls --json target extra...`.
+fn ls(w: &World, who: &str, target: &str, extra: &[&str]) -> Output {
+    w.as_(who)
+        .args(["ls", "--json", target])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// The `entry` events of a listing, by name.
+fn entries(out: &Output) -> BTreeMap<String, Value> {
+    events(&out.stdout)
+        .into_iter()
+        .filter(|e| e["event"] == "entry")
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e))
+        .collect()
+}
+
+/// Stops the sharer with SIGTERM and returns its output (it exits 0).
+fn stop(sharer: Watched) -> Output {
+    sharer.signal(libc::SIGTERM);
+    let out = sharer.finish();
+    assert_success("the sharer stopped by SIGTERM", &out);
+    out
+}
+
+fn a_tree(w: &World) {
+    let src = w.src();
+    fs::create_dir_all(src.join("docs/deep")).unwrap();
+    fs::write(src.join("big.bin"), pseudo_random(1_000_000, 3)).unwrap();
+    fs::write(src.join("docs/note.txt"), b"hello share\n").unwrap();
+    fs::write(src.join("docs/deep/empty"), b"").unwrap();
+    std::os::unix::fs::symlink("docs/note.txt", src.join("link")).unwrap();
+    set_mtime(&src.join("big.bin"), 1_700_000_000, 123_456_789);
+}
+
+/// Asserts the listing `got` of the directory `dir` is its contents: names, kinds, sizes, modes, mtimes,
+/// symlink targets.
+fn assert_listing(dir: &Path, got: &BTreeMap<String, Value>) {
+    let mut want = BTreeMap::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = fs::symlink_metadata(e.path()).unwrap();
+        let kind = if m.is_dir() {
+            "dir"
+        } else if m.file_type().is_symlink() {
+            "symlink"
+        } else {
+            "file"
+        };
+        want.insert(e.file_name().into_string().unwrap(), (kind, m));
+    }
+    assert_eq!(
+        want.keys().collect::<Vec<_>>(),
+        got.keys().collect::<Vec<_>>(),
+        "names in {}",
+        dir.display()
+    );
+    for (name, (kind, m)) in &want {
+        let e = &got[name];
+        assert_eq!(e["kind"], *kind, "kind of {name}");
+        assert_eq!(e["mtime"], m.mtime(), "mtime of {name}");
+        match *kind {
+            "symlink" => assert_eq!(
+                e["target"],
+                fs::read_link(dir.join(name)).unwrap().to_str().unwrap(),
+                "target of {name}"
+            ),
+            "file" => {
+                assert_eq!(e["size"], m.len(), "size of {name}");
+                assert_eq!(e["mode"], m.mode() & 0o777, "mode of {name}");
+                assert_eq!(e["mtime_nsec"], m.mtime_nsec(), "mtime_nsec of {name}");
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn ls_lists_the_shared_tree_as_it_is() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (sharer, ready) = share(&w, "a", &[]);
+    assert_eq!(ready["share"], "default");
+    assert_eq!(ready["peers"], 1);
+    for (target, dir) in [
+        ("a", w.src()),
+        ("a:docs", w.src().join("docs")),
+        ("a:/docs/deep/", w.src().join("docs/deep")),
+    ] {
+        let out = ls(&w, "b", target, &[]);
+        assert_success(target, &out);
+        assert_listing(&dir, &entries(&out));
+    }
+    // A file shows its one entry.
+    let out = ls(&w, "b", "a:docs/note.txt", &[]);
+    assert_success("ls of a file", &out);
+    let one = entries(&out);
+    assert_eq!(one.len(), 1);
+    assert_eq!(one["note.txt"]["size"], 12);
+    // A path that is not there: a clear error, nothing listed.
+    let out = ls(&w, "b", "a:nothing/here", &[]);
+    assert_failure("ls of a missing path", &out, 1, "io");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("not-found"));
+    assert!(entries(&out).is_empty());
+    // A path out of the share is refused before anything is asked.
+    let out = ls(&w, "b", "a:../etc", &[]);
+    assert_failure("ls out of the share", &out, 2, "usage");
+    // A change in the share is seen by the next listing.
+    fs::write(w.src().join("docs/new.txt"), b"new").unwrap();
+    let out = ls(&w, "b", "a:docs", &[]);
+    assert!(entries(&out).contains_key("new.txt"));
+
+    let log = events(&stop(sharer).stdout);
+    let connected: Vec<_> = log
+        .iter()
+        .filter(|e| e["event"] == "client-connected")
+        .collect();
+    assert!(connected.len() >= 5 && connected.iter().all(|e| e["peer"] == "b"));
+    assert!(log.iter().all(|e| e["event"] != "refused"), "{log:?}");
+}
+
+#[test]
+fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    // c copies b's peers.toml (a's key and the pair's secret); its own identity key is not b's.
+    let stolen = w.path("config-c/ferry");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&stolen)
+        .unwrap();
+    fs::copy(
+        w.path("config-b/ferry/peers.toml"),
+        stolen.join("peers.toml"),
+    )
+    .unwrap();
+    let (mut sharer, _) = share(&w, "a", &[]);
+    // c finds the share under the pair's hash, but its key is nobody a paired with.
+    let out = ls(&w, "c", "a", &[]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(entries(&out).is_empty(), "nothing listed");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("not paired there"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let refused = sharer.wait_for(|e| e["event"] == "refused");
+    assert!(
+        refused["reason"].as_str().unwrap().contains("not paired"),
+        "{refused}"
+    );
+    // b, the real peer, is still served.
+    assert_success("ls by the paired peer", &ls(&w, "b", "a", &[]));
+    let log = events(&stop(sharer).stdout);
+    assert_eq!(
+        log.iter()
+            .filter(|e| e["event"] == "client-connected")
+            .count(),
+        1,
+        "only b was served: {log:?}"
+    );
+}
+
+#[test]
+fn an_unpaired_identity_at_the_address_is_refused_before_any_request() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (mut sharer, ready) = share(&w, "a", &[]);
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    // c pins a's real key (copied from b's list) but shares no secret with a: it dials the address.
+    let key = {
+        let text = fs::read_to_string(w.path("config-b/ferry/peers.toml")).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("key"))
+            .unwrap()
+            .to_string();
+        line
+    };
+    let dir = w.path("config-c/ferry");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .unwrap();
+    let secret = "cd".repeat(32);
+    fs::write(
+        dir.join("peers.toml"),
+        format!("[[peer]]\nname = \"a\"\n{key}\nsecret = \"{secret}\"\npaired_at = 1\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
+    let out = ls(&w, "c", "a", &["--peer", &addr]);
+    assert!(!out.status.success());
+    assert!(entries(&out).is_empty(), "nothing listed");
+    let refused = sharer.wait_for(|e| e["event"] == "refused");
+    assert!(refused["reason"].as_str().unwrap().contains("not paired"));
+    let log = events(&stop(sharer).stdout);
+    assert!(
+        log.iter().all(|e| e["event"] != "client-connected"),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_removed_or_not_allowed_peer_is_refused() {
+    let w = World::new();
+    w.pair("a", "b");
+    w.pair("a", "c");
+    a_tree(&w);
+    let (mut sharer, ready) = share(&w, "a", &["--allow", "c"]);
+    assert_eq!(ready["peers"], 1, "only c's meeting is announced");
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    // b is paired but not allowed: even at the address, it gets nothing.
+    let out = ls(&w, "b", "a", &["--peer", &addr]);
+    assert!(!out.status.success() && entries(&out).is_empty());
+    let refused = sharer.wait_for(|e| e["event"] == "refused");
+    assert!(refused["reason"].as_str().unwrap().contains("--allow"));
+    assert_success("ls by the allowed peer", &ls(&w, "c", "a", &[]));
+    // Once removed, c is refused at once: the list is read again for every connection.
+    let removed = w.as_("a").args(["peers", "remove", "c"]).output().unwrap();
+    assert_success("peers remove", &removed);
+    let out = ls(&w, "c", "a", &["--peer", &addr]);
+    assert!(!out.status.success() && entries(&out).is_empty());
+    let refused = sharer.wait_for(|e| e["event"] == "refused");
+    assert!(refused["reason"].as_str().unwrap().contains("not paired"));
+    stop(sharer);
+}
+
+#[test]
+fn two_clients_list_at_once() {
+    let w = World::new();
+    w.pair("a", "b");
+    w.pair("a", "c");
+    a_tree(&w);
+    for i in 0..200 {
+        fs::write(w.src().join(format!("docs/file-{i:03}")), vec![b'x'; i]).unwrap();
+    }
+    let (sharer, _) = share(&w, "a", &[]);
+    let lister = |who: &'static str| {
+        let mut cmd = w.as_(who);
+        cmd.args(["ls", "--json", "a:docs"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        finish_in_background(cmd.spawn().unwrap())
+    };
+    let (b, c) = (lister("b"), lister("c"));
+    for out in [b.join().unwrap(), c.join().unwrap()] {
+        assert_success("one of two clients", &out);
+        assert_listing(&w.src().join("docs"), &entries(&out));
+    }
+    stop(sharer);
+}
+
+#[test]
+fn a_share_behind_a_relay_serves_client_after_client() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let mut relay = w.cmd();
+    relay.args(["relay", "--listen", "127.0.0.1:0", "--stats-interval", "0"]);
+    let relay = RelayProcess::spawn(relay);
+    let at = relay.addr.to_string();
+    let via = ["--relay", at.as_str(), "--force-relay"];
+    let (sharer, ready) = share(&w, "a", &via);
+    assert!(
+        ready["listen"].is_null(),
+        "no direct listener with --force-relay"
+    );
+    for _ in 0..2 {
+        let out = ls(&w, "b", "a", &via);
+        assert_success("ls through the relay", &out);
+        assert_listing(&w.src(), &entries(&out));
+    }
+    let log = events(&stop(sharer).stdout);
+    let paths: Vec<_> = log
+        .iter()
+        .filter(|e| e["event"] == "client-connected")
+        .map(|e| e["path"].clone())
+        .collect();
+    assert_eq!(paths, ["relay", "relay"]);
+}
+
+#[test]
+fn sigterm_withdraws_every_announcement_and_sigusr1_prints_stats() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (mut sharer, _) = share(&w, "a", &[]);
+    let registry = w.path("runtime/ferry/rendezvous");
+    let announced = || -> Vec<_> {
+        list_all(&registry)
+            .into_iter()
+            .filter(|p| !p.is_dir())
+            .collect()
+    };
+    assert_eq!(announced().len(), 1, "the share is announced on this host");
+    assert_success("ls", &ls(&w, "b", "a", &[]));
+    sharer.signal(libc::SIGUSR1);
+    let stats = sharer.wait_for(|e| e["event"] == "stats");
+    assert_eq!(stats["sessions"], 1);
+    assert!(stats["bytes_sent"].as_u64().unwrap() > 0);
+    let log = events(&stop(sharer).stdout);
+    assert!(event(&log, "stopped").is_some());
+    assert!(
+        announced().is_empty(),
+        "registry entries left: {:?}",
+        announced()
+    );
+}
+
+#[test]
+fn writable_is_refused_until_mount_exists() {
+    let w = World::new();
+    let out = w
+        .as_("a")
+        .args(["share", "--json", "--writable"])
+        .arg(w.src())
+        .output()
+        .unwrap();
+    assert_failure("share --writable", &out, 2, "usage");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ferry mount"));
+}
