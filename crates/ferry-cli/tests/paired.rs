@@ -5,7 +5,6 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::DirBuilderExt;
 use std::process::{Child, Stdio};
 
 use common::*;
@@ -67,7 +66,7 @@ fn the_receiver_may_look_first_and_waits_for_the_sender() {
     let w = World::new();
     w.pair("a", "b");
     some_files(&w);
-    let mut receiver = Watched::new(receive_from(&w, "b", "a", "60s"));
+    let receiver = Watched::new(receive_from(&w, "b", "a", "60s"));
     // Time for the receiver's first rounds to find nobody (an order, not an assertion).
     std::thread::sleep(std::time::Duration::from_secs(2));
     let sent = finish(send_to(&w, "a", "b"));
@@ -101,17 +100,7 @@ fn an_impostor_with_a_stolen_peer_list_is_refused_by_identity() {
     w.pair("a", "b");
     some_files(&w);
     // c holds a copy of a's peers.toml (b's key and the pair's secret), but not a's identity key.
-    let stolen = w.path("config-c/ferry");
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&stolen)
-        .unwrap();
-    fs::copy(
-        w.path("config-a/ferry/peers.toml"),
-        stolen.join("peers.toml"),
-    )
-    .unwrap();
+    w.steal_peer_list("a", "c");
     // c meets b under the pair's hash, as a would...
     let mut impostor = Watched::new(send_to(&w, "c", "b"));
     impostor.wait_for(|e| e["event"] == "waiting");

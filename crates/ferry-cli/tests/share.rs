@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
 
@@ -158,17 +158,7 @@ fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
     w.pair("a", "b");
     a_tree(&w);
     // c copies b's peers.toml (a's key and the pair's secret); its own identity key is not b's.
-    let stolen = w.path("config-c/ferry");
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&stolen)
-        .unwrap();
-    fs::copy(
-        w.path("config-b/ferry/peers.toml"),
-        stolen.join("peers.toml"),
-    )
-    .unwrap();
+    w.steal_peer_list("b", "c");
     let (mut sharer, _) = share(&w, "a", &[]);
     // c finds the share under the pair's hash, but its key is nobody a paired with.
     let out = ls(&w, "c", "a", &[]);
@@ -213,12 +203,7 @@ fn an_unpaired_identity_at_the_address_is_refused_before_any_request() {
             .to_string();
         line
     };
-    let dir = w.path("config-c/ferry");
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .unwrap();
+    let dir = w.config_dir("c");
     let secret = "cd".repeat(32);
     fs::write(
         dir.join("peers.toml"),

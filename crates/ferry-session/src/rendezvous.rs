@@ -53,16 +53,7 @@ impl Rendezvous {
         let (tx, rx) = mpsc::channel();
         let (mut announcement, mut advertisement, mut local) = (None, None, None);
         if !opts.force_relay {
-            // With discovery the receiver may be on the LAN, so listen on every interface.
-            let any = if opts.no_discovery {
-                [127, 0, 0, 1]
-            } else {
-                [0, 0, 0, 0]
-            };
-            let addr = listen.unwrap_or_else(|| SocketAddr::from((any, 0)));
-            let listener =
-                TcpListener::bind(addr).map_err(|source| SessionError::Listen { addr, source })?;
-            let bound = listener.local_addr()?;
+            let bound = listen_for_peers(opts, listen, tx.clone())?;
             let loopback = SocketAddr::from(([127, 0, 0, 1], bound.port()));
             let registry = LocalRegistry::open_default()?;
             let announced = registry.announce(&meeting.hash, loopback).map_err(|e| {
@@ -78,26 +69,6 @@ impl Rendezvous {
                 advertisement = Some(events.keep_until_exit(Box::new(advertised)));
             }
             local = Some(bound);
-            let only_on_link = listen.is_none();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    let Ok(stream) = conn else { continue };
-                    let Ok(peer) = stream.peer_addr() else {
-                        continue;
-                    };
-                    // Interfaces are read per connection: addresses come and go while a sender waits.
-                    if only_on_link && !netif::on_link(peer.ip(), &netif::interfaces()) {
-                        continue;
-                    }
-                    if tx
-                        .send(Event::Offered(stream, PathKind::Direct, peer.to_string()))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
         }
         if let Some(relay) = opts.relay.clone() {
             let hash = meeting.hash.0;
@@ -228,6 +199,45 @@ impl Rendezvous {
             source: ChannelError::WrongCode,
         }
     }
+}
+
+/// Listens for the looking side (where, as [`Rendezvous::start`] says) and offers each connection on `tx`, on
+/// a thread of its own; returns the bound address.
+pub(crate) fn listen_for_peers(
+    opts: &PeerOptions,
+    listen: Option<SocketAddr>,
+    tx: mpsc::Sender<Event>,
+) -> Result<SocketAddr, SessionError> {
+    // With discovery the peer may be on the LAN, so listen on every interface.
+    let any = if opts.no_discovery {
+        [127, 0, 0, 1]
+    } else {
+        [0, 0, 0, 0]
+    };
+    let addr = listen.unwrap_or_else(|| SocketAddr::from((any, 0)));
+    let listener =
+        TcpListener::bind(addr).map_err(|source| SessionError::Listen { addr, source })?;
+    let bound = listener.local_addr()?;
+    let only_on_link = listen.is_none();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(stream) = conn else { continue };
+            let Ok(peer) = stream.peer_addr() else {
+                continue;
+            };
+            // Interfaces are read per connection: addresses come and go while a sender waits.
+            if only_on_link && !netif::on_link(peer.ip(), &netif::interfaces()) {
+                continue;
+            }
+            if tx
+                .send(Event::Offered(stream, PathKind::Direct, peer.to_string()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    Ok(bound)
 }
 
 impl DirectPaths for Rendezvous {

@@ -10,17 +10,18 @@
 //! peer list before it reads a single request.
 
 use std::any::Any;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_relay::{Listener, RelayError};
 use ferry_rendezvous::local::LocalRegistry;
-use ferry_rendezvous::{mdns, netif, NameplateHash};
+use ferry_rendezvous::{mdns, NameplateHash};
 
 use crate::error::relay_error;
 use crate::handshake::{Event, Handshakes, Purpose};
+use crate::rendezvous::listen_for_peers;
 use crate::{Connected, Events, MeetingAuth, PathKind, PeerOptions, SessionError};
 
 /// The hashes to be reachable under now: asked again every [`RENEW_EVERY`] (the window turns, peers are
@@ -85,15 +86,7 @@ impl Standing {
         let (tx, rx) = mpsc::channel();
         let (mut registry, mut mdns_port, mut local) = (None, None, None);
         if !opts.force_relay {
-            let any = if opts.no_discovery {
-                [127, 0, 0, 1]
-            } else {
-                [0, 0, 0, 0]
-            };
-            let addr = listen.unwrap_or_else(|| SocketAddr::from((any, 0)));
-            let listener =
-                TcpListener::bind(addr).map_err(|source| SessionError::Listen { addr, source })?;
-            let bound = listener.local_addr()?;
+            let bound = listen_for_peers(opts, listen, tx.clone())?;
             registry = Some((
                 LocalRegistry::open_default()?,
                 SocketAddr::from(([127, 0, 0, 1], bound.port())),
@@ -102,25 +95,6 @@ impl Standing {
                 mdns_port = Some(bound.port());
             }
             local = Some(bound);
-            let only_on_link = listen.is_none();
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for conn in listener.incoming() {
-                    let Ok(stream) = conn else { continue };
-                    let Ok(peer) = stream.peer_addr() else {
-                        continue;
-                    };
-                    if only_on_link && !netif::on_link(peer.ip(), &netif::interfaces()) {
-                        continue;
-                    }
-                    if tx
-                        .send(Event::Offered(stream, PathKind::Direct, peer.to_string()))
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            });
         }
         let relay = opts.relay.clone().map(|relay| {
             let seat = Arc::new(RelaySeat {

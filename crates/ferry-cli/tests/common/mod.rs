@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,6 +112,24 @@ impl World {
             .expect("run ferry pair");
         assert_success(&format!("pairing at {b}"), &second);
         assert_success(&format!("pairing at {a}"), &first.finish());
+    }
+
+    /// Installation `who`'s config directory (`config-WHO/ferry`), created private (0700) if missing.
+    pub fn config_dir(&self, who: &str) -> PathBuf {
+        let dir = self.path(&format!("config-{who}/ferry"));
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .expect("mkdir config");
+        dir
+    }
+
+    /// Copies `from`'s `peers.toml` (its peers' keys and the secrets it shares with them) into `to`'s
+    /// config: what a thief holds who has the file but not `from`'s identity key.
+    pub fn steal_peer_list(&self, from: &str, to: &str) {
+        let list = self.config_dir(from).join("peers.toml");
+        fs::copy(list, self.config_dir(to).join("peers.toml")).expect("copy peers.toml");
     }
 
     /// Starts `ferry send --json --code CODE PATHS...`.
