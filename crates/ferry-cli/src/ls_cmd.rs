@@ -4,13 +4,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use ferry_channel::blocking::split_tcp;
-use ferry_share::io::Session;
 use ferry_share::wire::{Entry, Kind, SharePath};
 use serde_json::json;
 
 use crate::failure::Usage;
-use crate::paired::{self, Me};
+use crate::paired;
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
 use crate::ui::{escape, print_event, stdout_line, Ui};
 
@@ -66,24 +64,12 @@ pub fn parse_target(target: &str) -> Result<(&str, SharePath), Usage> {
 pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let (name, path) = parse_target(&args.target)?;
     let opts = peer_options(&args.common, &args.relay)?;
-    let me = Me::load()?;
-    let peer = me.peer(name)?;
-    let purpose = paired::share_purpose(&args.share);
-    let meeting = me.looking_for(&peer, &purpose);
-    let connected = ferry_session::connect(&meeting, &opts, args.peer.peer, args.wait, ui);
-    ui.waited();
-    let connected = connected.with_context(|| {
-        format!(
-            "cannot reach the share {:?} of {} (is `ferry share` running there?)",
-            args.share, peer.name
-        )
-    })?;
-    if let Err(w) = me.seen(&peer.key, &connected.peer) {
-        ui.warn(&w);
-    }
-    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
-    let mut session =
-        Session::open(reader, writer, IN_FLIGHT).map_err(|e| refused(e, &peer.name.to_string()))?;
+    let reach = paired::Reach {
+        opts: &opts,
+        peer: args.peer.peer,
+        wait: args.wait,
+    };
+    let (mut session, peer) = paired::open_share(name, &args.share, &reach, IN_FLIGHT, ui)?;
     let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
     let entry = session
         .stat(path.clone())
@@ -98,18 +84,6 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
         show(e, ui.is_json());
     }
     Ok(())
-}
-
-/// A session that ends before the sharer's hello: the sharer refused this machine.
-fn refused(e: ferry_share::io::SessionError, name: &str) -> anyhow::Error {
-    use ferry_share::io::SessionError as S;
-    match e {
-        S::Closed | S::Channel(_) => anyhow::Error::new(e).context(format!(
-            "{name} closed the connection before its share's hello: this machine is not paired there (or was \
-             removed), not in its --allow list, or the share serves as many clients as it takes"
-        )),
-        e => e.into(),
-    }
 }
 
 fn kind_str(kind: Kind) -> &'static str {
@@ -195,7 +169,7 @@ mod tests {
     fn times_are_shown_as_utc_dates() {
         assert_eq!(utc(0), "1970-01-01 00:00");
         assert_eq!(utc(951_782_400), "2000-02-29 00:00");
-        assert_eq!(utc(1_795_000_000), "2026-11-18 09:46");
+        assert_eq!(utc(1_795_000_000), "2026-11-18 11:06");
         assert_eq!(utc(-60), "1969-12-31 23:59");
     }
 }

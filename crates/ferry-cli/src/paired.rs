@@ -8,17 +8,22 @@
 //! against `peers.toml` (read again for every connection, so `ferry peers remove` takes effect at once)
 //! before it reads a single request.
 
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context;
+use ferry_channel::blocking::split_tcp;
 use ferry_channel::{Auth, IdentityKey, PUBLIC_KEY_LEN};
 use ferry_peers::meeting::{hashes_to_try, meeting_hash, window_of};
 use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore};
 use ferry_rendezvous::NameplateHash;
-use ferry_session::{HashSource, Meeting, MeetingAuth};
+use ferry_session::{HashSource, Meeting, MeetingAuth, PeerOptions};
+use ferry_share::io::{Session, SessionError as ShareError};
 
 use crate::peers_cmd::{config, unix_now};
-use crate::ui::escape;
+use crate::ui::{escape, Ui};
 
 /// The purpose of `send --to` / `receive --from` meetings.
 pub const TRANSFER: &str = "transfer";
@@ -88,6 +93,52 @@ impl Me {
             Ok(())
         })
         .map_err(|e| format!("cannot record the session in peers.toml: {e}"))
+    }
+}
+
+/// How to look for a peer: the reach options of the command.
+pub struct Reach<'a> {
+    /// `--relay`, `--force-relay`, `--no-discovery`.
+    pub opts: &'a PeerOptions,
+    /// `--peer ADDR`.
+    pub peer: Option<SocketAddr>,
+    /// `--wait`.
+    pub wait: Duration,
+}
+
+/// Reaches the share `share` of the paired peer `name` (`ls`, `pull`) and opens a session with at most
+/// `in_flight` requests in flight; returns it with the peer. A sharer that refuses this machine closes the
+/// connection before its hello: that is said in words.
+pub fn open_share(
+    name: &str,
+    share: &str,
+    reach: &Reach<'_>,
+    in_flight: u32,
+    ui: &mut Ui,
+) -> anyhow::Result<(Session<TcpStream, TcpStream>, Peer)> {
+    let me = Me::load()?;
+    let peer = me.peer(name)?;
+    let meeting = me.looking_for(&peer, &share_purpose(share));
+    let connected = ferry_session::connect(&meeting, reach.opts, reach.peer, reach.wait, ui);
+    ui.waited();
+    let connected = connected.with_context(|| {
+        format!(
+            "cannot reach the share {share:?} of {} (is `ferry share` running there?)",
+            peer.name
+        )
+    })?;
+    if let Err(w) = me.seen(&peer.key, &connected.peer) {
+        ui.warn(&w);
+    }
+    let (reader, writer) = split_tcp(connected.stream, connected.established)?;
+    match Session::open(reader, writer, in_flight) {
+        Ok(session) => Ok((session, peer)),
+        Err(e @ (ShareError::Closed | ShareError::Channel(_))) => Err(anyhow::Error::new(e).context(format!(
+            "{} closed the connection before its share's hello: this machine is not paired there (or was \
+             removed), not in its --allow list, or the share serves as many clients as it takes",
+            peer.name
+        ))),
+        Err(e) => Err(e.into()),
     }
 }
 
