@@ -227,3 +227,63 @@ exit $rc
         "nothing received"
     );
 }
+
+#[test]
+fn a_paired_peer_finds_a_share_and_a_sender_by_mdns() {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::create_dir_all(w.src().join("docs")).unwrap();
+    fs::write(w.src().join("docs/lan.txt"), b"over the LAN\n").unwrap();
+    for d in ["rt-a", "rt-b"] {
+        fs::create_dir_all(w.path(d)).unwrap();
+    }
+    // Each side its own rendezvous directory: only mDNS (under the pair's hashes) can bring them together.
+    let script = format!(
+        r#"
+a() {{ XDG_RUNTIME_DIR={ra} XDG_CONFIG_HOME={ca} XDG_CACHE_HOME={cache} "$@"; }}
+b() {{ XDG_RUNTIME_DIR={rb} XDG_CONFIG_HOME={cb} XDG_CACHE_HOME={cache} "$@"; }}
+a timeout 60 {ferry} share --json {src} > {shlog} 2>&1 &
+share=$!
+i=0; until grep -q '"ready"' {shlog} || [ $i -ge 200 ]; do sleep 0.1; i=$((i+1)); done
+b timeout 60 {ferry} ls --json --wait 30s a:docs > {lslog} 2>&1
+rc=$?
+kill -TERM $share; wait $share
+[ $rc -eq 0 ] || exit $rc
+a timeout 60 {ferry} send --json --to b {src} > {slog} 2>&1 &
+b timeout 60 {ferry} receive --json --yes --wait 30s --from a --out {out} > {rlog} 2>&1
+rc=$?
+wait
+exit $rc
+"#,
+        ferry = sh_quote(&ferry()),
+        ra = sh_quote(&w.path("rt-a")),
+        rb = sh_quote(&w.path("rt-b")),
+        ca = sh_quote(&w.path("config-a")),
+        cb = sh_quote(&w.path("config-b")),
+        cache = sh_quote(&w.path("cache")),
+        src = sh_quote(&w.src()),
+        out = sh_quote(&w.out()),
+        shlog = sh_quote(&w.path("share.log")),
+        lslog = sh_quote(&w.path("ls.log")),
+        slog = sh_quote(&w.path("send.log")),
+        rlog = sh_quote(&w.path("recv.log")),
+    );
+    let Some(out) = in_private_netns(&script) else {
+        return;
+    };
+    let read = |name: &str| fs::read(w.path(name)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{:?}\nls: {}\nshare: {}\nreceive: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&read("ls.log")),
+        String::from_utf8_lossy(&read("share.log")),
+        String::from_utf8_lossy(&read("recv.log")),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = events(&read("ls.log"));
+    assert_eq!(event(&listed, "entry").unwrap()["name"], "lan.txt");
+    let received = events(&read("recv.log"));
+    assert_eq!(event(&received, "connected").unwrap()["path"], "lan");
+    assert_same_tree(&w.src(), &w.out().join("src"));
+}
