@@ -17,9 +17,14 @@ const IN_FLIGHT: u32 = 4;
 
 /// Arguments of `ferry ls`.
 #[derive(Args, Debug)]
-#[command(mut_arg("peer", |a| a.help(
-    "Connect straight to the sharer at this address (its `ferry share --listen` address)"
-)))]
+#[command(
+    mut_arg("peer", |a| a.help(
+        "Connect straight to the sharer at this address (its `ferry share --listen` address)"
+    )),
+    mut_arg("json", |a| a.help(
+        "One JSON `entry` event per entry on stdout (name, kind, size, mode, mtime, mtime_nsec, target)"
+    )),
+)]
 pub struct LsArgs {
     /// The paired peer (`ferry peers`) and, after a colon, the path inside its share (default: the top).
     target: String,

@@ -1,5 +1,5 @@
-//! The command-line options of every command that reaches a peer (`send`, `receive`, `pair`, and the coming
-//! `share` and `pull`), as structs each command flattens in (`#[command(flatten)]`). A command whose help
+//! The command-line options of every command that reaches a peer (`send`, `receive`, `pair`, `share`, `ls`,
+//! `pull`), as structs each command flattens in (`#[command(flatten)]`). A command whose help
 //! says it differently overrides the text with `#[command(mut_arg(...))]`.
 
 use std::net::SocketAddr;

@@ -88,7 +88,9 @@ impl Log {
         if self.json {
             print_event(event, fields);
         } else {
-            stderr_line(&escape(&text()));
+            // Each line escaped: names from the file system or a peer never drive the terminal.
+            let lines: Vec<_> = text().lines().map(|l| escape(l).into_owned()).collect();
+            stderr_line(&lines.join("\n"));
         }
     }
 }
@@ -224,7 +226,7 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let peers = standing.hashes().len();
     log.event(
         "ready",
-        json!({ "share": args.name, "dir": args.dir, "peers": peers,
+        json!({ "share": args.name, "dir": args.dir.to_string_lossy(), "peers": peers,
                 "listen": standing.listen.map(|a| a.to_string()), "relay": opts.relay }),
         || {
             let listen = standing
