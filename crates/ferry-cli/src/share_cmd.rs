@@ -38,7 +38,7 @@ const MAX_SHARE_NAME: usize = 64;
 /// Arguments of `ferry share`.
 #[derive(Args, Debug)]
 #[command(
-    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, stats)")),
+    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, request-error, stats, stopped)")),
     mut_arg("listen", |a| a.help(
         "Address to listen on for peers. Default: a free port on loopback with --no-discovery; with discovery, \
          every interface, taking connections only from this host and directly attached networks"
@@ -304,6 +304,15 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
                     })
                 }
                 Err(e) => {
+                    if let ferry_share::io::SessionError::Server(bad) = &e {
+                        // The client broke the protocol: its request is what ended the session.
+                        let bad = bad.to_string();
+                        log.event(
+                            "request-error",
+                            json!({ "peer": name, "error": bad }),
+                            || format!("{name}: bad request: {bad}"),
+                        );
+                    }
                     let e = e.to_string();
                     log.event("client-gone", json!({ "peer": name, "error": e }), || {
                         format!("{name} disconnected: {e}")

@@ -53,6 +53,7 @@ pub struct Standing {
     /// keeps them.
     announced: Vec<Box<dyn Any + Send>>,
     relay: Option<Arc<RelaySeat>>,
+    renew_every: Duration,
     renew_at: Instant,
     /// Where it listens, unless `--force-relay`.
     pub listen: Option<SocketAddr>,
@@ -116,11 +117,18 @@ impl Standing {
             mdns_port,
             announced: Vec::new(),
             relay,
+            renew_every: RENEW_EVERY,
             renew_at: Instant::now(),
             listen: local,
         };
         standing.renew(events);
         Ok(standing)
+    }
+
+    /// Asks for the hashes every `every` instead of every 20 s (from the next renewal on).
+    pub fn renew_every(&mut self, every: Duration) {
+        self.renew_every = every;
+        self.renew_at = self.renew_at.min(Instant::now() + every);
     }
 
     /// The hashes announced now.
@@ -130,7 +138,7 @@ impl Standing {
 
     /// Asks for the hashes again and, when they changed, announces the new set everywhere.
     fn renew(&mut self, events: &mut dyn Events) {
-        self.renew_at = Instant::now() + RENEW_EVERY;
+        self.renew_at = Instant::now() + self.renew_every;
         let mut hashes = (self.source)();
         hashes.sort_by_key(|h| h.0);
         hashes.dedup();

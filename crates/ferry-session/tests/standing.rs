@@ -3,7 +3,7 @@
 //! again when the relay restarts.
 
 use std::net::SocketAddr;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -123,5 +123,47 @@ fn a_standing_side_serves_peer_after_peer_and_outlives_a_relay_restart() {
         Some(IdentityKey::from_seed(alice).public())
     );
     drop(server_thread.join().unwrap());
+    handle.shutdown();
+}
+
+#[test]
+fn a_standing_side_follows_its_hashes_as_they_change() {
+    let (relay, handle) = relay_on("127.0.0.1:0");
+    let (server, alice) = ([4u8; 32], [5u8; 32]);
+    let server_key = IdentityKey::from_seed(server).public();
+    let (old, new) = (NameplateHash([20; 32]), NameplateHash([21; 32]));
+    let current = Arc::new(Mutex::new(vec![old]));
+    let source = {
+        let current = Arc::clone(&current);
+        Arc::new(move || current.lock().unwrap().clone())
+    };
+    let mut standing =
+        Standing::start(source, identity(server, None), &opts(relay), None, &mut ()).unwrap();
+    standing.renew_every(Duration::from_millis(50));
+    let (tx, rx) = mpsc::channel();
+    let server_thread = thread::spawn(move || {
+        let c = standing.accept(&mut ()).expect("accept");
+        tx.send(c.established.peer_identity).unwrap();
+        standing
+    });
+    // The window turns: the new hash is announced, the old one withdrawn.
+    *current.lock().unwrap() = vec![new];
+    let seen = look(relay, alice, server_key, new, vec![]).join().unwrap();
+    assert_eq!(seen, Some(server_key));
+    assert_eq!(
+        rx.recv().unwrap(),
+        Some(IdentityKey::from_seed(alice).public())
+    );
+    let standing = server_thread.join().unwrap();
+    assert_eq!(standing.hashes(), &[new][..]);
+    let meeting = Meeting {
+        hash: old,
+        also: vec![],
+        label: "the old window".into(),
+        auth: identity(alice, Some(server_key)),
+    };
+    let stale = connect(&meeting, &opts(relay), None, Duration::ZERO, &mut ());
+    assert!(stale.is_err(), "nobody waits under the old hash");
+    drop(standing);
     handle.shutdown();
 }
