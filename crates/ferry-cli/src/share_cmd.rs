@@ -360,8 +360,10 @@ fn serve_client(
         est.sealer,
     );
     let mut on_refusal = |what: &str| {
+        let what = what.strip_prefix("refused: ").unwrap_or(what);
+        stats.refused.fetch_add(1, Ordering::Relaxed);
         log.event("refused", json!({ "peer": name, "reason": what }), || {
-            format!("{name}: {what}")
+            format!("refused a request of {name}: {what}")
         })
     };
     serve(

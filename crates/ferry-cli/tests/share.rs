@@ -138,6 +138,20 @@ fn ls_lists_the_shared_tree_as_it_is() {
     // A path out of the share is refused before anything is asked.
     let out = ls(&w, "b", "a:../etc", &[]);
     assert_failure("ls out of the share", &out, 2, "usage");
+    // A symlink out of the share is listed, never followed: a request through it is refused and logged.
+    fs::create_dir_all(w.path("secret")).unwrap();
+    fs::write(w.path("secret/key"), b"private").unwrap();
+    std::os::unix::fs::symlink(w.path("secret"), w.src().join("out")).unwrap();
+    let listed = entries(&ls(&w, "b", "a", &[]));
+    assert_eq!(listed["out"]["kind"], "symlink");
+    let out = ls(&w, "b", "a:out/key", &[]);
+    assert_failure(
+        "ls through a symlink out of the share",
+        &out,
+        8,
+        "unsafe-path",
+    );
+    assert!(entries(&out).is_empty());
     // A change in the share is seen by the next listing.
     fs::write(w.src().join("docs/new.txt"), b"new").unwrap();
     let out = ls(&w, "b", "a:docs", &[]);
@@ -149,7 +163,16 @@ fn ls_lists_the_shared_tree_as_it_is() {
         .filter(|e| e["event"] == "client-connected")
         .collect();
     assert!(connected.len() >= 5 && connected.iter().all(|e| e["peer"] == "b"));
-    assert!(log.iter().all(|e| e["event"] != "refused"), "{log:?}");
+    let refused: Vec<_> = log.iter().filter(|e| e["event"] == "refused").collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "only the request through the symlink: {log:?}"
+    );
+    assert!(refused[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("outside the share"));
 }
 
 #[test]
