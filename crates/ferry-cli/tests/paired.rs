@@ -119,36 +119,12 @@ fn an_impostor_with_a_stolen_peer_list_is_refused_by_identity() {
     assert!(event(&events(&impostor.stdout), "done").is_none());
 }
 
-/// `ferry id --json`'s fingerprint of installation `who`.
-fn fingerprint(w: &World, who: &str) -> String {
-    let out = w.as_(who).args(["id", "--json"]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["fingerprint"].as_str().unwrap().to_string()
-}
-
-/// Starts `ferry pair --json --name NAME` at `who` and returns it with its code.
-fn pair_code(w: &World, who: &str, name: &str) -> (Watched, String) {
-    let child = w
-        .as_(who)
-        .args(["pair", "--json", "--name", name])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut p = Watched::new(child);
-    let code = p.wait_for(|e| e["event"] == "code")["code"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    (p, code)
-}
-
 #[test]
 fn a_man_in_the_middle_of_the_pairing_shows_in_the_fingerprints_and_never_joins_the_real_pair() {
     let w = World::new();
     some_files(&w);
     // m holds a's code and answers it as if it were b; to b it offers a code of its own, as if it were a.
-    let (a_side, a_code) = pair_code(&w, "a", "b");
+    let (a_side, a_code) = w.start_pairing("a", &["--name", "b"]);
     let m_to_a = w
         .as_("m")
         .args(["pair", &a_code, "--json", "--name", "a"])
@@ -156,7 +132,7 @@ fn a_man_in_the_middle_of_the_pairing_shows_in_the_fingerprints_and_never_joins_
         .unwrap();
     assert_success("m pairs with a", &m_to_a);
     let a_side = a_side.finish();
-    let (m_side, m_code) = pair_code(&w, "m", "b");
+    let (m_side, m_code) = w.start_pairing("m", &["--name", "b"]);
     let b_to_m = w
         .as_("b")
         .args(["pair", &m_code, "--json", "--name", "a"])
@@ -165,11 +141,7 @@ fn a_man_in_the_middle_of_the_pairing_shows_in_the_fingerprints_and_never_joins_
     assert_success("b pairs with m", &b_to_m);
     m_side.finish();
     // What the two people compare aloud differs: each was shown m's fingerprint, not the other's.
-    let (fa, fb, fm) = (
-        fingerprint(&w, "a"),
-        fingerprint(&w, "b"),
-        fingerprint(&w, "m"),
-    );
+    let [fa, fb, fm] = ["a", "b", "m"].map(|who| w.identity(who).0);
     let shown = |out: &std::process::Output| {
         event(&events(&out.stdout), "paired").unwrap()["fingerprint"]
             .as_str()

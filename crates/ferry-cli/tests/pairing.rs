@@ -3,19 +3,9 @@
 mod common;
 
 use std::fs;
-use std::process::Stdio;
 
-use common::{assert_failure, event, events, Watched, World};
+use common::{assert_failure, event, events, World};
 use serde_json::Value;
-
-fn fingerprint_and_key(w: &World, who: &str) -> (String, String) {
-    let out = w.as_(who).args(["id", "--json"]).output().unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    (
-        v["fingerprint"].as_str().unwrap().to_string(),
-        v["key"].as_str().unwrap().to_string(),
-    )
-}
 
 fn peers_of(w: &World, who: &str) -> Vec<Value> {
     let out = w.as_(who).args(["peers", "--json"]).output().unwrap();
@@ -24,30 +14,12 @@ fn peers_of(w: &World, who: &str) -> Vec<Value> {
     v["peers"].as_array().unwrap().clone()
 }
 
-/// Starts `ferry pair` on `a` and returns it with the code it printed.
-fn start_pairing(w: &World, extra: &[&str]) -> (Watched, String) {
-    let child = w
-        .as_("a")
-        .args(["pair", "--json"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut a = Watched::new(child);
-    let code = a.wait_for(|e| e["event"] == "code")["code"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    (a, code)
-}
-
 #[test]
 fn two_machines_pair_and_each_pins_the_others_key() {
     let w = World::new();
-    let (fa, ka) = fingerprint_and_key(&w, "a");
-    let (fb, kb) = fingerprint_and_key(&w, "b");
-    let (a, code) = start_pairing(&w, &["--name", "bob"]);
+    let (fa, ka) = w.identity("a");
+    let (fb, kb) = w.identity("b");
+    let (a, code) = w.start_pairing("a", &["--name", "bob"]);
     let b = w
         .as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])
@@ -96,7 +68,7 @@ fn two_machines_pair_and_each_pins_the_others_key() {
 #[test]
 fn a_wrong_code_pairs_nobody() {
     let w = World::new();
-    let (a, code) = start_pairing(&w, &[]);
+    let (a, code) = w.start_pairing("a", &[]);
     // The same nameplate and first word (so the two meet), other words: the PAKE fails.
     let mut parts: Vec<&str> = code.split('-').collect();
     parts[3] = if parts[3] == "zoo" { "zone" } else { "zoo" };
@@ -130,7 +102,7 @@ fn a_name_taken_on_one_side_stops_both() {
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
 
-    let (a, code) = start_pairing(&w, &[]);
+    let (a, code) = w.start_pairing("a", &[]);
     let b = w
         .as_("b")
         .args(["pair", &code, "--json", "--name", "alice"])

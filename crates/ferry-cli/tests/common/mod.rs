@@ -90,12 +90,12 @@ impl World {
         c
     }
 
-    /// Pairs installations `a` and `b` with real `ferry pair` processes: `a` names the other `b`, and `b`
-    /// names the other `a`.
-    pub fn pair(&self, a: &str, b: &str) {
+    /// Starts `ferry pair --json extra...` at installation `who` and returns it with the code it printed.
+    pub fn start_pairing(&self, who: &str, extra: &[&str]) -> (Watched, String) {
         let child = self
-            .as_(a)
-            .args(["pair", "--json", "--name", b])
+            .as_(who)
+            .args(["pair", "--json"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -105,6 +105,13 @@ impl World {
             .as_str()
             .expect("a code")
             .to_string();
+        (first, code)
+    }
+
+    /// Pairs installations `a` and `b` with real `ferry pair` processes: `a` names the other `b`, and `b`
+    /// names the other `a`.
+    pub fn pair(&self, a: &str, b: &str) {
+        let (first, code) = self.start_pairing(a, &["--name", b]);
         let second = self
             .as_(b)
             .args(["pair", &code, "--json", "--name", a])
@@ -112,6 +119,20 @@ impl World {
             .expect("run ferry pair");
         assert_success(&format!("pairing at {b}"), &second);
         assert_success(&format!("pairing at {a}"), &first.finish());
+    }
+
+    /// Installation `who`'s identity as `ferry id --json` prints it: its fingerprint and its key in hex.
+    pub fn identity(&self, who: &str) -> (String, String) {
+        let out = self
+            .as_(who)
+            .args(["id", "--json"])
+            .output()
+            .expect("run ferry id");
+        let v: Value = serde_json::from_slice(&out.stdout).expect("ferry id --json");
+        (
+            v["fingerprint"].as_str().expect("fingerprint").to_string(),
+            v["key"].as_str().expect("key").to_string(),
+        )
     }
 
     /// Installation `who`'s config directory (`config-WHO/ferry`), created private (0700) if missing.
