@@ -82,6 +82,12 @@ impl SessionError {
             SessionError::Io(_) => C::Io,
             SessionError::Closed => C::PeerGone,
             SessionError::PastEnd { .. } => C::Error,
+            // A peer's code is untrusted text: only the codes a peer's transfer reports keep their class.
+            SessionError::Transfer(ferry_transfer::TransferError::Remote { code, .. }) => {
+                C::parse(code)
+                    .filter(|c| ferry_transfer::TransferError::PEER_CODES.contains(c))
+                    .unwrap_or(C::Remote)
+            }
             SessionError::Transfer(e) => e.code(),
         }
     }
@@ -219,7 +225,9 @@ where
             while let Some(out) = server.poll_transmit() {
                 writer.send(&out)?;
             }
-            let subtree = files.take_pull().expect("a switched session resolved its pull");
+            let subtree = files
+                .take_pull()
+                .expect("a switched session resolved its pull");
             return send_pull(&subtree, writer, rx, log);
         }
     }

@@ -87,7 +87,11 @@ pub fn read_range<R: Read, W: Write>(
     let first = RANGE_PIECE.min(len);
     let client = session.client();
     let mut ids: VecDeque<RequestId> = VecDeque::new();
-    ids.push_back(client.read(path.clone(), None, offset, first).map_err(|_| busy())?);
+    ids.push_back(
+        client
+            .read(path.clone(), None, offset, first)
+            .map_err(|_| busy())?,
+    );
     let mut next = offset + first;
     let mut version: Option<Version> = None;
     // Bytes of the reads in flight, by id, and whether each is complete.

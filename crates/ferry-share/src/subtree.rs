@@ -65,7 +65,14 @@ impl Subtree {
         let mut walk = Walk::default();
         match FileType::from_raw_mode(st.st_mode) {
             FileType::RegularFile => {
-                push(&mut walk, &name, EntryKind::File, &st, Vec::new(), PathBuf::new());
+                push(
+                    &mut walk,
+                    &name,
+                    EntryKind::File,
+                    &st,
+                    Vec::new(),
+                    PathBuf::new(),
+                );
             }
             FileType::Directory => {
                 let mut rel = name;

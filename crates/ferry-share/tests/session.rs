@@ -407,7 +407,10 @@ fn a_pull_switches_the_connection_and_goes_alone() {
         pair.server.handle(&p).unwrap();
     }
     pair.pump(&BTreeMap::new());
-    assert!(pair.events.iter().any(|e| matches!(e, Event::Attr { id, .. } if *id == stat)));
+    assert!(pair
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Attr { id, .. } if *id == stat)));
     assert!(pair.events.iter().any(|e| matches!(e,
         Event::Failed { id, failure: Failure::Remote(ErrorCode::BadRequest, _) } if *id == refused)));
     assert!(!pair.server.switched());
@@ -441,7 +444,11 @@ fn a_pull_that_leaves_the_share_is_refused_by_its_id() {
         let answer = pair.server.poll_transmit().unwrap();
         assert!(matches!(
             wire::Response::decode(&answer).unwrap(),
-            wire::Response::Error { id: 9, code: ErrorCode::UnsafePath, .. }
+            wire::Response::Error {
+                id: 9,
+                code: ErrorCode::UnsafePath,
+                ..
+            }
         ));
         assert!(pair.server.next_refusal().is_some());
     }
