@@ -146,6 +146,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         if let Some(e) = cause.downcast_ref::<TransferError>() {
             return transfer_failure(e);
         }
+        if let Some(e) = cause.downcast_ref::<ferry_share::io::SessionError>() {
+            return e.code().into();
+        }
         if let Some(e) = cause.downcast_ref::<ferry_peers::PeersError>() {
             return peers_failure(e);
         }

@@ -11,6 +11,9 @@ mod interrupt;
 mod pair_cmd;
 mod peers_cmd;
 mod prompt;
+// Wired to the paired peers' connection code when the branches meet.
+#[allow(dead_code)]
+mod pull_cmd;
 mod reach_args;
 mod relay_cmd;
 mod settings;
