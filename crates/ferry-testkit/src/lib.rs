@@ -34,20 +34,6 @@ pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
         .expect("a temporary directory")
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn data_is_deterministic_and_seeded() {
-        assert_eq!(super::pseudo_random(64, 1), super::pseudo_random(64, 1));
-        assert_ne!(super::pseudo_random(64, 1), super::pseudo_random(64, 2));
-        assert_eq!(
-            super::pseudo_random(13, 7),
-            super::pseudo_random(64, 7)[..13]
-        );
-        assert!(super::temp_dir("ferry-testkit-").path().is_dir());
-    }
-}
-
 /// Asserts two trees are identical: names, kinds, contents, permission bits, mtimes, symlink targets.
 pub fn assert_same_tree(a: &Path, b: &Path) {
     let ma = fs::symlink_metadata(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
@@ -95,5 +81,19 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
         for n in na {
             assert_same_tree(&a.join(&n), &b.join(&n));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn data_is_deterministic_and_seeded() {
+        assert_eq!(super::pseudo_random(64, 1), super::pseudo_random(64, 1));
+        assert_ne!(super::pseudo_random(64, 1), super::pseudo_random(64, 2));
+        assert_eq!(
+            super::pseudo_random(13, 7),
+            super::pseudo_random(64, 7)[..13]
+        );
+        assert!(super::temp_dir("ferry-testkit-").path().is_dir());
     }
 }
