@@ -119,6 +119,11 @@ fn set_mtime(path: &Path, secs: i64, nsec: u32) {
     .unwrap();
 }
 
+fn mkfifo(path: &Path) {
+    let mode = rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR;
+    rustix::fs::mkfifoat(rustix::fs::CWD, path, mode).unwrap();
+}
+
 fn p(s: &str) -> SharePath {
     SharePath::new(s.as_bytes()).unwrap()
 }
@@ -156,12 +161,7 @@ fn a_pulled_tree_equals_the_source() {
 #[test]
 fn the_whole_share_is_pulled_without_what_leads_out() {
     let w = World::new();
-    rustix::fs::mkfifoat(
-        rustix::fs::CWD,
-        w.share().join("fifo"),
-        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-    )
-    .unwrap();
+    mkfifo(&w.share().join("fifo"));
     w.pull("", &w.options("out")).unwrap();
     let got = w.dir.path().join("out/share");
     // The symlink out of the share and the FIFO are skipped (and logged); everything else is there.
@@ -319,12 +319,7 @@ fn raw_pulls(w: &World, paths: &[&[u8]]) -> Vec<(ErrorCode, String)> {
 #[test]
 fn pulls_that_leave_the_share_are_refused_and_nothing_is_read() {
     let w = World::new();
-    rustix::fs::mkfifoat(
-        rustix::fs::CWD,
-        w.share().join("fifo"),
-        rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
-    )
-    .unwrap();
+    mkfifo(&w.share().join("fifo"));
     symlink("/dev/null", w.share().join("dev")).unwrap();
     // A device node itself, where this test may make one.
     let node = rustix::fs::mknodat(
