@@ -229,6 +229,56 @@ fn a_cut_pull_resumes_with_only_what_is_missing() {
     );
 }
 
+/// The client's socket, dead after `left` bytes read, as when the client is killed.
+struct CutReader {
+    inner: TcpStream,
+    left: usize,
+}
+
+impl io::Read for CutReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            let _ = self.inner.shutdown(std::net::Shutdown::Both);
+            return Err(io::Error::other("cut"));
+        }
+        let n = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..n])?;
+        self.left -= n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn a_pull_cut_on_the_clients_side_resumes_too() {
+    let w = World::new();
+    let stream = TcpStream::connect(w.sharer.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let est = handshake(
+        stream.try_clone().unwrap(),
+        Role::Initiator,
+        w.key(),
+        w.sharer.key,
+    )
+    .unwrap();
+    let cut = CutReader {
+        inner: stream.try_clone().unwrap(),
+        left: 9 << 20,
+    };
+    let reader = ferry_channel::blocking::SecureReader::new(cut, est.opener);
+    let writer = ferry_channel::blocking::SecureWriter::new(stream, est.sealer);
+    let err = pull(reader, writer, &p("big.bin"), &w.options("out"), &mut ()).unwrap_err();
+    assert!(matches!(err.code(), Code::PeerGone | Code::Io), "{err}");
+    assert!(!w.dir.path().join("out/big.bin").exists());
+    let report = w.pull("big.bin", &w.options("out")).unwrap();
+    assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    assert_same_tree(
+        &w.share().join("big.bin"),
+        &w.dir.path().join("out/big.bin"),
+    );
+}
+
 #[test]
 fn a_file_changed_during_a_pull_fails_clearly_and_the_next_pull_gets_the_new_version() {
     let w = World::new();
