@@ -73,7 +73,7 @@ pub fn run(opts: &Options, scratch: &Path, report: &mut Report) -> io::Result<()
         for _ in 0..opts.runs {
             fresh(&out)?;
             fresh(&partial)?;
-            sent.push(amount / engine_run(&[source.clone()], &out, &partial, true)?);
+            sent.push(amount / engine_run(std::slice::from_ref(&source), &out, &partial, true)?);
             fresh(&out)?;
             fresh(&partial)?;
             pulled.push(amount / pull_run(addr, &path, &out, &partial)?);
