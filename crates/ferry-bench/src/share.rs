@@ -12,7 +12,10 @@
 //!   memory is not counted): its `VmHWM`. The child is the current executable, which must call
 //!   [`serve_if_child`] first thing in `main` (`ferry` does).
 //!
-//! The first three run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`). No sftp
+//! - **pull vs send+receive** ([`crate::pull`]): a whole file and many small files by `pull`, against the
+//!   transfer engine's send and receive of the same data, interleaved.
+//!
+//! The others run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`). No sftp
 //! baseline: openssh's sftp-server needs an ssh server on 127.0.0.1, which this benchmark does not start.
 
 use std::fs;
@@ -23,7 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferry_channel::blocking::{handshake_until, split_tcp};
+use ferry_channel::blocking::{handshake_until, split_tcp, SecureReader, SecureWriter};
 use ferry_channel::{Auth, Config, Handshake, Role};
 use ferry_share::client::Event;
 use ferry_share::fs::{OutboardCache, ShareRoot};
@@ -55,6 +58,8 @@ pub struct Options {
     pub rss_clients: usize,
     /// Size of each file of the RSS case (sparse: it costs no memory to hold).
     pub rss_file_bytes: u64,
+    /// Files of 4-8 KiB of the pull-vs-send+receive case of many files.
+    pub small_files: usize,
     /// Where the data goes (a tmpfs).
     pub scratch: PathBuf,
 }
@@ -69,6 +74,7 @@ impl Default for Options {
             latency_reads: 5_000,
             rss_clients: 16,
             rss_file_bytes: 1 << 30,
+            small_files: 10_000,
             scratch: PathBuf::from("/dev/shm"),
         }
     }
@@ -83,6 +89,7 @@ impl Options {
             reads: 20_000,
             latency_reads: 500,
             rss_file_bytes: 64 << 20,
+            small_files: 1_000,
             ..Options::default()
         }
     }
@@ -106,13 +113,13 @@ impl Drop for Scratch {
     }
 }
 
-fn other(e: impl std::fmt::Display) -> io::Error {
+pub(crate) fn other(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
 /// A sharer of `share` accepting clients on 127.0.0.1 until the process ends, each on a thread of its own,
 /// all with one outboard cache in `cache`.
-fn start_sharer(share: &Path, cache: &Path) -> io::Result<SocketAddr> {
+pub(crate) fn start_sharer(share: &Path, cache: &Path) -> io::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let root = Arc::new(ShareRoot::open(share)?);
@@ -139,14 +146,21 @@ fn start_sharer(share: &Path, cache: &Path) -> io::Result<SocketAddr> {
 
 type Client = Session<TcpStream, TcpStream>;
 
-fn connect(addr: SocketAddr, depth: usize) -> io::Result<Client> {
+/// The two halves of a channel to the sharer at `addr`.
+pub(crate) fn channel(
+    addr: SocketAddr,
+) -> io::Result<(SecureReader<TcpStream>, SecureWriter<TcpStream>)> {
     let stream = TcpStream::connect(addr)?;
     stream.set_nodelay(true)?;
     let hs = Handshake::new(Role::Initiator, Config::ferry(), Auth::Unauthenticated);
     let mut s = stream.try_clone()?;
     let est =
         handshake_until(&mut s, hs, Instant::now() + Duration::from_secs(10)).map_err(other)?;
-    let (reader, writer) = split_tcp(stream, est).map_err(other)?;
+    split_tcp(stream, est).map_err(other)
+}
+
+fn connect(addr: SocketAddr, depth: usize) -> io::Result<Client> {
+    let (reader, writer) = channel(addr)?;
     Session::open(reader, writer, depth as u32).map_err(other)
 }
 
@@ -200,6 +214,7 @@ pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result
     let path = SharePath::new(b"big").map_err(other)?;
     reads(opts, &s, &path, report)?;
     first_byte(opts, &s, &path, report)?;
+    crate::pull::run(opts, &s.0, report)?;
     peak_rss(opts, server_exe, report)
 }
 

@@ -90,7 +90,7 @@ impl Drop for Scratch {
 }
 
 /// `count` files of 4-8 KiB spread over 100 directories under `root`.
-fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
+pub(crate) fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let mut buf = vec![0u8; 8192];
     let mut total = 0;
@@ -421,8 +421,14 @@ fn small_files(opts: &Options, ferry: &Path, report: &mut Report) -> std::io::Re
 }
 
 /// One run of the transfer engine in this process, sender on a thread, receiver here, over loopback TCP:
-/// through the secure channel (handshake included) or in plaintext. Returns seconds.
-fn engine_run(paths: &[PathBuf], s: &Scratch, encrypted: bool) -> std::io::Result<f64> {
+/// through the secure channel (handshake included) or in plaintext, into `out` (resume state in `partial`).
+/// Returns seconds, the sender's walk included.
+pub(crate) fn engine_run(
+    paths: &[PathBuf],
+    out: &Path,
+    partial: &Path,
+    encrypted: bool,
+) -> std::io::Result<f64> {
     use ferry_channel::blocking::{handshake, split_tcp};
     use ferry_channel::{Auth, Config, Handshake, Role};
     use ferry_transfer::plain::{PlainSink, PlainSource};
@@ -448,10 +454,10 @@ fn engine_run(paths: &[PathBuf], s: &Scratch, encrypted: bool) -> std::io::Resul
         Ok((Box::new(ChannelSink(w)), Box::new(ChannelSource(r))))
     }
 
+    let start = Instant::now();
     let walked = ferry_transfer::walk(paths).map_err(err)?;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let start = Instant::now();
     let sender = std::thread::spawn(move || -> std::io::Result<()> {
         let (conn, _) = listener.accept()?;
         let (mut sink, mut source) = halves(conn, Role::Responder, encrypted)?;
@@ -466,8 +472,8 @@ fn engine_run(paths: &[PathBuf], s: &Scratch, encrypted: bool) -> std::io::Resul
         Ok(())
     });
     let (mut sink, mut source) = halves(TcpStream::connect(addr)?, Role::Initiator, encrypted)?;
-    let mut ropts = ReceiveOptions::new(s.join("out"));
-    ropts.partial_dir = Some(s.join("cache"));
+    let mut ropts = ReceiveOptions::new(out);
+    ropts.partial_dir = Some(partial.to_path_buf());
     ferry_transfer::receive(
         &mut source.as_mut(),
         &mut sink.as_mut(),
@@ -511,9 +517,10 @@ fn pipeline(opts: &Options, report: &mut Report) -> std::io::Result<()> {
         let (mut plain, mut secure) = (Vec::new(), Vec::new());
         for _ in 0..opts.runs {
             s.clear_out()?;
-            plain.push(amount / engine_run(&[path.to_path_buf()], &s, false)?);
+            let (out, partial) = (s.join("out"), s.join("cache"));
+            plain.push(amount / engine_run(&[path.to_path_buf()], &out, &partial, false)?);
             s.clear_out()?;
-            secure.push(amount / engine_run(&[path.to_path_buf()], &s, true)?);
+            secure.push(amount / engine_run(&[path.to_path_buf()], &out, &partial, true)?);
         }
         report.push(
             Row::new(BENCH, name, median(&mut secure), unit).with_baseline(median(&mut plain)),

@@ -119,26 +119,16 @@ fn transfer_failure(e: &TransferError) -> Failure {
     }
 }
 
-/// A share session's error (`ls`): the sharer's request codes keep their sense where the CLI has one.
+/// A share session's error (`ls`, `pull`): the session's own classification, except where a cause has a more
+/// specific one here (the channel's, a local file's, the transfer's).
 fn share_failure(e: &ferry_share::io::SessionError) -> Failure {
     use ferry_share::io::SessionError as S;
-    use ferry_share::wire::ErrorCode as Remote;
     match e {
-        S::Channel(e) => return channel_failure(e),
-        S::Io(e) => return io_failure(e),
-        S::Server(_) | S::Client(_) => ErrorCode::Protocol,
-        S::Integrity => ErrorCode::Integrity,
-        S::Closed => ErrorCode::PeerGone,
-        S::Remote(code, _) => match code {
-            Remote::NotFound | Remote::WrongKind | Remote::Io => ErrorCode::Io,
-            Remote::UnsafePath => ErrorCode::UnsafePath,
-            Remote::Changed => ErrorCode::SourceChanged,
-            Remote::Permission => ErrorCode::Permission,
-            Remote::BadRequest => ErrorCode::Protocol,
-            _ => ErrorCode::Remote,
-        },
+        S::Channel(e) => channel_failure(e),
+        S::Io(e) => io_failure(e),
+        S::Transfer(e) => transfer_failure(e),
+        other => other.code().into(),
     }
-    .into()
 }
 
 /// Classifies an error by the most specific cause in its chain.

@@ -13,6 +13,8 @@ mod pair_cmd;
 mod paired;
 mod peers_cmd;
 mod prompt;
+// Wired to the paired peers' connection code when the branches meet.
+mod pull_cmd;
 mod reach_args;
 mod relay_cmd;
 mod settings;
@@ -45,6 +47,8 @@ enum Command {
     Share(share_cmd::ShareArgs),
     /// List a paired peer's share: NAME or NAME:PATH.
     Ls(ls_cmd::LsArgs),
+    /// Fetch a file or tree from a paired peer's share: NAME:PATH [DEST], verified.
+    Pull(pull_cmd::PullArgs),
     /// Run the rendezvous and relay server (sees only ciphertext).
     Relay(relay_cmd::RelayArgs),
     /// Run the layered benchmark suite.
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Peers(a) => (a.json, ""),
         Command::Share(a) => (a.json(), ""),
         Command::Ls(a) => (a.json(), ""),
+        Command::Pull(a) => (a.json(), "pulled"),
         _ => (false, ""),
     };
     let mut ui = ui::Ui::new(json, verb);
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
         Command::Peers(args) => peers_cmd::peers(args),
         Command::Share(args) => share_cmd::run(args, &mut ui),
         Command::Ls(args) => ls_cmd::run(args, &mut ui),
+        Command::Pull(args) => pull_cmd::run(args, &mut ui),
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {

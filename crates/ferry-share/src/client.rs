@@ -79,6 +79,11 @@ pub enum Event {
         /// Why.
         failure: Failure,
     },
+    /// A pull was resolved: the next packets are the transfer protocol's, and this session takes no more.
+    Transfer {
+        /// The pull.
+        id: RequestId,
+    },
 }
 
 /// The sharer broke the protocol; the session ends.
@@ -112,6 +117,7 @@ enum Pending {
         end: u64,
     },
     Subscribe,
+    Pull,
 }
 
 /// One session with a sharer.
@@ -199,6 +205,12 @@ impl Client {
         self.send(Pending::Subscribe, |id| Request::Subscribe { id })
     }
 
+    /// Asks for the file or subtree `path` by the transfer protocol: the connection's only request. Its
+    /// answer is [`Event::Transfer`] (or a failure); the packets after it are the transfer protocol's.
+    pub fn pull(&mut self, path: SharePath) -> Result<RequestId, Busy> {
+        self.send(Pending::Pull, |id| Request::Pull { id, path })
+    }
+
     /// Cancels a request; answers already on their way are dropped.
     pub fn cancel(&mut self, id: RequestId) {
         if self.pending.remove(&id).is_some() {
@@ -235,7 +247,8 @@ impl Client {
             | Response::Data { id, .. }
             | Response::Done { id }
             | Response::Changed { id, .. }
-            | Response::Error { id, .. } => *id,
+            | Response::Error { id, .. }
+            | Response::Transfer { id } => *id,
         };
         let Some(pending) = self.pending.get_mut(&id) else {
             if self.cancelled.contains_key(&id) {
@@ -263,6 +276,10 @@ impl Client {
                 Event::Entries { id, entries, next }
             }
             (Pending::Subscribe, Response::Changed { paths, .. }) => Event::Changed { paths },
+            (Pending::Pull, Response::Transfer { .. }) => {
+                self.pending.remove(&id);
+                Event::Transfer { id }
+            }
             (
                 Pending::Read {
                     want,

@@ -97,7 +97,8 @@ impl ShareRoot {
         &self.path
     }
 
-    fn open_at(&self, path: &SharePath, flags: OFlags) -> Result<OwnedFd, FsError> {
+    /// Opens `path` beneath the share (symlinks followed only while they stay inside).
+    pub(crate) fn open_at(&self, path: &SharePath, flags: OFlags) -> Result<OwnedFd, FsError> {
         let rel: &[u8] = if path.is_root() {
             b"."
         } else {

@@ -3,6 +3,10 @@
 //! The server reads packets on a thread of its own (so a client's cancel or stat reaches the session while
 //! pieces are being written) and runs everything else on the caller's thread: the session's jobs against
 //! [`ShareRoot`], its answers, then its pieces, each built and sent before the next packet is handled.
+//!
+//! A pull switches the connection to the transfer protocol: once its path is resolved and walked
+//! ([`Subtree`]), [`serve`] sends the session's last answer and runs [`ferry_transfer::send_from`] on the
+//! subtree, the packets from the reading thread as its source, until the client confirmed or failed.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -16,6 +20,7 @@ use ferry_channel::ChannelError;
 use crate::client::{Client, ClientError, Event, Failure};
 use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
 use crate::server::{Job, Piece, Server, ServerConfig, ServerError};
+use crate::subtree::Subtree;
 use crate::tree::{encode_piece_into, Version, GROUP};
 use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, END};
 
@@ -43,6 +48,51 @@ pub enum SessionError {
     /// The peer closed the session.
     #[error("the peer closed the session")]
     Closed,
+    /// A range ends past the end of the file.
+    #[error("the range ends past the end of the file ({size} bytes)")]
+    PastEnd {
+        /// The file's size.
+        size: u64,
+    },
+    /// A pull's transfer failed (on either side; the other side was told).
+    #[error(transparent)]
+    Transfer(#[from] ferry_transfer::TransferError),
+}
+
+impl SessionError {
+    /// The code that classifies this failure for scripts and exit statuses.
+    pub fn code(&self) -> ferry_wire::ErrorCode {
+        use ferry_wire::ErrorCode as C;
+        match self {
+            SessionError::Channel(e) => match e {
+                ChannelError::Io(_) | ChannelError::Truncated | ChannelError::Closed => C::PeerGone,
+                ChannelError::Tampered => C::Tampered,
+                _ => C::Protocol,
+            },
+            SessionError::Server(_) | SessionError::Client(_) => C::Protocol,
+            SessionError::Remote(code, _) => match code {
+                // As a local path that is not there, or not of the kind asked for.
+                ErrorCode::NotFound | ErrorCode::WrongKind => C::Io,
+                ErrorCode::BadRequest => C::Protocol,
+                ErrorCode::UnsafePath => C::UnsafePath,
+                ErrorCode::Changed => C::SourceChanged,
+                ErrorCode::Permission => C::Permission,
+                ErrorCode::Busy | ErrorCode::Cancelled => C::Remote,
+                ErrorCode::Io => C::Io,
+            },
+            SessionError::Integrity => C::Integrity,
+            SessionError::Io(_) => C::Io,
+            SessionError::Closed => C::PeerGone,
+            SessionError::PastEnd { .. } => C::Error,
+            // A peer's code is untrusted text: only the codes a peer's transfer reports keep their class.
+            SessionError::Transfer(ferry_transfer::TransferError::Remote { code, .. }) => {
+                C::parse(code)
+                    .filter(|c| ferry_transfer::TransferError::PEER_CODES.contains(c))
+                    .unwrap_or(C::Remote)
+            }
+            SessionError::Transfer(e) => e.code(),
+        }
+    }
 }
 
 /// What reaches a session's loop: a packet from its client, or changes in the share.
@@ -173,6 +223,77 @@ where
         while let Some(refusal) = server.next_refusal() {
             log(&format!("refused: {refusal}"));
         }
+        if server.switched() {
+            while let Some(out) = server.poll_transmit() {
+                writer.send(&out)?;
+            }
+            let subtree = files
+                .take_pull()
+                .expect("a switched session resolved its pull");
+            return send_pull(&subtree, writer, rx, log);
+        }
+    }
+}
+
+/// Sends a resolved pull with the transfer protocol; the client's packets come from `rx`.
+fn send_pull<W: Write>(
+    subtree: &Subtree,
+    writer: SecureWriter<W>,
+    rx: mpsc::Receiver<Input>,
+    log: &mut dyn FnMut(&str),
+) -> Result<(), SessionError> {
+    let shown = String::from_utf8_lossy(subtree.path().as_bytes()).into_owned();
+    for warning in &subtree.walk().warnings {
+        log(&format!("pull {shown:?}: {warning}"));
+    }
+    let opts = ferry_transfer::SendOptions {
+        max_packet: writer.max_payload().min(ferry_transfer::MAX_PACKET),
+        ..Default::default()
+    };
+    let mut sink = ferry_transfer::secure::ChannelSink(writer);
+    let mut source = PullSource {
+        rx,
+        packet: Vec::new(),
+    };
+    let manifest = &subtree.walk().manifest;
+    let sent = ferry_transfer::send_from(&mut sink, &mut source, manifest, subtree, &opts, &mut ());
+    match sent {
+        Ok(report) => {
+            log(&format!(
+                "pull {shown:?}: {} files, {} bytes sent, {} resumed",
+                report.files, report.bytes_sent, report.bytes_resumed
+            ));
+            sink.0.flush()?;
+            Ok(())
+        }
+        Err(e) => {
+            log(&format!("pull {shown:?} failed: {e}"));
+            Err(e.into())
+        }
+    }
+}
+
+/// The client's packets, from the reading thread, as the transfer engine's packet source (change
+/// announcements are not for a pull).
+struct PullSource {
+    rx: mpsc::Receiver<Input>,
+    packet: Vec<u8>,
+}
+
+impl ferry_transfer::PacketSource for PullSource {
+    fn recv(&mut self) -> io::Result<Option<&mut [u8]>> {
+        loop {
+            match self.rx.recv() {
+                Ok(Input::Packet(Ok(p))) => {
+                    self.packet = p;
+                    return Ok(Some(&mut self.packet));
+                }
+                Ok(Input::Packet(Err(e))) => return Err(e.into_io()),
+                Ok(Input::Closed) => return Ok(None),
+                Ok(Input::Changed(_)) => {}
+                Err(_) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            }
+        }
     }
 }
 
@@ -198,6 +319,8 @@ pub struct Files<'a> {
     root: &'a ShareRoot,
     cache: &'a OutboardCache,
     open: HashMap<RequestId, Opened>,
+    /// A pull resolved and walked, to send once the session switched.
+    pulled: Option<Subtree>,
 }
 
 impl<'a> Files<'a> {
@@ -207,6 +330,7 @@ impl<'a> Files<'a> {
             root,
             cache,
             open: HashMap::new(),
+            pulled: None,
         }
     }
 
@@ -236,7 +360,16 @@ impl<'a> Files<'a> {
                     Err(e) => server.read_opened(id, Err(e)),
                 }
             }
+            Job::Pull { id, path } => {
+                let resolved = Subtree::resolve(self.root, &path).map(|s| self.pulled = Some(s));
+                server.pull_resolved(id, resolved);
+            }
         }
+    }
+
+    /// The pull resolved by [`Files::run`], once the session switched to sending it.
+    pub fn take_pull(&mut self) -> Option<Subtree> {
+        self.pulled.take()
     }
 
     /// Builds the packet of `piece` at the front of `buf` (at least a piece's range plus one group long):
@@ -300,6 +433,11 @@ impl<R: Read, W: Write> Session<R, W> {
             _ => return Err(ClientError::Hello.into()),
         }
         Ok(s)
+    }
+
+    /// The channel's halves back, to carry another protocol (a pull's transfer).
+    pub fn into_parts(self) -> (SecureReader<R>, SecureWriter<W>) {
+        (self.reader, self.writer)
     }
 
     /// The share's name.
@@ -402,11 +540,11 @@ impl<R: Read, W: Write> Session<R, W> {
     }
 }
 
-fn busy() -> SessionError {
+pub(crate) fn busy() -> SessionError {
     SessionError::Remote(ErrorCode::Busy, "too many requests in flight".into())
 }
 
-fn failed(f: Failure) -> SessionError {
+pub(crate) fn failed(f: Failure) -> SessionError {
     match f {
         Failure::Remote(code, msg) => SessionError::Remote(code, msg),
         Failure::Integrity => SessionError::Integrity,

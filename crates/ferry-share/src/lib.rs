@@ -11,7 +11,9 @@
 pub mod client;
 pub mod fs;
 pub mod io;
+pub mod pull;
 pub mod server;
+pub mod subtree;
 pub mod tree;
 pub mod watch;
 pub mod wire;

@@ -7,6 +7,10 @@
 //! [`Server::next_piece`] names (a [`crate::wire::data_header`] and [`crate::tree::encode_piece`] into one
 //! packet). Small answers always go before the next piece, and reads take turns piece by piece, so a large
 //! read never holds back a stat.
+//!
+//! A pull ([`Job::Pull`]) is the connection's only request: once the IO layer reports its path resolved
+//! ([`Server::pull_resolved`]), the session's last packet out is [`crate::wire::Response::Transfer`] and it
+//! takes no more packets ([`Server::switched`]): the connection carries the transfer protocol from there.
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -71,6 +75,14 @@ pub enum Job {
         /// The file.
         path: SharePath,
     },
+    /// Resolve `path` (a file or directory) for a pull; report with [`Server::pull_resolved`], then, when
+    /// [`Server::switched`], send it with the transfer protocol.
+    Pull {
+        /// The request.
+        id: RequestId,
+        /// The file or directory.
+        path: SharePath,
+    },
 }
 
 /// A piece to build: the data of `range` of the read `id`, with its proof.
@@ -94,6 +106,9 @@ pub enum ServerError {
     /// An id that is already in flight.
     #[error("request id {0} is already in flight")]
     DuplicateId(RequestId),
+    /// A packet after the connection switched to the transfer protocol for a pull.
+    #[error("the connection carries a pull")]
+    Switched,
 }
 
 /// What a request in flight is waiting for.
@@ -107,6 +122,7 @@ enum InFlight {
     },
     Reading,
     Subscribed,
+    Pulling,
 }
 
 /// One client's session.
@@ -121,6 +137,8 @@ pub struct Server {
     reads: VecDeque<(RequestId, Range<u64>)>,
     /// Requests refused with [`ErrorCode::UnsafePath`], for the log (the oldest dropped past a bound).
     refused: VecDeque<String>,
+    /// A pull was resolved: the session is over, the transfer protocol follows.
+    switched: bool,
 }
 
 /// Refusals kept for the log until taken.
@@ -148,11 +166,15 @@ impl Server {
             in_flight: HashMap::new(),
             reads: VecDeque::new(),
             refused: VecDeque::new(),
+            switched: false,
         }
     }
 
     /// Takes one packet from the client.
     pub fn handle(&mut self, packet: &[u8]) -> Result<(), ServerError> {
+        if self.switched {
+            return Err(ServerError::Switched);
+        }
         let req = match Request::decode(packet) {
             Ok(req) => req,
             // A request whose path breaks the name rules (`..`, absolute, NUL, ...) is refused on its own;
@@ -216,9 +238,20 @@ impl Server {
                 },
             ),
             Request::Subscribe { id } => (id, None, InFlight::Subscribed),
+            Request::Pull { id, path } => (id, Some(Job::Pull { id, path }), InFlight::Pulling),
         };
         if self.in_flight.contains_key(&id) {
             return Err(ServerError::DuplicateId(id));
+        }
+        let pulling = self.in_flight.values().any(|s| *s == InFlight::Pulling);
+        if pulling || (state == InFlight::Pulling && !self.in_flight.is_empty()) {
+            // The transfer protocol takes the whole connection: a pull goes alone.
+            self.error(
+                id,
+                ErrorCode::BadRequest,
+                "a pull must be the only request of its connection",
+            );
+            return Ok(());
         }
         if self.in_flight.len() >= self.config.max_in_flight as usize {
             self.error(id, ErrorCode::Busy, "too many requests in flight");
@@ -313,6 +346,27 @@ impl Server {
         }
     }
 
+    /// Reports a pull's path resolved (`Ok`) or refused. Once resolved, [`Server::poll_transmit`] gives the
+    /// [`crate::wire::Response::Transfer`] that switches the connection, and [`Server::switched`] is true.
+    pub fn pull_resolved(&mut self, id: RequestId, result: Result<(), (ErrorCode, String)>) {
+        if self.in_flight.remove(&id) != Some(InFlight::Pulling) {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.push(Response::Transfer { id });
+                self.switched = true;
+            }
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// Whether a pull was resolved: after the packets still queued, the connection carries the transfer
+    /// protocol and this session takes no more packets.
+    pub fn switched(&self) -> bool {
+        self.switched
+    }
+
     /// The next piece to build, when no answer is waiting to go out: reads take turns. After building it,
     /// call [`Server::piece_sent`] (or [`Server::fail`]).
     pub fn next_piece(&mut self) -> Option<Piece> {
@@ -386,9 +440,10 @@ impl Server {
     fn cancel(&mut self, id: RequestId) {
         if self.in_flight.remove(&id).is_some() {
             self.jobs.retain(|j| match j {
-                Job::Stat { id: j, .. } | Job::List { id: j, .. } | Job::Open { id: j, .. } => {
-                    *j != id
-                }
+                Job::Stat { id: j, .. }
+                | Job::List { id: j, .. }
+                | Job::Open { id: j, .. }
+                | Job::Pull { id: j, .. } => *j != id,
             });
             self.reads.retain(|(r, _)| *r != id);
             self.error(id, ErrorCode::Cancelled, "cancelled");

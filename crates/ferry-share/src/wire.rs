@@ -14,12 +14,14 @@
 //! | [`READ`] | client | id, path, has version u8 (0/1), version root \[32\], offset u64, length u64 |
 //! | [`SUBSCRIBE`] | client | id |
 //! | [`CANCEL`] | client | id of the request to cancel |
+//! | [`PULL`] | client | id, path: the file or subtree, by the transfer protocol (the connection's only request) |
 //! | [`ENTRIES`] | server | id, count u32, entries, next cursor u64 ([`END`] when the listing is complete) |
 //! | [`ATTR`] | server | id, entry |
 //! | [`VERSION`] | server | id, size u64, root \[32\]: the version a read is served from, before its data |
 //! | [`DATA`] | server | id, offset u64, length u32, then the piece: its bytes with their proof (the rest) |
 //! | [`DONE`] | server | id: the request is complete |
 //! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
+//! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
 //! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
 //!
 //! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
@@ -44,6 +46,8 @@ pub const READ: u8 = 4;
 pub const SUBSCRIBE: u8 = 5;
 /// Cancel a request in flight.
 pub const CANCEL: u8 = 6;
+/// Pull a file or subtree with the transfer protocol.
+pub const PULL: u8 = 7;
 /// A page of a listing.
 pub const ENTRIES: u8 = 64;
 /// Attributes.
@@ -58,6 +62,8 @@ pub const DONE: u8 = 68;
 pub const CHANGED: u8 = 69;
 /// A request failed.
 pub const ERROR: u8 = 70;
+/// A pull was resolved: the transfer protocol follows.
+pub const TRANSFER: u8 = 71;
 
 /// The cursor of a listing's last page.
 pub const END: u64 = u64::MAX;
@@ -334,6 +340,14 @@ pub enum Request {
         /// The request to cancel.
         id: RequestId,
     },
+    /// The file or subtree `path`, sent with the transfer protocol once the sharer answers
+    /// [`Response::Transfer`]: the connection's only request.
+    Pull {
+        /// Request id.
+        id: RequestId,
+        /// The file or directory (the share itself when empty).
+        path: SharePath,
+    },
 }
 
 /// A server's message. `Data` borrows its piece from the packet it was decoded from.
@@ -399,6 +413,11 @@ pub enum Response<'a> {
         /// For people (untrusted text: escape before showing).
         message: String,
     },
+    /// A pull's path was resolved: the next packets are the transfer protocol's (the sharer sends).
+    Transfer {
+        /// The pull.
+        id: RequestId,
+    },
 }
 
 impl Hello {
@@ -463,6 +482,11 @@ impl Request {
                 out.put_u8(CANCEL);
                 out.put_u32(*id);
             }
+            Request::Pull { id, path } => {
+                out.put_u8(PULL);
+                out.put_u32(*id);
+                path.encode(out);
+            }
         }
     }
 
@@ -515,6 +539,10 @@ impl Request {
             }
             SUBSCRIBE => Request::Subscribe { id: r.u32()? },
             CANCEL => Request::Cancel { id: r.u32()? },
+            PULL => Request::Pull {
+                id: r.u32()?,
+                path: SharePath::decode(&mut r)?,
+            },
             t => return Err(DecodeError::UnknownType(t)),
         };
         r.finish()?;
@@ -575,16 +603,20 @@ impl Response<'_> {
                 out.put_u8(code.to_u8());
                 out.put_bytes16(ferry_wire::truncate_text(message, MAX_MESSAGE).as_bytes());
             }
+            Response::Transfer { id } => {
+                out.put_u8(TRANSFER);
+                out.put_u32(*id);
+            }
         }
     }
 }
 
-/// The id and raw path of a [`LIST`], [`STAT`] or [`READ`] request, read without checking the path: to refuse
+/// The id and raw path of a [`LIST`], [`STAT`], [`READ`] or [`PULL`] request, read without checking the path: to refuse
 /// a request whose path breaks the rules by its id.
 pub fn request_path(packet: &[u8]) -> Option<(RequestId, &[u8])> {
     let mut r = Reader::new(packet);
     match r.u8().ok()? {
-        LIST | STAT | READ => Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?)),
+        LIST | STAT | READ | PULL => Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?)),
         _ => None,
     }
 }
@@ -669,6 +701,7 @@ impl<'a> Response<'a> {
                 let message = String::from_utf8_lossy(r.bytes16(MAX_MESSAGE)?).into_owned();
                 Response::Error { id, code, message }
             }
+            TRANSFER => Response::Transfer { id: r.u32()? },
             t => return Err(DecodeError::UnknownType(t)),
         };
         r.finish()?;
@@ -730,6 +763,10 @@ mod tests {
             },
             Request::Subscribe { id: 5 },
             Request::Cancel { id: 3 },
+            Request::Pull {
+                id: 6,
+                path: SharePath::new(b"photos/2026").unwrap(),
+            },
         ]
     }
 
@@ -774,6 +811,7 @@ mod tests {
                 code: ErrorCode::Changed,
                 message: "photos/a.jpg changed".into(),
             },
+            Response::Transfer { id: 6 },
         ]
     }
 
@@ -818,12 +856,15 @@ mod tests {
     #[test]
     fn hostile_paths_and_fields_are_refused() {
         for bad in [&b"../etc"[..], b"/etc", b"a//b", b"a/./b", b"a\0b", b"a/.."] {
-            let mut buf = vec![STAT, 1, 0, 0, 0];
-            buf.put_bytes16(bad);
-            assert!(
-                matches!(Request::decode(&buf), Err(DecodeError::UnsafePath(_))),
-                "{bad:?}"
-            );
+            for kind in [STAT, PULL] {
+                let mut buf = vec![kind, 1, 0, 0, 0];
+                buf.put_bytes16(bad);
+                assert!(
+                    matches!(Request::decode(&buf), Err(DecodeError::UnsafePath(_))),
+                    "{bad:?}"
+                );
+                assert_eq!(request_path(&buf), Some((1, bad)));
+            }
         }
         // An entry named "..", or with a slash, in a listing.
         for bad in [&b".."[..], b"a/b", b""] {

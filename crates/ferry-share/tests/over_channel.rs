@@ -1,41 +1,27 @@
 //! A share served over a real encrypted channel on loopback TCP, both sides authenticated by pinned identity
 //! keys, with real files.
 
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use ferry_channel::blocking::{handshake_until, split_tcp};
-use ferry_channel::{Auth, ChannelError, Config, Handshake, IdentityKey, Role};
-use ferry_share::fs::{OutboardCache, ShareRoot};
-use ferry_share::io::{serve, Changes, Session, SessionError};
-use ferry_share::server::ServerConfig;
+use ferry_channel::IdentityKey;
+use ferry_share::io::{Changes, Session, SessionError};
 use ferry_share::wire::{ErrorCode, Kind, SharePath};
 use ferry_testkit::pseudo_random;
 
-fn handshake(
-    stream: TcpStream,
-    role: Role,
-    key: IdentityKey,
-    pinned: [u8; 32],
-) -> Result<ferry_channel::Established, ChannelError> {
-    let hs = Handshake::new(
-        role,
-        Config::ferry(),
-        Auth::Identity {
-            key,
-            pinned: Some(pinned),
-        },
-    );
-    let mut s = stream;
-    handshake_until(&mut s, hs, Instant::now() + Duration::from_secs(10))
-}
-
 struct Sharer {
     dir: ferry_testkit::TempDir,
-    log: Arc<Mutex<Vec<String>>>,
-    addr: std::net::SocketAddr,
-    key: [u8; 32],
+    inner: common::Sharer,
+    _watch: ferry_share::watch::Watcher,
+}
+
+impl std::ops::Deref for Sharer {
+    type Target = common::Sharer;
+    fn deref(&self) -> &common::Sharer {
+        &self.inner
+    }
 }
 
 /// Shares a fresh directory; accepts one client whose key is `client`.
@@ -51,15 +37,6 @@ fn start(client: [u8; 32]) -> Sharer {
     std::fs::write(share.join("docs/note.txt"), b"hello from the sharer").unwrap();
     std::fs::write(dir.path().join("secret"), b"not shared").unwrap();
     std::os::unix::fs::symlink("../secret", share.join("escape")).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let key = IdentityKey::generate();
-    let public = key.public();
-    let seed = *key.seed();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (log2, cache_dir) = (Arc::clone(&log), dir.path().join("cache"));
-    let root = Arc::new(ShareRoot::open(&share).unwrap());
-    let cache = OutboardCache::new(cache_dir);
     let changes = Changes::default();
     let publisher = changes.clone();
     let watch = ferry_share::watch::watch(
@@ -69,53 +46,16 @@ fn start(client: [u8; 32]) -> Sharer {
         |_| {},
     )
     .unwrap();
-    // Clients one after another or at once, each on a thread of its own, sharing the cache and the watch.
-    std::thread::spawn(move || {
-        let _watch = watch;
-        for stream in listener.incoming() {
-            let stream = stream.unwrap();
-            let (log2, root, cache, changes) = (
-                Arc::clone(&log2),
-                Arc::clone(&root),
-                cache.clone(),
-                changes.clone(),
-            );
-            std::thread::spawn(move || {
-                let est = match handshake(
-                    stream.try_clone().unwrap(),
-                    Role::Responder,
-                    IdentityKey::from_seed(seed),
-                    client,
-                ) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        log2.lock().unwrap().push(format!("handshake: {e}"));
-                        return;
-                    }
-                };
-                let (reader, writer) = split_tcp(stream, est).unwrap();
-                let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
-                let config = ServerConfig::default();
-                let _ = serve(reader, writer, &root, &cache, &changes, config, &mut log);
-            });
-        }
-    });
+    let inner = common::start_sharer(&share, &dir.path().join("cache"), client, changes);
     Sharer {
         dir,
-        log,
-        addr,
-        key: public,
+        inner,
+        _watch: watch,
     }
 }
 
 fn connect(s: &Sharer, key: IdentityKey) -> Result<Session<TcpStream, TcpStream>, SessionError> {
-    let stream = TcpStream::connect(s.addr).unwrap();
-    // No test waits forever: a read that gets nothing for 10 s fails.
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    let est = handshake(stream.try_clone().unwrap(), Role::Initiator, key, s.key)?;
-    let (reader, writer) = split_tcp(stream, est).unwrap();
+    let (reader, writer) = common::channel(s, key)?;
     Session::open(reader, writer, 64)
 }
 

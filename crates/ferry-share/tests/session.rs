@@ -102,6 +102,14 @@ impl Pair {
                     .server
                     .read_opened(id, Err((ErrorCode::NotFound, "no such file".into()))),
             },
+            Job::Pull { id, path } => {
+                let r = if self.share.files.contains_key(path.as_bytes()) {
+                    Ok(())
+                } else {
+                    Err((ErrorCode::NotFound, "no such file".into()))
+                };
+                self.server.pull_resolved(id, r);
+            }
         }
     }
 
@@ -387,4 +395,62 @@ fn a_client_that_breaks_the_protocol_ends_its_session() {
     server.handle(&client.poll_transmit().unwrap()).unwrap();
     server.handle(&stat).unwrap();
     assert!(server.handle(&stat).is_err(), "a duplicate id in flight");
+}
+
+#[test]
+fn a_pull_switches_the_connection_and_goes_alone() {
+    // A pull beside another request in flight is refused; the other request is answered.
+    let mut pair = Pair::new(sample_share(), ServerConfig::default(), 8);
+    let stat = pair.client.stat(path("small.txt")).unwrap();
+    let refused = pair.client.pull(path("small.txt")).unwrap();
+    while let Some(p) = pair.client.poll_transmit() {
+        pair.server.handle(&p).unwrap();
+    }
+    pair.pump(&BTreeMap::new());
+    assert!(pair
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Attr { id, .. } if *id == stat)));
+    assert!(pair.events.iter().any(|e| matches!(e,
+        Event::Failed { id, failure: Failure::Remote(ErrorCode::BadRequest, _) } if *id == refused)));
+    assert!(!pair.server.switched());
+
+    // A pull of a missing path fails and the session goes on; a pull alone switches it.
+    let missing = pair.client.pull(path("nope")).unwrap();
+    pair.pump(&BTreeMap::new());
+    assert!(pair.events.iter().any(|e| matches!(e,
+        Event::Failed { id, failure: Failure::Remote(ErrorCode::NotFound, _) } if *id == missing)));
+    let pull = pair.client.pull(path("big.bin")).unwrap();
+    pair.pump(&BTreeMap::new());
+    assert!(pair.server.switched());
+    assert_eq!(pair.events.last(), Some(&Event::Transfer { id: pull }));
+    assert_eq!(pair.sent_kinds.last(), Some(&wire::TRANSFER));
+    // From here on the session takes no packet: they belong to the transfer protocol.
+    pair.client.stat(path("small.txt")).unwrap();
+    let p = pair.client.poll_transmit().unwrap();
+    assert!(pair.server.handle(&p).is_err());
+    assert!(pair.server.next_job().is_none());
+}
+
+#[test]
+fn a_pull_that_leaves_the_share_is_refused_by_its_id() {
+    let mut pair = Pair::new(sample_share(), ServerConfig::default(), 8);
+    pair.pump(&BTreeMap::new());
+    for bad in [&b".."[..], b"/etc/passwd", b"a/../../b", b"a\0b"] {
+        let mut packet = vec![wire::PULL, 9, 0, 0, 0];
+        ferry_wire::Put::put_bytes16(&mut packet, bad);
+        pair.server.handle(&packet).unwrap();
+        assert!(pair.server.next_job().is_none(), "nothing resolved");
+        let answer = pair.server.poll_transmit().unwrap();
+        assert!(matches!(
+            wire::Response::decode(&answer).unwrap(),
+            wire::Response::Error {
+                id: 9,
+                code: ErrorCode::UnsafePath,
+                ..
+            }
+        ));
+        assert!(pair.server.next_refusal().is_some());
+    }
+    assert!(!pair.server.switched());
 }

@@ -2,6 +2,10 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
 pub use tempfile::TempDir;
 
 /// `len` deterministic pseudo-random bytes (xorshift64, 8 bytes a step, from `seed` spread by a
@@ -28,6 +32,56 @@ pub fn temp_dir(prefix: &str) -> tempfile::TempDir {
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::Builder::new().prefix(prefix).tempdir())
         .expect("a temporary directory")
+}
+
+/// Asserts two trees are identical: names, kinds, contents, permission bits, mtimes, symlink targets.
+pub fn assert_same_tree(a: &Path, b: &Path) {
+    let ma = fs::symlink_metadata(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
+    let mb = fs::symlink_metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
+    assert_eq!(ma.file_type(), mb.file_type(), "kind of {}", b.display());
+    if ma.file_type().is_symlink() {
+        assert_eq!(
+            fs::read_link(a).unwrap(),
+            fs::read_link(b).unwrap(),
+            "target of {}",
+            b.display()
+        );
+        return;
+    }
+    assert_eq!(
+        ma.mode() & 0o7777,
+        mb.mode() & 0o7777,
+        "mode of {}",
+        b.display()
+    );
+    assert_eq!(
+        (ma.mtime(), ma.mtime_nsec()),
+        (mb.mtime(), mb.mtime_nsec()),
+        "mtime of {}",
+        b.display()
+    );
+    if ma.is_file() {
+        assert_eq!(ma.len(), mb.len(), "size of {}", b.display());
+        assert!(
+            fs::read(a).unwrap() == fs::read(b).unwrap(),
+            "contents of {}",
+            b.display()
+        );
+    } else if ma.is_dir() {
+        let names = |p: &Path| {
+            let mut v: Vec<_> = fs::read_dir(p)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            v.sort();
+            v
+        };
+        let (na, nb) = (names(a), names(b));
+        assert_eq!(na, nb, "entries of {}", b.display());
+        for n in na {
+            assert_same_tree(&a.join(&n), &b.join(&n));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub use receive::{
     receive, Offer, Output, ReceiveOptions, ReceiveReport, DEFAULT_MAX_ENTRIES,
     DEFAULT_MAX_MANIFEST, OFFER_NAMES,
 };
-pub use send::{send, SendOptions, SendReport};
+pub use send::{send, send_from, OpenSource, SendOptions, SendReport};
 pub use walk::{walk, Walk, WalkWarning, MAX_HELD, MAX_HELD_TOTAL};
 
 /// Largest packet, in bytes, that the engine sends by default (1 MiB).

@@ -1,19 +1,19 @@
 //! The secure channel ([`ferry_channel`]) as the engine's packet transport.
 
-use std::io;
+use std::io::{self, Read, Write};
 use std::net::TcpStream;
 
 use crate::{PacketSink, PacketSource};
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 
-/// The sending half of an established channel over TCP.
-pub struct ChannelSink(pub SecureWriter<TcpStream>);
+/// The sending half of an established channel (over TCP unless said otherwise).
+pub struct ChannelSink<W: Write = TcpStream>(pub SecureWriter<W>);
 
-/// The receiving half of an established channel over TCP.
-pub struct ChannelSource(pub SecureReader<TcpStream>);
+/// The receiving half of an established channel (over TCP unless said otherwise).
+pub struct ChannelSource<R: Read = TcpStream>(pub SecureReader<R>);
 
-impl PacketSink for ChannelSink {
+impl<W: Write> PacketSink for ChannelSink<W> {
     fn send(&mut self, payload: &[u8]) -> io::Result<()> {
         self.0.send(payload).map_err(ChannelError::into_io)
     }
@@ -34,7 +34,7 @@ impl PacketSink for ChannelSink {
     }
 }
 
-impl PacketSource for ChannelSource {
+impl<R: Read> PacketSource for ChannelSource<R> {
     fn recv(&mut self) -> io::Result<Option<&mut [u8]>> {
         self.0.recv().map_err(ChannelError::into_io)
     }

@@ -35,6 +35,16 @@ impl Default for SendOptions {
     }
 }
 
+/// Opens the regular files of a manifest that was not made by [`crate::walk`] from local paths
+/// (see [`send_from`]).
+pub trait OpenSource {
+    /// Opens the file of `entry` (walked as `source`) for reading, non-blocking (a FIFO put in its
+    /// place fails instead of hanging). A symlink where the walk saw a directory or the file must
+    /// fail with `ELOOP` (reported as [`TransferError::SourceChanged`]); a file that may not be
+    /// read or is gone, with `PermissionDenied` or `NotFound` (skipped, the receiver is told).
+    fn open(&self, entry: &crate::Entry, source: &crate::manifest::Source) -> io::Result<File>;
+}
+
 /// What a successful [`send`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SendReport {
@@ -77,15 +87,33 @@ pub fn send<K: PacketSink, S: PacketSource>(
     opts: &SendOptions,
     progress: &mut dyn Progress,
 ) -> Result<SendReport, TransferError> {
-    let result = send_inner(sink, source, manifest, opts, progress);
+    let result = send_inner(sink, source, manifest, None, opts, progress);
     wire::report_failure(&result, sink);
     result
 }
 
-fn send_inner<K: PacketSink, S: PacketSource>(
+/// [`send`] of a manifest whose files `opener` opens (instead of opening each [`Source::path`]):
+/// a share's files, reached by descriptor beneath the shared directory.
+///
+/// [`Source::path`]: crate::manifest::Source::path
+pub fn send_from<K: PacketSink, S: PacketSource>(
     sink: &mut K,
     source: &mut S,
     manifest: &Manifest,
+    opener: &dyn OpenSource,
+    opts: &SendOptions,
+    progress: &mut dyn Progress,
+) -> Result<SendReport, TransferError> {
+    let result = send_inner(sink, source, manifest, Some(opener), opts, progress);
+    wire::report_failure(&result, sink);
+    result
+}
+
+fn send_inner<'m, K: PacketSink, S: PacketSource>(
+    sink: &mut K,
+    source: &mut S,
+    manifest: &'m Manifest,
+    opener: Option<&'m dyn OpenSource>,
     opts: &SendOptions,
     progress: &mut dyn Progress,
 ) -> Result<SendReport, TransferError> {
@@ -140,6 +168,7 @@ fn send_inner<K: PacketSink, S: PacketSource>(
         emitted: 0,
         scratch: Vec::new(),
         dirs: SourceDirs::default(),
+        opener,
         skip: None,
         finished: false,
         report: SendReport::default(),
@@ -385,6 +414,7 @@ struct Stream<'m> {
     emitted: usize,
     scratch: Vec<u8>,
     dirs: SourceDirs,
+    opener: Option<&'m dyn OpenSource>,
     finished: bool,
     report: SendReport,
     completed: Vec<usize>,
@@ -442,7 +472,11 @@ impl<'m> Stream<'m> {
         }
         // Inside a directory the walk saw a regular file: a symlink there now is not followed.
         let inside = entry.path.contains(&b'/');
-        match self.dirs.open(&source.path, inside) {
+        let opened = match self.opener {
+            Some(opener) => opener.open(entry, source),
+            None => self.dirs.open(&source.path, inside),
+        };
+        match opened {
             Ok(f) => Ok(Some(Reading::File(f))),
             // A symlink where the walk saw a regular file.
             Err(e) if inside && e.raw_os_error() == Some(libc::ELOOP) => {

@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -303,55 +303,9 @@ pub fn wait_for_event(
     }
 }
 
-/// Asserts two trees are identical: names, kinds, contents, permission bits, mtimes, symlink targets.
-pub fn assert_same_tree(a: &Path, b: &Path) {
-    let ma = fs::symlink_metadata(a).unwrap_or_else(|e| panic!("{}: {e}", a.display()));
-    let mb = fs::symlink_metadata(b).unwrap_or_else(|e| panic!("{}: {e}", b.display()));
-    assert_eq!(ma.file_type(), mb.file_type(), "kind of {}", b.display());
-    if ma.file_type().is_symlink() {
-        assert_eq!(
-            fs::read_link(a).unwrap(),
-            fs::read_link(b).unwrap(),
-            "target of {}",
-            b.display()
-        );
-        return;
-    }
-    assert_eq!(
-        ma.mode() & 0o7777,
-        mb.mode() & 0o7777,
-        "mode of {}",
-        b.display()
-    );
-    assert_eq!(
-        (ma.mtime(), ma.mtime_nsec()),
-        (mb.mtime(), mb.mtime_nsec()),
-        "mtime of {}",
-        b.display()
-    );
-    if ma.is_file() {
-        assert_eq!(ma.len(), mb.len(), "size of {}", b.display());
-        assert!(
-            fs::read(a).unwrap() == fs::read(b).unwrap(),
-            "contents of {}",
-            b.display()
-        );
-    } else if ma.is_dir() {
-        let names = |p: &Path| {
-            let mut v: Vec<_> = fs::read_dir(p)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .collect();
-            v.sort();
-            v
-        };
-        let (na, nb) = (names(a), names(b));
-        assert_eq!(na, nb, "entries of {}", b.display());
-        for n in na {
-            assert_same_tree(&a.join(&n), &b.join(&n));
-        }
-    }
-}
+/// Asserts two trees are identical (names, kinds, contents, permission bits, mtimes, symlink targets).
+#[allow(unused_imports)]
+pub use ferry_testkit::assert_same_tree;
 
 /// Deterministic pseudo-random bytes (xorshift), fast enough for hundreds of MiB.
 #[allow(unused_imports)]

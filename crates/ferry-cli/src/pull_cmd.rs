@@ -1,0 +1,276 @@
+//! `ferry pull NAME:PATH [DEST]`: a file or subtree of a paired peer's share, by the transfer protocol (the
+//! receiver's rules, progress, resume and exit codes as `ferry receive`), or one verified byte range of a file
+//! (`--range OFFSET:LEN`).
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::IsTerminal;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::Args;
+use ferry_share::io::{Session, SessionError};
+use ferry_share::wire::SharePath;
+use ferry_transfer::{Output, ReceiveOptions, TransferError};
+use serde_json::json;
+
+use crate::failure::Usage;
+use crate::paired;
+use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
+use crate::ui::Ui;
+
+/// `ferry pull`'s command line.
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// The paired peer and the path in its share: NAME:PATH (`NAME:` for the whole share).
+    #[arg(value_name = "NAME:PATH")]
+    pub remote: String,
+    /// Directory to pull into.
+    #[arg(default_value = ".")]
+    pub dest: PathBuf,
+    /// The peer's share to pull from.
+    #[arg(long, default_value = "default")]
+    pub share: String,
+    /// Replace files that already exist (never without this flag).
+    #[arg(long)]
+    pub overwrite: bool,
+    /// Only the bytes OFFSET to OFFSET+LEN of one file, each verified before it is written.
+    #[arg(long, value_name = "OFFSET:LEN", value_parser = parse_range)]
+    pub range: Option<(u64, u64)>,
+    /// Write the pulled file (or range) under NAME in DEST; `-`: to standard output (not a terminal, not
+    /// with --json; only with --range or a single file; no resume).
+    #[arg(long, short = 'o', value_name = "NAME")]
+    pub output: Option<OsString>,
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub peer: PeerArg,
+    #[command(flatten)]
+    pub relay: RelayArgs,
+    /// How long to look for the share (30s, 5m, or seconds; 0 tries once).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::transfer_cmd::parse_duration)]
+    pub wait: std::time::Duration,
+}
+
+impl PullArgs {
+    /// `--json` given.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+
+    /// The peer's name and the path in its share, checked by the name rules.
+    pub fn target(&self) -> anyhow::Result<(&str, SharePath)> {
+        let Some((name, path)) = self.remote.split_once(':') else {
+            return Err(Usage(format!(
+                "{:?}: give the peer and the path as NAME:PATH (NAME: for the whole share)",
+                self.remote
+            ))
+            .into());
+        };
+        if name.is_empty() {
+            return Err(Usage("NAME:PATH: the peer's name is missing".into()).into());
+        }
+        let trimmed = path.trim_end_matches('/');
+        let path = SharePath::new(trimmed.as_bytes())
+            .map_err(|problem| Usage(format!("{path:?}: {problem}")))?;
+        Ok((name, path))
+    }
+
+    /// Rejects a bad command line before the peer is sought.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let (_, path) = self.target()?;
+        if self.range.is_some() && path.is_root() {
+            return Err(Usage("--range reads a file: give NAME:PATH of one".into()).into());
+        }
+        if let Some(name) = self.output.as_deref() {
+            if name == "-" {
+                self.stdout()?;
+            } else {
+                crate::spool::check_file_name("-o", name)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Standard output, for `-o -`: not with `--json` (its events go there), not a terminal.
+    fn stdout(&self) -> anyhow::Result<File> {
+        if self.json() {
+            return Err(Usage(
+                "-o - writes the data to standard output, where --json writes its events; give one of them"
+                    .into(),
+            )
+            .into());
+        }
+        if std::io::stdout().is_terminal() {
+            return Err(Usage(
+                "-o - does not write a peer's bytes to a terminal; pipe or redirect standard output, or give -o NAME"
+                    .into(),
+            )
+            .into());
+        }
+        Ok(File::from(std::io::stdout().as_fd().try_clone_to_owned()?))
+    }
+}
+
+/// `OFFSET:LEN`, in bytes.
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (offset, len) = s
+        .split_once(':')
+        .ok_or_else(|| "give OFFSET:LEN in bytes".to_string())?;
+    let offset: u64 = offset.parse().map_err(|_| format!("offset {offset:?}"))?;
+    let len: u64 = len.parse().map_err(|_| format!("length {len:?}"))?;
+    offset
+        .checked_add(len)
+        .ok_or_else(|| "the range ends past 2^64".to_string())?;
+    Ok((offset, len))
+}
+
+/// A share failure as an error the exit-status mapping classifies: a transfer's as itself.
+fn classified(e: SessionError) -> anyhow::Error {
+    match e {
+        SessionError::Transfer(t @ TransferError::Conflict { .. }) => anyhow::Error::new(t)
+            .context("not writing over what exists (--overwrite replaces files)"),
+        SessionError::Transfer(t) => t.into(),
+        e => e.into(),
+    }
+}
+
+/// Requests in flight for `--range` (a pull of a file or tree is its session's only request).
+const RANGE_IN_FLIGHT: u32 = 64;
+
+/// Runs `ferry pull`: finds the peer's share, then pulls.
+pub fn run(args: PullArgs, ui: &mut Ui) -> anyhow::Result<()> {
+    args.check()?;
+    let (name, remote) = args.target()?;
+    let opts = peer_options(&args.common, &args.relay)?;
+    let reach = paired::Reach {
+        opts: &opts,
+        peer: args.peer.peer,
+        wait: args.wait,
+    };
+    let in_flight = if args.range.is_some() {
+        RANGE_IN_FLIGHT
+    } else {
+        1
+    };
+    let (mut session, _peer) = paired::open_share(name, &args.share, &reach, in_flight, ui)?;
+    if let Some((offset, len)) = args.range {
+        return range(&mut session, &remote, offset, len, &args, ui);
+    }
+    let mut opts = ReceiveOptions::new(&args.dest);
+    opts.overwrite = args.overwrite;
+    opts.output = match args.output.as_deref() {
+        None => Output::Offered,
+        Some(name) if name == "-" => Output::Stream(Arc::new(args.stdout()?)),
+        Some(name) => Output::Named(name.as_bytes().to_vec()),
+    };
+    let report =
+        ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(classified)?;
+    if report.skipped > 0 {
+        return Err(TransferError::Partial {
+            skipped: report.skipped,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// `--range`: the verified bytes to standard output, or to a file in DEST (written under a temporary name and
+/// renamed once every byte verified).
+fn range(
+    session: &mut Session<std::net::TcpStream, std::net::TcpStream>,
+    remote: &SharePath,
+    offset: u64,
+    len: u64,
+    args: &PullArgs,
+    ui: &mut Ui,
+) -> anyhow::Result<()> {
+    let version = if args.output.as_deref() == Some("-".as_ref()) {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, args.stdout()?);
+        let v = ferry_share::pull::read_range(session, remote, offset, len, &mut out);
+        v.map_err(|e| classified(e).context("what was written to standard output is incomplete"))?
+    } else {
+        let name = match args.output.as_deref() {
+            Some(name) => name.as_bytes().to_vec(),
+            None => ferry_tree::path::split_parent(remote.as_bytes()).1.to_vec(),
+        };
+        let target = args.dest.join(std::ffi::OsStr::from_bytes(&name));
+        if !args.overwrite && target.symlink_metadata().is_ok() {
+            return Err(TransferError::Conflict {
+                path: target.display().to_string(),
+            }
+            .into());
+        }
+        let temp = temp_name(&args.dest, &name);
+        let written = (|| {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&temp)?);
+            let v = ferry_share::pull::read_range(session, remote, offset, len, &mut out)
+                .map_err(classified)?;
+            out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+            std::fs::rename(&temp, &target)?;
+            Ok::<_, anyhow::Error>(v)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written?
+    };
+    let root: String = version.root.iter().map(|b| format!("{b:02x}")).collect();
+    ui.event(
+        "range",
+        json!({ "path": String::from_utf8_lossy(remote.as_bytes()), "offset": offset, "len": len,
+                "size": version.size, "root": root }),
+    );
+    Ok(())
+}
+
+/// A hidden temporary name beside `name` in `dir`.
+fn temp_name(dir: &Path, name: &[u8]) -> PathBuf {
+    let mut temp = b".".to_vec();
+    temp.extend_from_slice(name);
+    temp.extend_from_slice(format!(".ferry-range-{}", std::process::id()).as_bytes());
+    dir.join(std::ffi::OsStr::from_bytes(&temp))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: PullArgs,
+    }
+
+    fn args(argv: &[&str]) -> PullArgs {
+        Cli::try_parse_from(std::iter::once("pull").chain(argv.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn targets_and_ranges_are_checked_before_anything_happens() {
+        let a = args(&["laptop:photos/2026/", "out", "--range", "4096:100"]);
+        let (name, path) = a.target().unwrap();
+        assert_eq!((name, path.as_bytes()), ("laptop", &b"photos/2026"[..]));
+        assert_eq!(a.range, Some((4096, 100)));
+        assert!(args(&["laptop:"]).target().unwrap().1.is_root());
+        for bad in [
+            "laptop",
+            ":x",
+            "laptop:../etc",
+            "laptop:/etc",
+            "laptop:a//b",
+        ] {
+            assert!(args(&[bad]).target().is_err(), "{bad}");
+        }
+        assert!(args(&["laptop:", "--range", "0:1"]).check().is_err());
+        assert!(args(&["laptop:a", "-o", "x/y"]).check().is_err());
+        for bad in ["1", "a:1", "1:b", "18446744073709551615:1"] {
+            assert!(parse_range(bad).is_err(), "{bad}");
+        }
+    }
+}
