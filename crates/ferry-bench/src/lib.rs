@@ -9,6 +9,7 @@ pub mod create;
 pub mod pull;
 pub mod relay;
 pub mod report;
+pub mod sftp;
 pub mod share;
 pub mod transfer;
 

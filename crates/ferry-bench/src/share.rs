@@ -34,12 +34,31 @@ use ferry_share::io::{serve, Changes, Session};
 use ferry_share::server::ServerConfig;
 use ferry_share::wire::SharePath;
 
-use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
+use crate::report::{
+    median, rusage_cpu, thread_cpu, vm_hwm_kib, write_random_file, xorshift, Report, Row,
+};
 
 const BENCH: &str = "share";
 
 /// The environment variable that makes [`serve_if_child`] serve: `SHARE_DIR:CACHE_DIR`.
 pub const SERVE_ENV: &str = "FERRY_BENCH_SHARE_SERVE";
+
+/// The cases to run, comma-separated: `reads` (with the sftp baseline), `first`, `pull`, `rss` (default: all).
+pub const CASES_ENV: &str = "FERRY_BENCH_SHARE_CASES";
+/// Overrides [`Options::file_bytes`]: bytes, or with a `K`, `M` or `G` suffix (powers of 1024).
+pub const FILE_SIZE_ENV: &str = "FERRY_BENCH_SHARE_FILE_SIZE";
+
+/// `1G`, `64M`, `4096`: bytes, with an optional binary suffix.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (digits, shift) = match s.char_indices().last()? {
+        (i, 'K' | 'k') => (&s[..i], 10),
+        (i, 'M' | 'm') => (&s[..i], 20),
+        (i, 'G' | 'g') => (&s[..i], 30),
+        _ => (s, 0),
+    };
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
 
 /// What to run and how big.
 #[derive(Clone, Debug)]
@@ -92,6 +111,18 @@ impl Options {
             small_files: 1_000,
             ..Options::default()
         }
+    }
+}
+
+impl Options {
+    /// These options with [`FILE_SIZE_ENV`] applied.
+    fn from_env(mut self) -> io::Result<Self> {
+        if let Ok(v) = std::env::var(FILE_SIZE_ENV) {
+            self.file_bytes = parse_size(&v)
+                .filter(|n| *n >= 4096)
+                .ok_or_else(|| other(format!("{FILE_SIZE_ENV}={v:?} is not a size of 4K or more")))?;
+        }
+        Ok(self)
     }
 }
 
@@ -208,14 +239,26 @@ fn random_reads(
 /// Runs every share case and reports it; `server_exe` is the executable started as the sharer of the RSS
 /// case (it must call [`serve_if_child`]).
 pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
+    let opts = &opts.clone().from_env()?;
+    let cases = std::env::var(CASES_ENV).unwrap_or_default();
+    let wanted = |case: &str| cases.is_empty() || cases.split(',').any(|c| c.trim() == case);
     let s = Scratch::new(&opts.scratch)?;
     let share = s.0.join("share");
     write_random_file(&share.join("big"), opts.file_bytes, 0x9e37_79b9_7f4a_7c15)?;
     let path = SharePath::new(b"big").map_err(other)?;
-    reads(opts, &s, &path, report)?;
-    first_byte(opts, &s, &path, report)?;
-    crate::pull::run(opts, &s.0, report)?;
-    peak_rss(opts, server_exe, report)
+    if wanted("reads") {
+        reads(opts, &s, &path, report)?;
+    }
+    if wanted("first") {
+        first_byte(opts, &s, &path, report)?;
+    }
+    if wanted("pull") {
+        crate::pull::run(opts, &s.0, report)?;
+    }
+    if wanted("rss") {
+        peak_rss(opts, server_exe, report)?;
+    }
+    Ok(())
 }
 
 fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> io::Result<()> {
@@ -224,47 +267,68 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
     let mut seed = 0x1234_5678u64;
     // Warm: the hash tree is built and held.
     random_reads(&mut session, path, opts.file_bytes, 100, 1, &mut seed)?;
-    let (mut rates, mut lat) = (Vec::new(), Vec::new());
+    // The baseline on the same file, or why there is none.
+    let mut sftp = crate::sftp::Sshd::start(&opts.scratch).and_then(|sshd| {
+        let mut client = sshd.sftp()?;
+        let file = s.0.join("share").join("big");
+        let handle = client.open(&file.to_string_lossy())?;
+        client.random_reads(&handle, opts.file_bytes, 100, 1, &mut seed)?;
+        Ok((sshd, client, handle))
+    });
+    let (mut rates, mut lat, mut cpu, mut client_cpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut sftp_rates, mut sftp_lat) = (Vec::new(), Vec::new());
     for _ in 0..opts.runs {
-        let start = Instant::now();
         let count = opts.reads;
-        random_reads(
-            &mut session,
-            path,
-            opts.file_bytes,
-            count,
-            opts.depth,
-            &mut seed,
-        )?;
+        let (cpu0, client0) = (rusage_cpu(libc::RUSAGE_SELF), thread_cpu());
+        let start = Instant::now();
+        random_reads(&mut session, path, opts.file_bytes, count, opts.depth, &mut seed)?;
         rates.push(count as f64 / start.elapsed().as_secs_f64());
-        let times = random_reads(
-            &mut session,
-            path,
-            opts.file_bytes,
-            opts.latency_reads,
-            1,
-            &mut seed,
-        )?;
-        let mut us: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
-        lat.push(median(&mut us));
+        // This process holds both sides: the client on this thread, the sharer on others.
+        cpu.push((rusage_cpu(libc::RUSAGE_SELF) - cpu0) / count as f64 * 1e6);
+        client_cpu.push((thread_cpu() - client0) / count as f64 * 1e6);
+        let times = random_reads(&mut session, path, opts.file_bytes, opts.latency_reads, 1, &mut seed)?;
+        lat.push(median_us(&times));
+        if let Ok((_, client, handle)) = &mut sftp {
+            let start = Instant::now();
+            client.random_reads(handle, opts.file_bytes, count, opts.depth, &mut seed)?;
+            sftp_rates.push(count as f64 / start.elapsed().as_secs_f64());
+            let times = client.random_reads(handle, opts.file_bytes, opts.latency_reads, 1, &mut seed)?;
+            sftp_lat.push(median_us(&times));
+        }
     }
     let size = crate::channel::size_name(opts.file_bytes as usize);
-    report.push(Row::new(
-        BENCH,
-        format!(
-            "random 4 KiB verified reads, {} in flight ({size})",
-            opts.depth
-        ),
-        median(&mut rates),
-        "reads/s",
-    ));
-    report.push(Row::new(
-        BENCH,
-        format!("random 4 KiB verified read, one at a time ({size})"),
-        median(&mut lat),
-        "µs",
-    ));
+    let depth = opts.depth;
+    let rate = Row::new(BENCH, format!("random 4 KiB verified reads, {depth} in flight ({size})"), median(&mut rates), "reads/s");
+    let one = Row::new(BENCH, format!("random 4 KiB verified read, one at a time ({size})"), median(&mut lat), "µs");
+    match &mut sftp {
+        Ok((_, client, handle)) => {
+            client.close(handle)?;
+            report.push(rate.with_baseline(median(&mut sftp_rates)));
+            report.push(one.with_baseline(median(&mut sftp_lat)));
+        }
+        Err(e) => {
+            report.push(rate);
+            report.push(one);
+            report.push(Row::new(BENCH, format!("  no sftp baseline: {e}"), f64::NAN, ""));
+        }
+    }
+    let (total, client) = (median(&mut cpu), median(&mut client_cpu));
+    report.push(Row::new(BENCH, format!("  CPU per read, {depth} in flight, both sides"), total, "µs"));
+    report.push(Row::new(BENCH, "  of which the client (the rest is the sharer)", client, "µs"));
+    if sftp.is_ok() {
+        report.push(Row::new(
+            BENCH,
+            format!("  baselines: openssh sftp-server, ssh -c {} on 127.0.0.1", crate::sftp::CIPHER),
+            f64::NAN,
+            "",
+        ));
+    }
     Ok(())
+}
+
+fn median_us(times: &[Duration]) -> f64 {
+    let mut us: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
+    median(&mut us)
 }
 
 /// Milliseconds from a 4 KiB read's request to its verified data.
