@@ -19,7 +19,7 @@
 //! baseline: openssh's sftp-server needs an ssh server on 127.0.0.1, which this benchmark does not start.
 
 use std::fs;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -48,6 +48,9 @@ pub const CASES_ENV: &str = "FERRY_BENCH_SHARE_CASES";
 /// Overrides [`Options::file_bytes`]: bytes, or with a `K`, `M` or `G` suffix (powers of 1024).
 pub const FILE_SIZE_ENV: &str = "FERRY_BENCH_SHARE_FILE_SIZE";
 
+/// Overrides [`Options::first_file_bytes`] (as [`FILE_SIZE_ENV`]).
+pub const FIRST_SIZE_ENV: &str = "FERRY_BENCH_SHARE_FIRST_SIZE";
+
 /// `1G`, `64M`, `4096`: bytes, with an optional binary suffix.
 fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
@@ -67,6 +70,8 @@ pub struct Options {
     pub runs: usize,
     /// Size of the file read at random and for the first byte (the 10 GiB is a parameter).
     pub file_bytes: u64,
+    /// Size of the file of the first-verified-byte case (filled with data: hashing it reads every byte).
+    pub first_file_bytes: u64,
     /// Reads per random-read sample.
     pub reads: usize,
     /// Reads in flight.
@@ -88,6 +93,7 @@ impl Default for Options {
         Options {
             runs: 5,
             file_bytes: 1 << 30,
+            first_file_bytes: 10 << 30,
             reads: 200_000,
             depth: 64,
             latency_reads: 5_000,
@@ -105,6 +111,7 @@ impl Options {
         Options {
             runs: 1,
             file_bytes: 64 << 20,
+            first_file_bytes: 64 << 20,
             reads: 20_000,
             latency_reads: 500,
             rss_file_bytes: 64 << 20,
@@ -117,10 +124,15 @@ impl Options {
 impl Options {
     /// These options with [`FILE_SIZE_ENV`] applied.
     fn from_env(mut self) -> io::Result<Self> {
-        if let Ok(v) = std::env::var(FILE_SIZE_ENV) {
-            self.file_bytes = parse_size(&v)
-                .filter(|n| *n >= 4096)
-                .ok_or_else(|| other(format!("{FILE_SIZE_ENV}={v:?} is not a size of 4K or more")))?;
+        for (env, field) in [
+            (FILE_SIZE_ENV, &mut self.file_bytes),
+            (FIRST_SIZE_ENV, &mut self.first_file_bytes),
+        ] {
+            if let Ok(v) = std::env::var(env) {
+                *field = parse_size(&v)
+                    .filter(|n| *n >= 4096)
+                    .ok_or_else(|| other(format!("{env}={v:?} is not a size of 4K or more")))?;
+            }
         }
         Ok(self)
     }
@@ -249,8 +261,16 @@ pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result
     if wanted("reads") {
         reads(opts, &s, &path, report)?;
     }
-    if wanted("first") {
-        first_byte(opts, &s, &path, report)?;
+    if wanted("first") && opts.first_file_bytes == opts.file_bytes {
+        first_byte(opts, &s, &path, opts.file_bytes, report)?;
+    } else if wanted("first") {
+        // Its own file, written before and removed after (10 GiB of tmpfs is memory).
+        let first = share.join("first");
+        write_random_file(&first, opts.first_file_bytes, 0x2545_f491_4f6c_dd1d)?;
+        let path = SharePath::new(b"first").map_err(other)?;
+        let r = first_byte(opts, &s, &path, opts.first_file_bytes, report);
+        fs::remove_file(&first)?;
+        r?;
     }
     if wanted("pull") {
         crate::pull::run(opts, &s.0, report)?;
@@ -315,6 +335,24 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
     let (total, client) = (median(&mut cpu), median(&mut client_cpu));
     report.push(Row::new(BENCH, format!("  CPU per read, {depth} in flight, both sides"), total, "µs"));
     report.push(Row::new(BENCH, "  of which the client (the rest is the sharer)", client, "µs"));
+    let f = floor(&s.0.join("share").join(path_str(path)), opts.file_bytes)?;
+    let now = f.pread_group + f.aead_group + f.blake3_group + f.tcp_group;
+    // A piece of 4 KiB and its proof inside the group: the sharer still reads the whole group and hashes
+    // the other 12 KiB, the client hashes 4 KiB.
+    let small = f.pread_group + f.blake3_group + f.aead_4k + f.tcp_4k;
+    for (what, us) in [
+        ("  floor per read: pread 16 KiB + AES-GCM 17 KiB both ends + BLAKE3 16 KiB + TCP 17 KiB", now),
+        ("  floor per read if a piece were 4 KiB + in-group proof", small),
+        ("    pread of a random 16 KiB group", f.pread_group),
+        ("    pread of a random 4 KiB", f.pread_4k),
+        ("    AES-256-GCM seal + open of 17 KiB", f.aead_group),
+        ("    AES-256-GCM seal + open of 5 KiB", f.aead_4k),
+        ("    BLAKE3 of 16 KiB", f.blake3_group),
+        ("    loopback TCP write + read of 17 KiB", f.tcp_group),
+        ("    loopback TCP write + read of 5 KiB", f.tcp_4k),
+    ] {
+        report.push(Row::new(BENCH, what, us, "µs"));
+    }
     if sftp.is_ok() {
         report.push(Row::new(
             BENCH,
@@ -324,6 +362,10 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
         ));
     }
     Ok(())
+}
+
+fn path_str(path: &SharePath) -> String {
+    String::from_utf8_lossy(path.as_bytes()).into_owned()
 }
 
 fn median_us(times: &[Duration]) -> f64 {
@@ -354,6 +396,7 @@ fn first_byte(
     opts: &Options,
     s: &Scratch,
     path: &SharePath,
+    file_bytes: u64,
     report: &mut Report,
 ) -> io::Result<()> {
     let (mut cold, mut disk, mut memory) = (Vec::new(), Vec::new(), Vec::new());
@@ -368,7 +411,7 @@ fn first_byte(
         disk.push(time_to_first_byte(&mut connect(addr, 1)?, path)?);
         fs::remove_dir_all(&cache)?;
     }
-    let size = crate::channel::size_name(opts.file_bytes as usize);
+    let size = crate::channel::size_name(file_bytes as usize);
     for (what, mut samples) in [
         ("hash tree never built", cold),
         ("hash tree on disk (restarted share)", disk),
@@ -473,4 +516,100 @@ pub fn serve_if_child() {
             std::process::exit(1);
         }
     }
+}
+
+/// CPU µs per operation of what one random 4 KiB read must do at least, each alone on this thread, on the
+/// file of the read case: a floor to hold the measured CPU per read against.
+struct Floor {
+    /// `pread` of a 16 KiB group at a random place of the file (cold in the CPU's caches).
+    pread_group: f64,
+    /// `pread` of 4 KiB at a random place.
+    pread_4k: f64,
+    /// AES-256-GCM seal and open of a piece of 16 KiB + 1 KiB of proof (the channel's sealing, both ends).
+    aead_group: f64,
+    /// The same for 4 KiB + 1 KiB.
+    aead_4k: f64,
+    /// BLAKE3 of 16 KiB (the client's check of a group).
+    blake3_group: f64,
+    /// Writing 17 KiB into a loopback TCP socket and reading it back (kernel copies and the TCP stack,
+    /// no wake-up).
+    tcp_group: f64,
+    /// The same for 5 KiB.
+    tcp_4k: f64,
+}
+
+fn cpu_per_op(count: usize, mut op: impl FnMut(usize)) -> f64 {
+    let start = thread_cpu();
+    for i in 0..count {
+        op(i);
+    }
+    (thread_cpu() - start) / count as f64 * 1e6
+}
+
+fn floor(file: &Path, size: u64) -> io::Result<Floor> {
+    use aws_lc_rs::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    use std::os::unix::fs::FileExt;
+    const N: usize = 50_000;
+    let f = fs::File::open(file)?;
+    let mut seed = 0x5eed_u64;
+    let mut buf = vec![0u8; 17 << 10];
+    let mut pread = |len: usize| {
+        cpu_per_op(N, |_| {
+            let at = (xorshift(&mut seed) % (size / 16384)) * 16384;
+            let _ = f.read_exact_at(&mut buf[..len], at);
+        })
+    };
+    let (pread_group, pread_4k) = (pread(16 << 10), pread(4 << 10));
+    let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).map_err(other)?);
+    let aead = |len: usize| {
+        let mut data = vec![0u8; len];
+        cpu_per_op(N, |i| {
+            let nonce = || {
+                let mut n = [0u8; 12];
+                n[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                Nonce::assume_unique_for_key(n)
+            };
+            let tag = key
+                .seal_in_place_separate_tag(nonce(), Aad::empty(), &mut data)
+                .expect("seal");
+            let mut sealed = std::mem::take(&mut data);
+            sealed.extend_from_slice(tag.as_ref());
+            let n = key
+                .open_in_place(nonce(), Aad::empty(), &mut sealed)
+                .expect("open")
+                .len();
+            sealed.truncate(n);
+            data = sealed;
+        })
+    };
+    let (aead_group, aead_4k) = (aead(17 << 10), aead(5 << 10));
+    let group = vec![7u8; 16 << 10];
+    let blake3_group = cpu_per_op(N, |_| {
+        std::hint::black_box(blake3::hash(std::hint::black_box(&group)));
+    });
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let mut tx = TcpStream::connect(listener.local_addr()?)?;
+    let (mut rx, _) = listener.accept()?;
+    tx.set_nodelay(true)?;
+    let mut tcp = |len: usize| -> io::Result<f64> {
+        let data = vec![1u8; len];
+        let mut back = vec![0u8; len];
+        let mut r = Ok(());
+        let us = cpu_per_op(N, |_| {
+            if r.is_ok() {
+                r = tx.write_all(&data).and_then(|()| rx.read_exact(&mut back));
+            }
+        });
+        r.map(|()| us)
+    };
+    let (tcp_group, tcp_4k) = (tcp(17 << 10)?, tcp(5 << 10)?);
+    Ok(Floor {
+        pread_group,
+        pread_4k,
+        aead_group,
+        aead_4k,
+        blake3_group,
+        tcp_group,
+        tcp_4k,
+    })
 }
