@@ -120,8 +120,14 @@ impl Sshd {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()?;
-        let input = BufWriter::with_capacity(64 << 10, child.stdin.take().ok_or_else(|| other("no stdin"))?);
-        let output = BufReader::with_capacity(256 << 10, child.stdout.take().ok_or_else(|| other("no stdout"))?);
+        let input = BufWriter::with_capacity(
+            64 << 10,
+            child.stdin.take().ok_or_else(|| other("no stdin"))?,
+        );
+        let output = BufReader::with_capacity(
+            256 << 10,
+            child.stdout.take().ok_or_else(|| other("no stdout"))?,
+        );
         let mut s = Sftp {
             child,
             input,
@@ -324,4 +330,21 @@ fn string_at(b: &[u8], at: usize) -> io::Result<&[u8]> {
     let len = u32_at(b, at)? as usize;
     b.get(at + 4..at + 4 + len)
         .ok_or_else(|| other("sftp string past its packet"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fields_past_their_packet_are_errors_not_panics() {
+        let mut p = Vec::new();
+        put_string(&mut p, b"handle");
+        assert_eq!(string_at(&p, 0).unwrap(), b"handle");
+        assert_eq!(u32_at(&p, 0).unwrap(), 6);
+        assert!(string_at(&p[..p.len() - 1], 0).is_err());
+        assert!(u32_at(&p, p.len() - 3).is_err());
+        // A length that points far past the packet.
+        assert!(string_at(&[0xff, 0xff, 0xff, 0xff, 1], 0).is_err());
+    }
 }

@@ -2,11 +2,19 @@
 //!
 //! Cases:
 //! - **random 4 KiB reads**: one client, [`Options::depth`] reads in flight, each a random 4 KiB range of a
-//!   [`Options::file_bytes`] file whose hash tree is cached; every byte verified by the client. Reads/s.
-//! - **latency**: the same reads one at a time; the median round trip in µs.
-//! - **first verified byte**: a 4 KiB read at the start of the file through a new share: hash tree never
-//!   built (the whole file is hashed first), on disk (a restarted share: the cache file is checked and
-//!   loaded), and in memory (the same share again). Milliseconds.
+//!   [`Options::file_bytes`] file whose hash tree is cached; every byte verified by the client. Reads/s,
+//!   against openssh's sftp-server doing the same reads of the same file ([`crate::sftp`]: a private sshd on
+//!   127.0.0.1, `ssh -c aes128-gcm@openssh.com -s sftp`, a pipelined SFTP v3 client), interleaved; when
+//!   sshd cannot run, a row says why. Then the CPU per read (both sides, and the client's part) beside a
+//!   floor: the same work's pieces each timed alone (`pread` of the group, AES-GCM both ends, BLAKE3,
+//!   loopback TCP), and the sharer's per-read open and identity checks apart.
+//! - **latency**: the same reads one at a time; the median round trip in µs (sftp's beside it).
+//! - **first verified byte**: a 4 KiB read at the start of a [`Options::first_file_bytes`] file (10 GiB of
+//!   data, written for the case and removed after; its own file unless the size is the read case's) through
+//!   a new share: hash tree never built (the whole file is hashed first), on disk (a restarted share: the
+//!   cache file is checked and loaded), and in memory (the same share again). Milliseconds.
+//!
+//! Knobs (environment): [`CASES_ENV`] picks cases, [`FILE_SIZE_ENV`] and [`FIRST_SIZE_ENV`] set the sizes.
 //! - **sharer's peak RSS**: [`Options::rss_clients`] clients each reading its own
 //!   [`Options::rss_file_bytes`] file whole, at once, from a sharer in a child process (so the clients'
 //!   memory is not counted): its `VmHWM`. The child is the current executable, which must call
@@ -15,8 +23,7 @@
 //! - **pull vs send+receive** ([`crate::pull`]): a whole file and many small files by `pull`, against the
 //!   transfer engine's send and receive of the same data, interleaved.
 //!
-//! The others run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`). No sftp
-//! baseline: openssh's sftp-server needs an ssh server on 127.0.0.1, which this benchmark does not start.
+//! The others run the sharer on a thread of this process. Data lives on tmpfs (`/dev/shm`).
 
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -295,31 +302,57 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
         client.random_reads(&handle, opts.file_bytes, 100, 1, &mut seed)?;
         Ok((sshd, client, handle))
     });
-    let (mut rates, mut lat, mut cpu, mut client_cpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut rates, mut lat, mut cpu, mut client_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut sftp_rates, mut sftp_lat) = (Vec::new(), Vec::new());
     for _ in 0..opts.runs {
         let count = opts.reads;
         let (cpu0, client0) = (rusage_cpu(libc::RUSAGE_SELF), thread_cpu());
         let start = Instant::now();
-        random_reads(&mut session, path, opts.file_bytes, count, opts.depth, &mut seed)?;
+        random_reads(
+            &mut session,
+            path,
+            opts.file_bytes,
+            count,
+            opts.depth,
+            &mut seed,
+        )?;
         rates.push(count as f64 / start.elapsed().as_secs_f64());
         // This process holds both sides: the client on this thread, the sharer on others.
         cpu.push((rusage_cpu(libc::RUSAGE_SELF) - cpu0) / count as f64 * 1e6);
         client_cpu.push((thread_cpu() - client0) / count as f64 * 1e6);
-        let times = random_reads(&mut session, path, opts.file_bytes, opts.latency_reads, 1, &mut seed)?;
+        let times = random_reads(
+            &mut session,
+            path,
+            opts.file_bytes,
+            opts.latency_reads,
+            1,
+            &mut seed,
+        )?;
         lat.push(median_us(&times));
         if let Ok((_, client, handle)) = &mut sftp {
             let start = Instant::now();
             client.random_reads(handle, opts.file_bytes, count, opts.depth, &mut seed)?;
             sftp_rates.push(count as f64 / start.elapsed().as_secs_f64());
-            let times = client.random_reads(handle, opts.file_bytes, opts.latency_reads, 1, &mut seed)?;
+            let times =
+                client.random_reads(handle, opts.file_bytes, opts.latency_reads, 1, &mut seed)?;
             sftp_lat.push(median_us(&times));
         }
     }
     let size = crate::channel::size_name(opts.file_bytes as usize);
     let depth = opts.depth;
-    let rate = Row::new(BENCH, format!("random 4 KiB verified reads, {depth} in flight ({size})"), median(&mut rates), "reads/s");
-    let one = Row::new(BENCH, format!("random 4 KiB verified read, one at a time ({size})"), median(&mut lat), "µs");
+    let rate = Row::new(
+        BENCH,
+        format!("random 4 KiB verified reads, {depth} in flight ({size})"),
+        median(&mut rates),
+        "reads/s",
+    );
+    let one = Row::new(
+        BENCH,
+        format!("random 4 KiB verified read, one at a time ({size})"),
+        median(&mut lat),
+        "µs",
+    );
     match &mut sftp {
         Ok((_, client, handle)) => {
             client.close(handle)?;
@@ -329,12 +362,27 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
         Err(e) => {
             report.push(rate);
             report.push(one);
-            report.push(Row::new(BENCH, format!("  no sftp baseline: {e}"), f64::NAN, ""));
+            report.push(Row::new(
+                BENCH,
+                format!("  no sftp baseline: {e}"),
+                f64::NAN,
+                "",
+            ));
         }
     }
     let (total, client) = (median(&mut cpu), median(&mut client_cpu));
-    report.push(Row::new(BENCH, format!("  CPU per read, {depth} in flight, both sides"), total, "µs"));
-    report.push(Row::new(BENCH, "  of which the client (the rest is the sharer)", client, "µs"));
+    report.push(Row::new(
+        BENCH,
+        format!("  CPU per read, {depth} in flight, both sides"),
+        total,
+        "µs",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  of which the client (the rest is the sharer)",
+        client,
+        "µs",
+    ));
     let f = floor(&s.0.join("share"), path, opts.file_bytes)?;
     let now = f.pread_group + f.aead_group + f.blake3_group + f.tcp_group;
     // A piece of 4 KiB and its proof inside the group: the sharer still reads the whole group and hashes
@@ -357,7 +405,10 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
     if sftp.is_ok() {
         report.push(Row::new(
             BENCH,
-            format!("  baselines: openssh sftp-server, ssh -c {} on 127.0.0.1", crate::sftp::CIPHER),
+            format!(
+                "  baselines: openssh sftp-server, ssh -c {} on 127.0.0.1",
+                crate::sftp::CIPHER
+            ),
             f64::NAN,
             "",
         ));
@@ -633,4 +684,20 @@ fn floor(share: &Path, path: &SharePath, size: u64) -> io::Result<Floor> {
         tcp_group,
         tcp_4k,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("10G"), Some(10 << 30));
+        assert_eq!(parse_size("1k"), Some(1024));
+        for bad in ["", "G", "1.5G", "-1", "99999999999999999999G", "1T"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
 }
