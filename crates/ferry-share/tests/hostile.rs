@@ -91,9 +91,8 @@ impl<'a> Session<'a> {
     fn run(&mut self) {
         let mut buf = vec![0u8; (DEFAULT_PIECE + 2 * GROUP) as usize];
         loop {
-            while let Some(job) = self.server.next_job() {
-                self.files.run(&mut self.server, job);
-            }
+            // As `serve` does: the jobs that arrived together, reads of one path sharing its open.
+            self.files.run_all(&mut self.server);
             while let Some(out) = self.server.poll_transmit() {
                 self.answers.push(out);
             }
@@ -581,4 +580,63 @@ fn a_hostile_sharers_listings_and_floods_end_the_session_or_are_dropped() {
     for _ in 0..10_000 {
         assert_eq!(client.handle(&piece).unwrap(), None);
     }
+}
+
+#[test]
+fn reads_that_arrive_together_share_an_open_and_a_later_one_sees_a_replaced_file() {
+    let s = Sharer::new();
+    let path = s.share().join("big");
+    let old = pseudo_random(5 * GROUP as usize, 3);
+    std::fs::write(&path, &old).unwrap();
+    let (mut session, mut client) = Session::connected(&s);
+    // Many reads of one path in one batch: each gets exactly its bytes, verified.
+    let mut want = std::collections::HashMap::new();
+    for k in 0..5u64 {
+        let offset = k * GROUP + 100 * k;
+        want.insert(client.read(p("big"), None, offset, 4096).unwrap(), offset);
+    }
+    // A read of another path in the same batch is not served from that open.
+    let other = client.read(p("inside.txt"), None, 0, 6).unwrap();
+    while let Some(packet) = client.poll_transmit() {
+        session.server.handle(&packet).unwrap();
+    }
+    session.run();
+    let mut got = std::collections::HashMap::new();
+    let mut versions = std::collections::HashSet::new();
+    for a in session.answers.drain(..) {
+        match client.handle(&a).unwrap() {
+            Some(Event::Data { id, bytes, .. }) => {
+                got.entry(id).or_insert_with(Vec::new).extend(bytes)
+            }
+            Some(Event::Version { id, version }) if id != other => {
+                versions.insert(version);
+            }
+            Some(Event::Failed { id, failure }) => panic!("read {id} failed: {failure:?}"),
+            _ => {}
+        }
+    }
+    for (id, offset) in &want {
+        let at = *offset as usize;
+        assert_eq!(got[id], &old[at..at + 4096], "read at {offset}");
+    }
+    assert_eq!(got[&other], b"inside");
+    assert_eq!(versions.len(), 1);
+    // The file replaced (a new inode under the same name): the next batch opens the path again.
+    let new = pseudo_random(old.len(), 4);
+    let tmp = s.share().join("big.new");
+    std::fs::write(&tmp, &new).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let again = client.read(p("big"), None, GROUP, 4096).unwrap();
+    session.feed(&client.poll_transmit().unwrap());
+    let mut fresh = Vec::new();
+    let mut version = None;
+    for a in session.answers.drain(..) {
+        match client.handle(&a).unwrap() {
+            Some(Event::Version { id, version: v }) if id == again => version = Some(v),
+            Some(Event::Data { id, bytes, .. }) if id == again => fresh.extend(bytes),
+            _ => {}
+        }
+    }
+    assert_eq!(fresh, &new[GROUP as usize..GROUP as usize + 4096]);
+    assert!(version.is_some() && !versions.contains(&version.unwrap()));
 }
