@@ -130,7 +130,7 @@ impl Options {
 
 impl Options {
     /// These options with [`FILE_SIZE_ENV`] applied.
-    fn from_env(mut self) -> io::Result<Self> {
+    fn with_env(mut self) -> io::Result<Self> {
         for (env, field) in [
             (FILE_SIZE_ENV, &mut self.file_bytes),
             (FIRST_SIZE_ENV, &mut self.first_file_bytes),
@@ -258,7 +258,7 @@ fn random_reads(
 /// Runs every share case and reports it; `server_exe` is the executable started as the sharer of the RSS
 /// case (it must call [`serve_if_child`]).
 pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
-    let opts = &opts.clone().from_env()?;
+    let opts = &opts.clone().with_env()?;
     let cases = std::env::var(CASES_ENV).unwrap_or_default();
     let wanted = |case: &str| cases.is_empty() || cases.split(',').any(|c| c.trim() == case);
     let s = Scratch::new(&opts.scratch)?;
