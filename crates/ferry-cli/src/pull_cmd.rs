@@ -195,8 +195,18 @@ pub fn run(args: PullArgs, ui: &mut Ui) -> anyhow::Result<()> {
     };
     let stream = matches!(opts.output, Output::Stream(_));
     let report = ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(|e| {
+        // Refusals come before a byte is written; anything later may have left part of the file on stdout.
+        let before_data = matches!(
+            e,
+            SessionError::Remote(..)
+                | SessionError::Transfer(
+                    TransferError::OutputMismatch { .. }
+                        | TransferError::Declined
+                        | TransferError::Conflict { .. }
+                )
+        );
         let e = classified(e, &args);
-        if stream {
+        if stream && !before_data {
             e.context("what was written to standard output is incomplete, not to be trusted")
         } else {
             e

@@ -380,6 +380,23 @@ fn ranges_are_the_source_bytes_and_a_range_past_the_end_writes_nothing() {
             out.stdout.len()
         );
     }
+    // A whole file to stdout; a directory cannot go there, and nothing is written.
+    let whole = w
+        .as_("b")
+        .args(["pull", "a:r.bin", "-o", "-"])
+        .output()
+        .unwrap();
+    assert_success("pull -o -", &whole);
+    assert!(whole.stdout == data, "pull -o -: not the source's bytes");
+    fs::create_dir_all(w.src().join("dir")).unwrap();
+    let dir = w
+        .as_("b")
+        .args(["pull", "a:dir", "-o", "-"])
+        .output()
+        .unwrap();
+    assert_eq!(dir.status.code(), Some(7), "{dir:?}");
+    assert!(dir.stdout.is_empty());
+    assert!(!String::from_utf8_lossy(&dir.stderr).contains("incomplete"));
     // Past the end: a clear error, nothing on stdout, no file.
     let out = range(size - 10, 11);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
