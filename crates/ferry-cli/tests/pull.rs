@@ -236,7 +236,7 @@ fn a_pull_killed_on_either_side_resumes_with_only_what_is_missing() {
         ),
     );
     let resumed = d["bytes_resumed"].as_u64().unwrap();
-    assert!(resumed >= 32 << 20 && resumed <= 96 << 20, "{d}");
+    assert!((32 << 20..=96 << 20).contains(&resumed), "{d}");
     assert!(
         counter.forwarded() < size - resumed + (4 << 20),
         "{} bytes moved for {} missing",
