@@ -140,7 +140,20 @@ fn a_pulled_tree_a_file_and_the_whole_share_equal_the_source() {
     let out = pull(&w, &["a:../etc", str_of(&nothing)]);
     assert_failure("pull out of the share", &out, 2, "usage");
     assert!(list_all(&nothing).is_empty(), "{:?}", list_all(&nothing));
-    stop_share(sharer);
+
+    // The sharer logs each pull, and what it left out, as `pull`; only the two requests that lead out
+    // are refusals.
+    let log = events(&stop_share(sharer).stdout);
+    let pulls: Vec<_> = log.iter().filter(|e| e["event"] == "pull").collect();
+    assert!(pulls.iter().all(|e| e["peer"] == "b"), "{log:?}");
+    assert!(
+        pulls
+            .iter()
+            .any(|e| e["message"].as_str().unwrap().contains("escape")),
+        "the symlink out is logged: {log:?}"
+    );
+    let refused = log.iter().filter(|e| e["event"] == "refused").count();
+    assert_eq!(refused, 2, "{log:?}");
 }
 
 #[test]
