@@ -27,7 +27,7 @@ use crate::ui::Ui;
     after_help = "Every byte is verified (BLAKE3) before a file gets its final name; a cut pull (Ctrl-C, kill, \
 either side gone) resumes when run again, moving only what is missing. Exit statuses as `ferry receive`: \
 1 not in the share or changed there during the pull (source-changed), 4 sharer not found or gone, \
-5 integrity, 7 would overwrite (conflict), 8 leads out of the share (unsafe-path).",
+5 integrity, 7 would overwrite (conflict), 8 leads out of the share (unsafe-path), 130 interrupted (partial data kept).",
     mut_arg("peer", |a| a.help(
         "Connect straight to the sharer at this address (its `ferry share --listen` address)"
     )),
