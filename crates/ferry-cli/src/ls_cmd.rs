@@ -22,7 +22,8 @@ const IN_FLIGHT: u32 = 4;
         "Connect straight to the sharer at this address (its `ferry share --listen` address)"
     )),
     mut_arg("json", |a| a.help(
-        "One JSON `entry` event per entry on stdout (name, kind, size, mode, mtime, mtime_nsec, target)"
+        "One JSON event per line on stdout: `connected`, then an `entry` per entry (name, kind, size, mode, mtime, \
+         mtime_nsec, target)"
     )),
 )]
 pub struct LsArgs {

@@ -127,6 +127,7 @@ pub fn open_share(
             peer.name
         )
     })?;
+    crate::transfer_cmd::report_path(ui, &connected);
     if let Err(w) = me.seen(&peer.key, &connected.peer) {
         ui.warn(&w);
     }

@@ -23,20 +23,38 @@ use crate::ui::Ui;
 
 /// `ferry pull`'s command line.
 #[derive(Args, Debug)]
+#[command(
+    after_help = "Every byte is verified (BLAKE3) before a file gets its final name; a cut pull (Ctrl-C, kill, \
+either side gone) resumes when run again, moving only what is missing. Exit statuses as `ferry receive`: \
+1 not in the share or changed there during the pull (source-changed), 4 sharer not found or gone, \
+5 integrity, 7 would overwrite (conflict), 8 leads out of the share (unsafe-path), 130 interrupted (partial data kept).",
+    mut_arg("peer", |a| a.help(
+        "Connect straight to the sharer at this address (its `ferry share --listen` address)"
+    )),
+    mut_arg("json", |a| a.help(
+        "One JSON event per line on stdout (connected, offer, progress, file-done, done, range, warning, error)"
+    )),
+)]
 pub struct PullArgs {
-    /// The paired peer and the path in its share: NAME:PATH (`NAME:` for the whole share).
+    /// The paired peer (`ferry peers`) and the path in its share: NAME:PATH (`NAME:` for the whole share, as a
+    /// directory named as the shared one).
     #[arg(value_name = "NAME:PATH")]
     pub remote: String,
-    /// Directory to pull into.
+    /// Directory to pull into (created if missing).
     #[arg(default_value = ".")]
     pub dest: PathBuf,
-    /// The peer's share to pull from.
-    #[arg(long, default_value = "default")]
+    /// The share's name on that peer (`ferry share --name`).
+    #[arg(long, default_value = "default", value_name = "SHARE")]
     pub share: String,
-    /// Replace files that already exist (never without this flag).
+    /// Replace files in DEST that differ from the share's (identical ones are kept as they are); implies
+    /// --merge.
     #[arg(long)]
     pub overwrite: bool,
-    /// Only the bytes OFFSET to OFFSET+LEN of one file, each verified before it is written.
+    /// Pull a directory into one that already exists in DEST, adding what is new (a file that exists and
+    /// differs is still a conflict without --overwrite).
+    #[arg(long)]
+    pub merge: bool,
+    /// Only the bytes OFFSET to OFFSET+LEN of one file, each verified before it is written (no resume).
     #[arg(long, value_name = "OFFSET:LEN", value_parser = parse_range)]
     pub range: Option<(u64, u64)>,
     /// Write the pulled file (or range) under NAME in DEST; `-`: to standard output (not a terminal, not
@@ -127,12 +145,20 @@ fn parse_range(s: &str) -> Result<(u64, u64), String> {
     Ok((offset, len))
 }
 
-/// A share failure as an error the exit-status mapping classifies: a transfer's as itself.
-fn classified(e: SessionError) -> anyhow::Error {
+/// A share failure as an error the exit-status mapping classifies: a transfer's as itself, a path that is not
+/// in the share said in words.
+fn classified(e: SessionError, args: &PullArgs) -> anyhow::Error {
     match e {
-        SessionError::Transfer(t @ TransferError::Conflict { .. }) => anyhow::Error::new(t)
-            .context("not writing over what exists (--overwrite replaces files)"),
+        SessionError::Transfer(t @ TransferError::Conflict { .. }) => anyhow::Error::new(t).context(
+            "not writing into what exists (--merge adds to existing directories, --overwrite replaces files)",
+        ),
         SessionError::Transfer(t) => t.into(),
+        e @ SessionError::Remote(ferry_share::wire::ErrorCode::NotFound, _) => {
+            anyhow::Error::new(e).context(format!(
+                "{:?} is not in the share {:?} there",
+                args.remote, args.share
+            ))
+        }
         e => e.into(),
     }
 }
@@ -161,13 +187,31 @@ pub fn run(args: PullArgs, ui: &mut Ui) -> anyhow::Result<()> {
     }
     let mut opts = ReceiveOptions::new(&args.dest);
     opts.overwrite = args.overwrite;
+    opts.merge = args.merge;
     opts.output = match args.output.as_deref() {
         None => Output::Offered,
         Some(name) if name == "-" => Output::Stream(Arc::new(args.stdout()?)),
         Some(name) => Output::Named(name.as_bytes().to_vec()),
     };
-    let report =
-        ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(classified)?;
+    let stream = matches!(opts.output, Output::Stream(_));
+    let report = ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(|e| {
+        // Refusals come before a byte is written; anything later may have left part of the file on stdout.
+        let before_data = matches!(
+            e,
+            SessionError::Remote(..)
+                | SessionError::Transfer(
+                    TransferError::OutputMismatch { .. }
+                        | TransferError::Declined
+                        | TransferError::Conflict { .. }
+                )
+        );
+        let e = classified(e, &args);
+        if stream && !before_data {
+            e.context("what was written to standard output is incomplete, not to be trusted")
+        } else {
+            e
+        }
+    })?;
     if report.skipped > 0 {
         return Err(TransferError::Partial {
             skipped: report.skipped,
@@ -188,9 +232,15 @@ fn range(
     ui: &mut Ui,
 ) -> anyhow::Result<()> {
     let version = if args.output.as_deref() == Some("-".as_ref()) {
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, args.stdout()?);
+        let mut out = Counted {
+            inner: std::io::BufWriter::with_capacity(1 << 20, args.stdout()?),
+            written: 0,
+        };
         let v = ferry_share::pull::read_range(session, remote, offset, len, &mut out);
-        v.map_err(|e| classified(e).context("what was written to standard output is incomplete"))?
+        v.map_err(|e| match classified(e, args) {
+            e if out.written > 0 => e.context("what was written to standard output is incomplete"),
+            e => e,
+        })?
     } else {
         let name = match args.output.as_deref() {
             Some(name) => name.as_bytes().to_vec(),
@@ -207,7 +257,7 @@ fn range(
         let written = (|| {
             let mut out = std::io::BufWriter::with_capacity(1 << 20, File::create(&temp)?);
             let v = ferry_share::pull::read_range(session, remote, offset, len, &mut out)
-                .map_err(classified)?;
+                .map_err(|e| classified(e, args))?;
             out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             std::fs::rename(&temp, &target)?;
             Ok::<_, anyhow::Error>(v)
@@ -224,6 +274,24 @@ fn range(
                 "size": version.size, "root": root }),
     );
     Ok(())
+}
+
+/// A writer that counts what went through it (so a failed range says whether standard output got anything).
+struct Counted<W> {
+    inner: W,
+    written: u64,
+}
+
+impl<W: std::io::Write> std::io::Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// A hidden temporary name beside `name` in `dir`.

@@ -38,7 +38,7 @@ const MAX_SHARE_NAME: usize = 64;
 /// Arguments of `ferry share`.
 #[derive(Args, Debug)]
 #[command(
-    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, request-error, stats, stopped)")),
+    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, request-error, pull, stats, stopped)")),
     mut_arg("listen", |a| a.help(
         "Address to listen on for peers. Default: a free port on loopback with --no-discovery; with discovery, \
          every interface, taking connections only from this host and directly attached networks"
@@ -359,22 +359,19 @@ fn serve_client(
         },
         est.sealer,
     );
-    let mut on_refusal = |what: &str| {
-        let what = what.strip_prefix("refused: ").unwrap_or(what);
-        stats.refused.fetch_add(1, Ordering::Relaxed);
-        log.event("refused", json!({ "peer": name, "reason": what }), || {
-            format!("refused a request of {name}: {what}")
-        })
+    // The session logs refusals ("refused: ...") and what its pulls did (sent, skipped, failed).
+    let mut on_log = |line: &str| match line.strip_prefix("refused: ") {
+        Some(what) => {
+            stats.refused.fetch_add(1, Ordering::Relaxed);
+            log.event("refused", json!({ "peer": name, "reason": what }), || {
+                format!("refused a request of {name}: {what}")
+            })
+        }
+        None => log.event("pull", json!({ "peer": name, "message": line }), || {
+            format!("{name}: {line}")
+        }),
     };
-    serve(
-        reader,
-        writer,
-        root,
-        cache,
-        changes,
-        config,
-        &mut on_refusal,
-    )
+    serve(reader, writer, root, cache, changes, config, &mut on_log)
 }
 
 /// SIGINT, SIGTERM and SIGHUP end the share (announcements withdrawn, sessions closed, exit 0); SIGUSR1

@@ -475,8 +475,13 @@ impl Progress for Ui {
     }
 
     fn skipped(&mut self, _state: &ProgressState, entry: &Entry, reason: &str) {
+        let who = if self.verb == "pulled" {
+            "sharer"
+        } else {
+            "sender"
+        };
         self.warn(&format!(
-            "skipping {}: the sender cannot open it ({reason})",
+            "skipping {}: the {who} cannot open it ({reason})",
             entry.path_lossy()
         ));
     }

@@ -8,52 +8,10 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 
 use common::*;
 use serde_json::Value;
-
-/// `who` runs `ferry share --json SRC extra...`; returns it once ready, with its ready event.
-fn share(w: &World, who: &str, extra: &[&str]) -> (Watched, Value) {
-    let child = w
-        .as_(who)
-        .args(["share", "--json"])
-        .arg(w.src())
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut sharer = Watched::new(child);
-    let ready = sharer.wait_for(|e| e["event"] == "ready");
-    (sharer, ready)
-}
-
-/// `who` runs `ferry ls --json target extra...`.
-fn ls(w: &World, who: &str, target: &str, extra: &[&str]) -> Output {
-    w.as_(who)
-        .args(["ls", "--json", target])
-        .args(extra)
-        .output()
-        .unwrap()
-}
-
-/// The `entry` events of a listing, by name.
-fn entries(out: &Output) -> BTreeMap<String, Value> {
-    events(&out.stdout)
-        .into_iter()
-        .filter(|e| e["event"] == "entry")
-        .map(|e| (e["name"].as_str().unwrap().to_string(), e))
-        .collect()
-}
-
-/// Stops the sharer with SIGTERM and returns its output (it exits 0).
-fn stop(sharer: Watched) -> Output {
-    sharer.signal(libc::SIGTERM);
-    let out = sharer.finish();
-    assert_success("the sharer stopped by SIGTERM", &out);
-    out
-}
 
 fn a_tree(w: &World) {
     let src = w.src();
@@ -112,7 +70,7 @@ fn ls_lists_the_shared_tree_as_it_is() {
     let w = World::new();
     w.pair("a", "b");
     a_tree(&w);
-    let (sharer, ready) = share(&w, "a", &[]);
+    let (sharer, ready) = w.share("a", &[]);
     assert_eq!(ready["share"], "default");
     assert_eq!(ready["peers"], 1);
     for (target, dir) in [
@@ -120,31 +78,31 @@ fn ls_lists_the_shared_tree_as_it_is() {
         ("a:docs", w.src().join("docs")),
         ("a:/docs/deep/", w.src().join("docs/deep")),
     ] {
-        let out = ls(&w, "b", target, &[]);
+        let out = w.ls("b", target, &[]);
         assert_success(target, &out);
         assert_listing(&dir, &entries(&out));
     }
     // A file shows its one entry.
-    let out = ls(&w, "b", "a:docs/note.txt", &[]);
+    let out = w.ls("b", "a:docs/note.txt", &[]);
     assert_success("ls of a file", &out);
     let one = entries(&out);
     assert_eq!(one.len(), 1);
     assert_eq!(one["note.txt"]["size"], 12);
     // A path that is not there: a clear error, nothing listed.
-    let out = ls(&w, "b", "a:nothing/here", &[]);
+    let out = w.ls("b", "a:nothing/here", &[]);
     assert_failure("ls of a missing path", &out, 1, "io");
     assert!(String::from_utf8_lossy(&out.stdout).contains("not-found"));
     assert!(entries(&out).is_empty());
     // A path out of the share is refused before anything is asked.
-    let out = ls(&w, "b", "a:../etc", &[]);
+    let out = w.ls("b", "a:../etc", &[]);
     assert_failure("ls out of the share", &out, 2, "usage");
     // A symlink out of the share is listed, never followed: a request through it is refused and logged.
     fs::create_dir_all(w.path("secret")).unwrap();
     fs::write(w.path("secret/key"), b"private").unwrap();
     std::os::unix::fs::symlink(w.path("secret"), w.src().join("out")).unwrap();
-    let listed = entries(&ls(&w, "b", "a", &[]));
+    let listed = entries(&w.ls("b", "a", &[]));
     assert_eq!(listed["out"]["kind"], "symlink");
-    let out = ls(&w, "b", "a:out/key", &[]);
+    let out = w.ls("b", "a:out/key", &[]);
     assert_failure(
         "ls through a symlink out of the share",
         &out,
@@ -154,10 +112,10 @@ fn ls_lists_the_shared_tree_as_it_is() {
     assert!(entries(&out).is_empty());
     // A change in the share is seen by the next listing.
     fs::write(w.src().join("docs/new.txt"), b"new").unwrap();
-    let out = ls(&w, "b", "a:docs", &[]);
+    let out = w.ls("b", "a:docs", &[]);
     assert!(entries(&out).contains_key("new.txt"));
 
-    let log = events(&stop(sharer).stdout);
+    let log = events(&stop_share(sharer).stdout);
     let connected: Vec<_> = log
         .iter()
         .filter(|e| e["event"] == "client-connected")
@@ -182,9 +140,9 @@ fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
     a_tree(&w);
     // c copies b's peers.toml (a's key and the pair's secret); its own identity key is not b's.
     w.steal_peer_list("b", "c");
-    let (mut sharer, _) = share(&w, "a", &[]);
+    let (mut sharer, _) = w.share("a", &[]);
     // c finds the share under the pair's hash, but its key is nobody a paired with.
-    let out = ls(&w, "c", "a", &[]);
+    let out = w.ls("c", "a", &[]);
     assert!(!out.status.success(), "{out:?}");
     assert!(entries(&out).is_empty(), "nothing listed");
     assert!(
@@ -198,8 +156,8 @@ fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
         "{refused}"
     );
     // b, the real peer, is still served.
-    assert_success("ls by the paired peer", &ls(&w, "b", "a", &[]));
-    let log = events(&stop(sharer).stdout);
+    assert_success("ls by the paired peer", &w.ls("b", "a", &[]));
+    let log = events(&stop_share(sharer).stdout);
     assert_eq!(
         log.iter()
             .filter(|e| e["event"] == "client-connected")
@@ -214,7 +172,7 @@ fn an_unpaired_identity_at_the_address_is_refused_before_any_request() {
     let w = World::new();
     w.pair("a", "b");
     a_tree(&w);
-    let (mut sharer, ready) = share(&w, "a", &[]);
+    let (mut sharer, ready) = w.share("a", &[]);
     let addr = ready["listen"].as_str().unwrap().to_string();
     // c pins a's real key (copied from b's list) but shares no secret with a: it dials the address.
     let key = {
@@ -235,12 +193,12 @@ fn an_unpaired_identity_at_the_address_is_refused_before_any_request() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(dir.join("peers.toml"), fs::Permissions::from_mode(0o600)).unwrap();
-    let out = ls(&w, "c", "a", &["--peer", &addr]);
+    let out = w.ls("c", "a", &["--peer", &addr]);
     assert!(!out.status.success());
     assert!(entries(&out).is_empty(), "nothing listed");
     let refused = sharer.wait_for(|e| e["event"] == "refused");
     assert!(refused["reason"].as_str().unwrap().contains("not paired"));
-    let log = events(&stop(sharer).stdout);
+    let log = events(&stop_share(sharer).stdout);
     assert!(
         log.iter().all(|e| e["event"] != "client-connected"),
         "{log:?}"
@@ -253,23 +211,23 @@ fn a_removed_or_not_allowed_peer_is_refused() {
     w.pair("a", "b");
     w.pair("a", "c");
     a_tree(&w);
-    let (mut sharer, ready) = share(&w, "a", &["--allow", "c"]);
+    let (mut sharer, ready) = w.share("a", &["--allow", "c"]);
     assert_eq!(ready["peers"], 1, "only c's meeting is announced");
     let addr = ready["listen"].as_str().unwrap().to_string();
     // b is paired but not allowed: even at the address, it gets nothing.
-    let out = ls(&w, "b", "a", &["--peer", &addr]);
+    let out = w.ls("b", "a", &["--peer", &addr]);
     assert!(!out.status.success() && entries(&out).is_empty());
     let refused = sharer.wait_for(|e| e["event"] == "refused");
     assert!(refused["reason"].as_str().unwrap().contains("--allow"));
-    assert_success("ls by the allowed peer", &ls(&w, "c", "a", &[]));
+    assert_success("ls by the allowed peer", &w.ls("c", "a", &[]));
     // Once removed, c is refused at once: the list is read again for every connection.
     let removed = w.as_("a").args(["peers", "remove", "c"]).output().unwrap();
     assert_success("peers remove", &removed);
-    let out = ls(&w, "c", "a", &["--peer", &addr]);
+    let out = w.ls("c", "a", &["--peer", &addr]);
     assert!(!out.status.success() && entries(&out).is_empty());
     let refused = sharer.wait_for(|e| e["event"] == "refused");
     assert!(refused["reason"].as_str().unwrap().contains("not paired"));
-    stop(sharer);
+    stop_share(sharer);
 }
 
 #[test]
@@ -281,7 +239,7 @@ fn two_clients_list_at_once() {
     for i in 0..200 {
         fs::write(w.src().join(format!("docs/file-{i:03}")), vec![b'x'; i]).unwrap();
     }
-    let (sharer, _) = share(&w, "a", &[]);
+    let (sharer, _) = w.share("a", &[]);
     let lister = |who: &'static str| {
         let mut cmd = w.as_(who);
         cmd.args(["ls", "--json", "a:docs"])
@@ -294,7 +252,7 @@ fn two_clients_list_at_once() {
         assert_success("one of two clients", &out);
         assert_listing(&w.src().join("docs"), &entries(&out));
     }
-    stop(sharer);
+    stop_share(sharer);
 }
 
 #[test]
@@ -307,17 +265,17 @@ fn a_share_behind_a_relay_serves_client_after_client() {
     let relay = RelayProcess::spawn(relay);
     let at = relay.addr.to_string();
     let via = ["--relay", at.as_str(), "--force-relay"];
-    let (sharer, ready) = share(&w, "a", &via);
+    let (sharer, ready) = w.share("a", &via);
     assert!(
         ready["listen"].is_null(),
         "no direct listener with --force-relay"
     );
     for _ in 0..2 {
-        let out = ls(&w, "b", "a", &via);
+        let out = w.ls("b", "a", &via);
         assert_success("ls through the relay", &out);
         assert_listing(&w.src(), &entries(&out));
     }
-    let log = events(&stop(sharer).stdout);
+    let log = events(&stop_share(sharer).stdout);
     let paths: Vec<_> = log
         .iter()
         .filter(|e| e["event"] == "client-connected")
@@ -331,7 +289,7 @@ fn sigterm_withdraws_every_announcement_and_sigusr1_prints_stats() {
     let w = World::new();
     w.pair("a", "b");
     a_tree(&w);
-    let (mut sharer, _) = share(&w, "a", &[]);
+    let (mut sharer, _) = w.share("a", &[]);
     let registry = w.path("runtime/ferry/rendezvous");
     let announced = || -> Vec<_> {
         list_all(&registry)
@@ -340,12 +298,12 @@ fn sigterm_withdraws_every_announcement_and_sigusr1_prints_stats() {
             .collect()
     };
     assert_eq!(announced().len(), 1, "the share is announced on this host");
-    assert_success("ls", &ls(&w, "b", "a", &[]));
+    assert_success("ls", &w.ls("b", "a", &[]));
     sharer.signal(libc::SIGUSR1);
     let stats = sharer.wait_for(|e| e["event"] == "stats");
     assert_eq!(stats["sessions"], 1);
     assert!(stats["bytes_sent"].as_u64().unwrap() > 0);
-    let log = events(&stop(sharer).stdout);
+    let log = events(&stop_share(sharer).stdout);
     assert!(event(&log, "stopped").is_some());
     assert!(
         announced().is_empty(),

@@ -50,7 +50,11 @@ pub fn pull_session<R: Read, W: Write>(
     }
     let (reader, writer) = session.into_parts();
     let (mut source, mut sink) = (ChannelSource(reader), ChannelSink(writer));
-    let wanted = ferry_tree::path::split_parent(remote.as_bytes()).1.to_vec();
+    // The offer names its entry as the receiver will write it: under `-o NAME` when one is given.
+    let wanted = match &options.output {
+        ferry_transfer::Output::Named(name) => name.clone(),
+        _ => ferry_tree::path::split_parent(remote.as_bytes()).1.to_vec(),
+    };
     let mut unexpected = false;
     let mut accept = |offer: &ferry_transfer::Offer<'_>| {
         let fits = offer.top_level_count == 1

@@ -198,6 +198,14 @@ fn one_file_is_pulled_verified_with_its_mode_and_time() {
         &w.share().join("tree/sub/b.bin"),
         &w.dir.path().join("out/b.bin"),
     );
+    // Under another name (`-o NAME`): the offer names the file so, and that is what was asked.
+    let mut o = w.options("out");
+    o.output = ferry_transfer::Output::Named(b"renamed.bin".to_vec());
+    w.pull("tree/sub/b.bin", &o).unwrap();
+    assert_same_tree(
+        &w.share().join("tree/sub/b.bin"),
+        &w.dir.path().join("out/renamed.bin"),
+    );
 }
 
 #[test]

@@ -702,3 +702,127 @@ pub fn finish_status(child: &mut Child) -> Option<i32> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A TCP forwarder on 127.0.0.1 to `upstream` whose downstream direction (upstream to client) stops after
+/// `limit` bytes in all until [`Valve::open`]: a link a test holds still mid-transfer. Held bytes stay in the
+/// upstream socket, so the sending process blocks (real backpressure) and nothing is lost. Counts the bytes
+/// forwarded downstream. Each connection is closed both ways when either side ends.
+pub struct Valve {
+    pub addr: std::net::SocketAddr,
+    state: Arc<(Mutex<(u64, u64)>, std::sync::Condvar)>,
+}
+
+impl Valve {
+    /// Forwards every connection to `upstream`, at most `limit` bytes downstream until opened.
+    pub fn new(upstream: std::net::SocketAddr, limit: u64) -> Valve {
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the valve");
+        let addr = listener.local_addr().unwrap();
+        // (limit, forwarded), and a wake-up for a pump held at the limit.
+        let state = Arc::new((Mutex::new((limit, 0u64)), std::sync::Condvar::new()));
+        let shared = state.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                let close = |a: &TcpStream, b: &TcpStream| {
+                    let _ = a.shutdown(Shutdown::Both);
+                    let _ = b.shutdown(Shutdown::Both);
+                };
+                let (mut from, mut to) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                    close(&from, &to);
+                });
+                let shared = shared.clone();
+                let (mut from, mut to) = (server, client);
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let room = {
+                            let (lock, wake) = &*shared;
+                            let held = wake
+                                .wait_while(lock.lock().unwrap(), |(limit, done)| done >= limit)
+                                .unwrap();
+                            (held.0 - held.1).min(buf.len() as u64) as usize
+                        };
+                        let n = match from.read(&mut buf[..room]) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        shared.0.lock().unwrap().1 += n as u64;
+                    }
+                    close(&from, &to);
+                });
+            }
+        });
+        Valve { addr, state }
+    }
+
+    /// Lets everything through from now on.
+    pub fn open(&self) {
+        self.state.0.lock().unwrap().0 = u64::MAX;
+        self.state.1.notify_all();
+    }
+
+    /// Bytes forwarded downstream so far, over every connection.
+    pub fn forwarded(&self) -> u64 {
+        self.state.0.lock().unwrap().1
+    }
+}
+
+impl Drop for Valve {
+    fn drop(&mut self) {
+        // A pump held at the limit reads on, finds its connection closed, and ends.
+        self.open();
+    }
+}
+
+impl World {
+    /// `who` runs `ferry share --json SRC extra...`; returns it once ready, with its ready event.
+    pub fn share(&self, who: &str, extra: &[&str]) -> (Watched, Value) {
+        let child = self
+            .as_(who)
+            .args(["share", "--json"])
+            .arg(self.src())
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn ferry share");
+        let mut sharer = Watched::new(child);
+        let ready = sharer.wait_for(|e| e["event"] == "ready");
+        (sharer, ready)
+    }
+
+    /// `who` runs `ferry ls --json target extra...`.
+    pub fn ls(&self, who: &str, target: &str, extra: &[&str]) -> Output {
+        self.as_(who)
+            .args(["ls", "--json", target])
+            .args(extra)
+            .output()
+            .expect("run ferry ls")
+    }
+}
+
+/// The `entry` events of a listing, by name.
+pub fn entries(out: &Output) -> std::collections::BTreeMap<String, Value> {
+    events(&out.stdout)
+        .into_iter()
+        .filter(|e| e["event"] == "entry")
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e))
+        .collect()
+}
+
+/// Stops a sharer with SIGTERM and returns its output (it exits 0).
+pub fn stop_share(sharer: Watched) -> Output {
+    sharer.signal(libc::SIGTERM);
+    let out = sharer.finish();
+    assert_success("the sharer stopped by SIGTERM", &out);
+    out
+}
