@@ -71,6 +71,17 @@ impl Me {
             hash,
             also: also.to_vec(),
             label: format!("{purpose} with {}", peer.name),
+            waited_for: if purpose.starts_with("share:") {
+                "sharer"
+            } else {
+                "sender"
+            }
+            .into(),
+            other_side: if purpose.starts_with("share:") {
+                format!("`ferry share` on {}", peer.name)
+            } else {
+                format!("`ferry send --to` on {}", peer.name)
+            },
             auth: self.auth(Some(peer.key)),
         }
     }
@@ -81,6 +92,8 @@ impl Me {
             hash: meeting_hash(&peer.secret, purpose, window_of(unix_now())),
             also: Vec::new(),
             label: format!("{purpose} with {}", peer.name),
+            waited_for: "receiver".into(),
+            other_side: format!("`ferry receive --from` on {}", peer.name),
             auth: self.auth(Some(peer.key)),
         }
     }

@@ -322,10 +322,9 @@ fn not_found(
         }
     }
     if let Some(relay) = &opts.relay {
-        let how = if relay_waited {
-            " (no sender came)"
-        } else {
-            ""
+        let how = match relay_waited {
+            true => format!(" (no {} came)", meeting.waited_for),
+            false => String::new(),
         };
         tried.push(format!("the relay {relay}{how}"));
     }
@@ -338,10 +337,12 @@ fn not_found(
         false => format!("within {}", exact_duration(wait)),
     };
     SessionError::PeerNotFound(format!(
-        "no sender for {} found {when} (tried {}{failures}); is `ferry send` running? \
+        "no {} for {} found {when} (tried {}{failures}); is {} running? \
          on another machine give --relay or --peer ADDR; --wait DURATION waits longer",
+        meeting.waited_for,
         meeting.label,
         tried.join(", "),
+        meeting.other_side,
     ))
 }
 

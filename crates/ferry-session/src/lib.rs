@@ -112,6 +112,10 @@ pub struct Meeting {
     pub also: Vec<NameplateHash>,
     /// How the meeting is named in messages, e.g. `nameplate 7`.
     pub label: String,
+    /// Who the looking side waits for, in its message when nobody came: `sender` (a code's), `sharer`.
+    pub waited_for: String,
+    /// What runs on the other side, for that message: e.g. `` `ferry send` ``.
+    pub other_side: String,
     /// How each handshake authenticates.
     pub auth: MeetingAuth,
 }
@@ -123,6 +127,8 @@ impl Meeting {
             hash: code.nameplate_hash(),
             also: Vec::new(),
             label: format!("nameplate {}", code.nameplate()),
+            waited_for: "sender".into(),
+            other_side: "`ferry send`".into(),
             auth: MeetingAuth::Code(code.password()),
         }
     }

@@ -64,6 +64,8 @@ fn look(
             hash,
             also,
             label: "test".into(),
+            waited_for: "sharer".into(),
+            other_side: "a test's standing side".into(),
             auth: identity(seed, Some(server)),
         };
         let c = connect(&meeting, &opts(relay), None, WAIT, &mut ()).expect("client connects");
@@ -160,6 +162,8 @@ fn a_standing_side_follows_its_hashes_as_they_change() {
         hash: old,
         also: vec![],
         label: "the old window".into(),
+        waited_for: "sharer".into(),
+        other_side: "a test's standing side".into(),
         auth: identity(alice, Some(server_key)),
     };
     let stale = connect(&meeting, &opts(relay), None, Duration::ZERO, &mut ());

@@ -258,8 +258,11 @@ fn send_pull<W: Write>(
     match sent {
         Ok(report) => {
             log(&format!(
-                "pull {shown:?}: {} files, {} bytes sent, {} resumed",
-                report.files, report.bytes_sent, report.bytes_resumed
+                "pull {shown:?}: {} file{}, {} bytes sent, {} resumed",
+                report.files,
+                if report.files == 1 { "" } else { "s" },
+                report.bytes_sent,
+                report.bytes_resumed
             ));
             sink.0.flush()?;
             Ok(())
