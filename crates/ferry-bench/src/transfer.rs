@@ -90,7 +90,7 @@ impl Drop for Scratch {
 }
 
 /// `count` files of 4-8 KiB spread over 100 directories under `root`.
-fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
+pub(crate) fn write_small_tree(root: &Path, count: usize) -> std::io::Result<u64> {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let mut buf = vec![0u8; 8192];
     let mut total = 0;
@@ -279,7 +279,7 @@ fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<(f64, f64)> {
     Ok((start.elapsed().as_secs_f64(), send_cpu + recv_cpu))
 }
 
-fn size_name(bytes: u64) -> String {
+pub(crate) fn size_name(bytes: u64) -> String {
     if bytes >= 1 << 30 {
         format!("{} GiB", bytes >> 30)
     } else {
