@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 use ferry_lab::{Lab, Netns, Path, PATHS};
 
 use crate::report::{median, write_random_file};
+
+mod plot;
 use crate::transfer::{size_name, write_small_tree};
 
 /// What to run and how big.
@@ -181,6 +183,14 @@ pub struct Matrix {
     pub cells: Vec<Cell>,
     /// Paths not measured, and why.
     pub skipped: Vec<(&'static str, String)>,
+}
+
+impl Matrix {
+    /// Draws the PNG plots into `dir` (created if missing): `throughput.png`, payload rate per path as a
+    /// share of the wire, and `waterfall.png`, what each layer keeps of the wire. The files written.
+    pub fn plot(&self, dir: &FsPath) -> io::Result<Vec<PathBuf>> {
+        plot::write(&self.cells, dir)
+    }
 }
 
 /// Runs the matrix with `ferry` (normally the running binary), printing each cell as it is measured.

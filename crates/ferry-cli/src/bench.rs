@@ -19,6 +19,9 @@ pub struct BenchArgs {
     /// Samples per case; medians are reported.
     #[arg(long)]
     runs: Option<usize>,
+    /// matrix: draw PNG plots into this directory.
+    #[arg(long, value_name = "DIR")]
+    plots: Option<std::path::PathBuf>,
     /// matrix: the paths to measure, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_name = "PATH,...")]
     paths: Vec<String>,
@@ -122,6 +125,11 @@ fn run_matrix(args: &BenchArgs) -> anyhow::Result<()> {
     }
     let printer = matrix::Printer::new(args.json);
     let m = matrix::run(&opts, &std::env::current_exe()?, &printer)?;
+    if let Some(dir) = &args.plots {
+        for png in m.plot(dir)? {
+            crate::ui::stderr_line(&format!("wrote {}", png.display()));
+        }
+    }
     if m.cells.iter().any(|c| c.verified == Some(false)) {
         bail!("a received file did not match its source");
     }
