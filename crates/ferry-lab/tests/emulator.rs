@@ -64,7 +64,8 @@ fn ping_pong_rtt(a: &mut TcpStream, b: &mut TcpStream, rounds: usize) -> Duratio
 }
 
 /// Copies `bytes` of a counting pattern from `tx` to `rx`; checks every word arrived in order and
-/// returns the rate in bytes per second, from the first byte received to the last.
+/// returns the payload rate in bytes per second over the last three quarters of the bytes (the first
+/// quarter holds TCP's slow start, which is no property of the link).
 fn copy_rate(tx: TcpStream, mut rx: TcpStream, bytes: u64) -> f64 {
     let sender = std::thread::spawn(move || {
         let mut tx = tx;
@@ -90,8 +91,10 @@ fn copy_rate(tx: TcpStream, mut rx: TcpStream, bytes: u64) -> f64 {
         if n == 0 {
             break;
         }
-        first.get_or_insert_with(|| (Instant::now(), n as u64));
         got += n as u64;
+        if got >= bytes / 4 {
+            first.get_or_insert_with(|| (Instant::now(), got));
+        }
         pending.extend_from_slice(&buf[..n]);
         let whole = pending.len() / 8 * 8;
         for w in pending[..whole].chunks(8) {
@@ -110,29 +113,51 @@ fn copy_rate(tx: TcpStream, mut rx: TcpStream, bytes: u64) -> f64 {
     (got - first_n) as f64 / t0.elapsed().as_secs_f64()
 }
 
-/// Rate within 0.5x-1.1x of the wire, RTT from 0.1 ms under to 5 ms over the configured one.
-fn rate_and_rtt(test: &str, path: &str, bytes: u64) {
+/// The most payload a TCP stream can carry on a wire that counts IP bytes: 1448 of every 1500 (IPv4
+/// and TCP headers with timestamps).
+const TCP_PAYLOAD_SHARE: f64 = 1448.0 / 1500.0;
+
+/// The load average, for the record of a measurement.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Rate within `rate_bounds` of the TCP payload ceiling of the wire, RTT from `rtt_under` under to
+/// `rtt_over` over the configured one.
+fn rate_and_rtt(
+    test: &str,
+    path: &str,
+    bytes: u64,
+    rate_bounds: (f64, f64),
+    rtt_under: Duration,
+    rtt_over: Duration,
+) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let Some(lab) = lab(test, path) else { return };
     let spec = lab.path.link.unwrap();
     let (mut a, mut b) = connect(&lab.client, &lab.server, lab.server_ip());
     let rtt = ping_pong_rtt(&mut a, &mut b, 20);
     let rate = copy_rate(a, b, bytes);
-    let wire = spec.rate_bps as f64 / 8.0;
+    let ceiling = spec.rate_bps as f64 / 8.0 * TCP_PAYLOAD_SHARE;
     println!(
-        "{path}: rate {:.1} Mbit/s = {:.3} of the wire ({} Mbit/s), RTT {:.3} ms (configured {:.3} ms)",
+        "{path}: payload {:.1} Mbit/s = {:.3} of the TCP ceiling of a {} Mbit/s wire, RTT {:.3} ms \
+         (configured {:.3} ms); load average {}",
         rate * 8.0 / 1e6,
-        rate / wire,
+        rate / ceiling,
         spec.rate_bps / 1_000_000,
         rtt.as_secs_f64() * 1e3,
-        spec.rtt.as_secs_f64() * 1e3
+        spec.rtt.as_secs_f64() * 1e3,
+        load()
     );
     assert!(
-        rate >= 0.5 * wire && rate <= 1.1 * wire,
-        "{path}: {rate:.0} B/s against a wire of {wire:.0} B/s"
+        rate >= rate_bounds.0 * ceiling && rate <= rate_bounds.1 * ceiling,
+        "{path}: {rate:.0} B/s against a ceiling of {ceiling:.0} B/s"
     );
     assert!(
-        rtt + Duration::from_micros(100) >= spec.rtt && rtt <= spec.rtt + Duration::from_millis(5),
+        rtt + rtt_under >= spec.rtt && rtt <= spec.rtt + rtt_over,
         "{path}: RTT {rtt:?} against {:?}",
         spec.rtt
     );
@@ -140,14 +165,55 @@ fn rate_and_rtt(test: &str, path: &str, bytes: u64) {
     assert_eq!(s.lost.load(Ordering::Relaxed), 0, "no loss configured");
 }
 
+/// Generous: the emulator works (a loaded machine may starve its threads).
+fn works(test: &str, path: &str) {
+    let ms = Duration::from_millis;
+    rate_and_rtt(
+        test,
+        path,
+        96 << 20,
+        (0.5, 1.1),
+        ms(0) + Duration::from_micros(100),
+        ms(5),
+    );
+}
+
+/// Precise, as the issue asks (5 % of the rate, 1 ms of the RTT): only on an otherwise idle machine,
+/// so not in the default run; `cargo test --release -p ferry-lab --test emulator -- --ignored
+/// --nocapture --test-threads 1`.
+fn precise(test: &str, path: &str, bytes: u64) {
+    let ms = Duration::from_millis;
+    rate_and_rtt(test, path, bytes, (0.95, 1.05), ms(1), ms(1));
+}
+
 #[test]
 fn lan_link_has_its_rate_and_rtt() {
-    rate_and_rtt("emulator::lan_link_has_its_rate_and_rtt", "lan", 96 << 20);
+    works("emulator::lan_link_has_its_rate_and_rtt", "lan");
 }
 
 #[test]
 fn wan_link_has_its_rate_and_rtt() {
-    rate_and_rtt("emulator::wan_link_has_its_rate_and_rtt", "wan", 96 << 20);
+    works("emulator::wan_link_has_its_rate_and_rtt", "wan");
+}
+
+#[test]
+#[ignore = "precise figures need an idle machine"]
+fn lan_link_is_within_5_percent_and_1_ms() {
+    precise(
+        "emulator::lan_link_is_within_5_percent_and_1_ms",
+        "lan",
+        512 << 20,
+    );
+}
+
+#[test]
+#[ignore = "precise figures need an idle machine"]
+fn wan_link_is_within_5_percent_and_1_ms() {
+    precise(
+        "emulator::wan_link_is_within_5_percent_and_1_ms",
+        "wan",
+        256 << 20,
+    );
 }
 
 #[test]
