@@ -12,7 +12,9 @@
 //! clock starts when the receiver is started, after the sender has printed its code (so the sender's
 //! walk is not timed, as when a person types the code), and stops when the receiver exits. Time to first
 //! byte is from the same start to the receiver's first `progress` or `file-done` event (or, for raw
-//! TCP, from `connect` to the first byte read). Every received file is verified against its source
+//! TCP, from `connect` to the first byte read); connected, to the receiver's `connected` event (the
+//! peer reached, the channel and the code's authentication done; raw TCP: `connect` returned, on the
+//! relay path once both sides are paired). Every received file is verified against its source
 //! with BLAKE3.
 
 use std::collections::BTreeMap;
@@ -83,6 +85,8 @@ pub struct Cell {
     pub seconds: f64,
     /// The configured wire in bytes per second; `None` on loopback.
     pub wire: Option<f64>,
+    /// Seconds to the receiving side's connection: authenticated channel, or TCP (median).
+    pub connected: f64,
     /// Seconds to the first byte of payload at the receiving side (median).
     pub first_byte: f64,
     /// Whether every received file matched its source (`None`: no files, as in raw TCP).
@@ -104,7 +108,7 @@ impl Cell {
     pub fn to_json(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.6}"));
         format!(
-            "{{\"bench\":\"matrix\",\"path\":\"{}\",\"layer\":\"{}\",\"size\":\"{}\",\"bytes\":{},\"seconds\":{:.6},\"rate_mb_s\":{:.6},\"wire_mb_s\":{},\"ratio\":{},\"first_byte_ms\":{:.3},\"verified\":{}}}",
+            "{{\"bench\":\"matrix\",\"path\":\"{}\",\"layer\":\"{}\",\"size\":\"{}\",\"bytes\":{},\"seconds\":{:.6},\"rate_mb_s\":{:.6},\"wire_mb_s\":{},\"ratio\":{},\"connected_ms\":{:.3},\"first_byte_ms\":{:.3},\"verified\":{}}}",
             self.path,
             self.layer,
             self.size,
@@ -113,6 +117,7 @@ impl Cell {
             self.rate() / 1e6,
             opt(self.wire.map(|w| w / 1e6)),
             opt(self.ratio()),
+            self.connected * 1e3,
             self.first_byte * 1e3,
             self.verified.map_or("null".to_string(), |v| v.to_string()),
         )
@@ -129,7 +134,7 @@ impl Printer {
     pub fn new(json: bool) -> Printer {
         if !json {
             println!(
-                "{:<10} {:<11} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:<8}",
+                "{:<10} {:<11} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9} {:<8}",
                 "path",
                 "layer",
                 "size",
@@ -137,6 +142,7 @@ impl Printer {
                 "MB/s",
                 "wire MB/s",
                 "ratio",
+                "connected",
                 "1st byte",
                 "verified"
             );
@@ -151,7 +157,7 @@ impl Printer {
         }
         let opt = |v: Option<f64>, prec: usize| v.map_or(String::new(), |v| format!("{v:.prec$}"));
         println!(
-            "{:<10} {:<11} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>7.1}ms {:<8}",
+            "{:<10} {:<11} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>7.1}ms {:>7.1}ms {:<8}",
             c.path,
             c.layer,
             c.size,
@@ -159,6 +165,7 @@ impl Printer {
             c.rate() / 1e6,
             opt(c.wire.map(|w| w / 1e6), 1),
             opt(c.ratio(), 3),
+            c.connected * 1e3,
             c.first_byte * 1e3,
             c.verified.map_or("-", |v| if v { "yes" } else { "NO" }),
         );
@@ -227,6 +234,7 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 bytes,
                 seconds: median(&mut samples.iter().map(|s| s.secs).collect::<Vec<_>>()),
                 wire,
+                connected: median(&mut samples.iter().map(|s| s.connected).collect::<Vec<_>>()),
                 first_byte: median(&mut samples.iter().map(|s| s.first_byte).collect::<Vec<_>>()),
                 verified,
             };
@@ -280,6 +288,7 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
 /// One timed run.
 struct Sample {
     secs: f64,
+    connected: f64,
     first_byte: f64,
 }
 
@@ -337,16 +346,20 @@ impl<'a> Ends<'a> {
             Some((via_client, via_server)) => {
                 let hash = [0x4d; 32];
                 let wait = Duration::from_secs(30);
+                // The clock starts on the thread inside the namespace: entering it is no part
+                // of the path.
                 let connect = |ns: Option<&Netns>, addr, role| {
-                    in_ns(ns, || ferry_relay::connect(addr, role, hash, wait))
-                        .map_err(io::Error::other)
+                    in_ns(ns, || {
+                        let t0 = Instant::now();
+                        ferry_relay::connect(addr, role, hash, wait).map(|s| (s, t0))
+                    })
+                    .map_err(io::Error::other)
                 };
                 std::thread::scope(|s| {
                     let tx =
                         s.spawn(|| connect(self.server(), via_server, ferry_relay::Role::Sender));
-                    let t0 = Instant::now();
-                    let rx = connect(self.client(), via_client, ferry_relay::Role::Receiver)?;
-                    let tx = tx
+                    let (rx, t0) = connect(self.client(), via_client, ferry_relay::Role::Receiver)?;
+                    let (tx, _) = tx
                         .join()
                         .map_err(|_| io::Error::other("relay connect panicked"))??;
                     Ok::<_, io::Error>((tx, rx, t0))
@@ -355,11 +368,14 @@ impl<'a> Ends<'a> {
             None => {
                 let listener = in_ns(self.server(), || TcpListener::bind((self.server_ip(), 0)))?;
                 let addr = listener.local_addr()?;
-                let t0 = Instant::now();
-                let rx = in_ns(self.client(), || TcpStream::connect(addr))?;
+                let (rx, t0) = in_ns(self.client(), || {
+                    let t0 = Instant::now();
+                    TcpStream::connect(addr).map(|s| (s, t0))
+                })?;
                 (listener.accept()?.0, rx, t0)
             }
         };
+        let connected = t0.elapsed().as_secs_f64();
         let sender = std::thread::spawn(move || pump(tx, bytes));
         let (got, first) = drain(rx, t0)?;
         let secs = t0.elapsed().as_secs_f64();
@@ -373,6 +389,7 @@ impl<'a> Ends<'a> {
         }
         Ok(Sample {
             secs,
+            connected,
             first_byte: first,
         })
     }
@@ -407,7 +424,7 @@ impl<'a> Ends<'a> {
         };
         let t0 = Instant::now();
         let mut receiver = Spawned::new(recv.arg(&code))?;
-        let first = receiver.first_data_event();
+        let events = receiver.first_events();
         let recv_ok = receiver.child.wait()?.success();
         let secs = t0.elapsed().as_secs_f64();
         let send_ok = sender.child.wait()?.success();
@@ -418,13 +435,17 @@ impl<'a> Ends<'a> {
                 receiver.stderr()
             )));
         }
-        let first = first
+        let (connected, first) = events
             .join()
-            .map_err(|_| io::Error::other("reader panicked"))?
-            .ok_or_else(|| io::Error::other("the receiver reported no data"))?;
+            .map_err(|_| io::Error::other("reader panicked"))?;
+        let since = |t: Option<Instant>, what| {
+            t.map(|t| t.duration_since(t0).as_secs_f64())
+                .ok_or_else(|| io::Error::other(format!("the receiver reported no {what}")))
+        };
         Ok(Sample {
             secs,
-            first_byte: first.duration_since(t0).as_secs_f64(),
+            connected: since(connected, "connection")?,
+            first_byte: since(first, "data")?,
         })
     }
 }
@@ -503,13 +524,17 @@ impl Spawned {
         }
     }
 
-    /// A thread that returns when the first `progress` or `file-done` event came, and drains the rest.
-    fn first_data_event(&mut self) -> std::thread::JoinHandle<Option<Instant>> {
+    /// A thread that reads every event and returns when the `connected` event and the first `progress`
+    /// or `file-done` event came.
+    fn first_events(&mut self) -> std::thread::JoinHandle<(Option<Instant>, Option<Instant>)> {
         let lines = self.lines.take().expect("stdout");
         std::thread::spawn(move || {
-            let mut first = None;
+            let (mut connected, mut first) = (None, None);
             for line in lines.lines() {
                 let Ok(line) = line else { break };
+                if connected.is_none() && line.contains("\"event\":\"connected\"") {
+                    connected = Some(Instant::now());
+                }
                 if first.is_none()
                     && (line.contains("\"event\":\"progress\"")
                         || line.contains("\"event\":\"file-done\""))
@@ -517,7 +542,7 @@ impl Spawned {
                     first = Some(Instant::now());
                 }
             }
-            first
+            (connected, first)
         })
     }
 

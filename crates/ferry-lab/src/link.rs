@@ -162,6 +162,7 @@ impl DelayLine {
         // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack; it reads no memory. The
         // default 50 µs slack added that much to every hold, measurable against a LAN's 0.25 ms.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+        realtime_priority();
         let one_way = spec.rtt / 2;
         let ns_per_byte = 8e9 / spec.rate_bps.max(1) as f64;
         let queue_time = Duration::from_nanos((spec.queue() as f64 * ns_per_byte) as u64);
@@ -226,6 +227,17 @@ impl DelayLine {
             wait_readable(from, wait.min(IDLE_WAIT));
         }
     }
+}
+
+/// Moves the calling thread to SCHED_FIFO (priority 10) where allowed (root), so that a wake-up is
+/// not delayed by a slice of whatever else runs: on a loaded machine (a build beside the benchmark) a
+/// normal thread's wake-up came up to ~12 ms late, which a delay line cannot tolerate. The thread
+/// sleeps in ppoll between packets, so it never holds a core; where the change is refused, the thread
+/// stays as it was.
+fn realtime_priority() {
+    let param = libc::sched_param { sched_priority: 10 };
+    // SAFETY: `param` is a valid sched_param alive across the call; pthread_self() is this thread.
+    unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &param) };
 }
 
 /// Waits until `file` has something to read or `timeout` passes (nanosecond timer, so that a
