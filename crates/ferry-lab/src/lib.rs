@@ -53,6 +53,16 @@ pub enum LabError {
     NotEmulated(&'static str),
 }
 
+impl From<LabError> for io::Error {
+    /// The underlying OS error where there is one (so that `EPERM` stays recognisable), else the message.
+    fn from(e: LabError) -> io::Error {
+        match e {
+            LabError::Namespace(_, e) | LabError::Tun(_, _, e) | LabError::Thread(e) => e,
+            other => io::Error::other(other.to_string()),
+        }
+    }
+}
+
 /// Why this process cannot build a lab, if it cannot: root (namespaces, tun devices) and `ip`.
 pub fn missing_prerequisite() -> Option<String> {
     // SAFETY: geteuid(2) has no preconditions.
