@@ -43,7 +43,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Skips (or, in CI, fails) the test `netns::{test}`.
 fn skip(test: &str, reason: &str) {
-    ferry_testkit::skip(&format!("netns::{test}"), reason);
+    common::skip(&format!("netns::{test}"), reason);
 }
 
 /// Why this run cannot build the namespaces, if it cannot.
