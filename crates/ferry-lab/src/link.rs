@@ -269,6 +269,107 @@ fn next_random(seed: &mut u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::net::UnixDatagram;
+
+    /// A link between two datagram socket pairs (message boundaries kept, as a tun's): the far ends
+    /// stand for the two namespaces. No root needed.
+    fn link(spec: LinkSpec) -> (UnixDatagram, UnixDatagram, Link) {
+        let (a_out, a_in) = UnixDatagram::pair().unwrap();
+        let (b_out, b_in) = UnixDatagram::pair().unwrap();
+        for s in [&a_in, &b_in] {
+            s.set_nonblocking(true).unwrap();
+        }
+        let file = |s: UnixDatagram| File::from(std::os::fd::OwnedFd::from(s));
+        let link = Link::start(file(a_in), file(b_in), spec, 7).unwrap();
+        (a_out, b_out, link)
+    }
+
+    fn spec(rate_bps: u64, rtt_ms: u64, loss: f64) -> LinkSpec {
+        LinkSpec {
+            rate_bps,
+            rtt: Duration::from_millis(rtt_ms),
+            loss,
+            queue_bytes: None,
+        }
+    }
+
+    #[test]
+    fn packets_arrive_in_order_never_before_the_delay_and_the_rate_allow() {
+        // 1000-byte packets at 8 Mbit/s: 1 ms each on the wire; 20 ms one way.
+        let (a, b, link) = link(spec(8_000_000, 40, 0.0));
+        b.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let t0 = Instant::now();
+        for i in 0..50u8 {
+            a.send(&[i; 1000]).unwrap();
+        }
+        let mut buf = [0u8; 2000];
+        for i in 0..50u8 {
+            let n = b.recv(&mut buf).unwrap();
+            assert_eq!((n, buf[0]), (1000, i), "whole packets, in order");
+            let earliest = Duration::from_millis(20) + Duration::from_millis(i as u64 + 1);
+            assert!(
+                t0.elapsed() >= earliest,
+                "packet {i} came early: {:?}",
+                t0.elapsed()
+            );
+        }
+        // Generous: a loaded machine may be late, not this late.
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert_eq!(link.stats(0).packets.load(Ordering::Relaxed), 50);
+        assert_eq!(link.stats(0).bytes.load(Ordering::Relaxed), 50_000);
+        // And back the other way.
+        b.send(b"ack").unwrap();
+        a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(a.recv(&mut buf).unwrap(), 3);
+        assert_eq!(link.stats(1).packets.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn loss_drops_about_its_share() {
+        let (a, b, link) = link(spec(1_000_000_000, 0, 0.1));
+        b.set_nonblocking(true).unwrap();
+        for _ in 0..2000 {
+            a.send(&[0; 100]).unwrap();
+            // Keep the far end's buffer from filling: read what has come through.
+            while b.recv(&mut [0u8; 200]).is_ok() {}
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let s = link.stats(0);
+        while s.packets.load(Ordering::Relaxed) + s.lost.load(Ordering::Relaxed) < 2000
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let lost = s.lost.load(Ordering::Relaxed);
+        assert_eq!(lost + s.packets.load(Ordering::Relaxed), 2000);
+        assert!(
+            (120..=280).contains(&lost),
+            "10 % of 2000 configured, {lost} lost"
+        );
+    }
+
+    #[test]
+    fn a_full_bottleneck_buffer_drops_the_tail() {
+        // 1 Mbit/s with a 10 kB buffer: a burst of 50 kB cannot all wait.
+        let mut slow = spec(1_000_000, 0, 0.0);
+        slow.queue_bytes = Some(10_000);
+        let (a, _b, link) = link(slow);
+        for _ in 0..50 {
+            a.send(&[0; 1000]).unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let s = link.stats(0);
+        while s.overflowed.load(Ordering::Relaxed) + s.packets.load(Ordering::Relaxed) < 50
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let dropped = s.overflowed.load(Ordering::Relaxed);
+        assert!(
+            (30..=40).contains(&dropped),
+            "{dropped} of 50 dropped at a 10-packet buffer"
+        );
+    }
 
     #[test]
     fn queue_defaults_to_one_bdp_with_a_floor() {
