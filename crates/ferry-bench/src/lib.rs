@@ -6,6 +6,7 @@
 
 pub mod channel;
 pub mod create;
+pub mod matrix;
 pub mod pull;
 pub mod relay;
 pub mod report;

@@ -279,7 +279,7 @@ fn plain_copy(src: &Path, dst: &Path) -> std::io::Result<(f64, f64)> {
     Ok((start.elapsed().as_secs_f64(), send_cpu + recv_cpu))
 }
 
-fn size_name(bytes: u64) -> String {
+pub(crate) fn size_name(bytes: u64) -> String {
     if bytes >= 1 << 30 {
         format!("{} GiB", bytes >> 30)
     } else {

@@ -2,12 +2,13 @@
 
 use anyhow::bail;
 use clap::Args;
-use ferry_bench::{channel, relay, share, transfer, Report};
+use ferry_bench::{channel, matrix, relay, share, transfer, Report};
 
 /// Arguments of `ferry bench`.
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Layers to run: channel, transfer, relay, share (default: all).
+    /// Layers to run: channel, transfer, relay, share (default: all), or matrix (only when named:
+    /// layers × emulated paths, needs root).
     layers: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -18,6 +19,12 @@ pub struct BenchArgs {
     /// Samples per case; medians are reported.
     #[arg(long)]
     runs: Option<usize>,
+    /// matrix: draw PNG plots into this directory.
+    #[arg(long, value_name = "DIR")]
+    plots: Option<std::path::PathBuf>,
+    /// matrix: the paths to measure, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "PATH,...")]
+    paths: Vec<String>,
 }
 
 /// Runs the selected layers.
@@ -27,10 +34,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .map(String::from)
             .to_vec()
     } else {
-        args.layers
+        args.layers.clone()
     };
-    let mut report = Report::new(args.json);
+    // The matrix has its own table; the other layers share one, with its header printed once.
+    let mut report = None;
     for layer in &layers {
+        if layer == "matrix" {
+            run_matrix(&args)?;
+            continue;
+        }
+        let report = report.get_or_insert_with(|| Report::new(args.json));
         match layer.as_str() {
             "channel" => {
                 let mut opts = if args.quick {
@@ -41,7 +54,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 if let Some(r) = args.runs {
                     opts.runs = r.max(1);
                 }
-                channel::run(&opts, &mut report);
+                channel::run(&opts, report);
             }
             "transfer" => {
                 let mut opts = if args.quick {
@@ -53,7 +66,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     opts.runs = r.max(1);
                 }
                 let ferry = std::env::current_exe()?;
-                transfer::run(&opts, &ferry, &mut report)?;
+                transfer::run(&opts, &ferry, report)?;
             }
             "relay" => {
                 let mut opts = relay::BenchOptions::default();
@@ -78,12 +91,47 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 if let Some(r) = args.runs {
                     opts.runs = r.max(1);
                 }
-                share::run(&opts, &std::env::current_exe()?, &mut report)?;
+                share::run(&opts, &std::env::current_exe()?, report)?;
             }
             other => {
-                bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share)")
+                bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share, matrix)")
             }
         }
+    }
+    Ok(())
+}
+
+/// `ferry bench matrix`: every path the lab can build here (loopback only without root).
+fn run_matrix(args: &BenchArgs) -> anyhow::Result<()> {
+    let mut opts = if args.quick {
+        matrix::Options::quick()
+    } else {
+        matrix::Options::default()
+    };
+    if let Some(r) = args.runs {
+        opts.runs = r.max(1);
+    }
+    if !args.paths.is_empty() {
+        opts.paths = args
+            .paths
+            .iter()
+            .map(|name| {
+                ferry_lab::Path::by_name(name).ok_or_else(|| {
+                    let known: Vec<_> = ferry_lab::PATHS.iter().map(|p| p.name).collect();
+                    anyhow::anyhow!("unknown path {name:?} (known: {})", known.join(", "))
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    let printer = matrix::Printer::new(args.json);
+    let m = matrix::run(&opts, &std::env::current_exe()?, &printer)?;
+    if let Some(dir) = &args.plots {
+        for png in m.plot(dir)? {
+            crate::ui::stderr_line(&format!("wrote {}", png.display()));
+        }
+    }
+    if m.cells.iter().any(|c| c.verified == Some(false)) {
+        bail!("a received file did not match its source");
     }
     Ok(())
 }

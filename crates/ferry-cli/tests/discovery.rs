@@ -14,10 +14,7 @@ use common::*;
 /// Says that a test did not run, and why; in CI (`CI` set: it runs as root with `ip` and `unshare`
 /// installed by `.ci/run`) that is a failure instead.
 fn skip(reason: &str) {
-    let msg = format!("SKIPPED discovery: {reason}");
-    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
-    eprintln!("{msg}");
-    println!("{msg}");
+    ferry_testkit::skip("discovery", reason);
 }
 
 /// Runs `script` with `sh` in a fresh network namespace with loopback multicast; `None` (with the reason

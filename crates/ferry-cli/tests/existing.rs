@@ -170,14 +170,6 @@ fn a_tree_that_grew_still_needs_merge() {
     assert_same_files(&tree, &w.out().join("tree"));
 }
 
-/// Says that a test did not run, and why; in CI (which runs as root) that is a failure instead.
-fn skip(test: &str, reason: &str) {
-    let msg = format!("SKIPPED {test}: {reason}");
-    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
-    eprintln!("{msg}");
-    println!("{msg}");
-}
-
 const NOBODY: u32 = 65534;
 
 /// Runs `ferry receive --json --yes --peer PEER CODE --out OUT FLAGS` as user and group 65534 (with

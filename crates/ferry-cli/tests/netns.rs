@@ -21,11 +21,9 @@
 
 mod common;
 
-use std::fs::{self, File};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -33,6 +31,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::*;
+use ferry_lab::Netns;
 
 const SENDER_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 1, 2);
 const RECEIVER_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 2, 2);
@@ -42,13 +41,9 @@ const RELAY_IP: Ipv4Addr = Ipv4Addr::new(10, 200, 9, 2);
 /// How long a probe connection may take; a rejected one fails at once.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Says loudly (past the test harness's output capture) that a test did not run, and why; in CI (`CI`
-/// set: it runs as root with the tools `.ci/run` installed) that is a failure instead.
+/// Skips (or, in CI, fails) the test `netns::{test}`.
 fn skip(test: &str, reason: &str) {
-    let msg = format!("SKIPPED netns::{test}: {reason}");
-    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
-    let _ = writeln!(io::stderr(), "{msg}");
-    println!("{msg}");
+    common::skip(&format!("netns::{test}"), reason);
 }
 
 /// Why this run cannot build the namespaces, if it cannot.
@@ -65,103 +60,6 @@ fn missing_prerequisite() -> Option<String> {
         }
     }
     None
-}
-
-/// An anonymous network namespace, alive while this handle (or a process inside it) is.
-struct Netns {
-    name: &'static str,
-    file: File,
-}
-
-impl Netns {
-    fn create(name: &'static str) -> io::Result<Netns> {
-        let file = std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: unshare(2) moves only this short-lived thread into a new network namespace.
-                if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                File::open("/proc/thread-self/ns/net")
-            })
-            .join()
-            .expect("namespace thread")
-        })?;
-        Ok(Netns { name, file })
-    }
-
-    /// A path that names this namespace for `ip link set DEV netns PATH`.
-    fn path(&self) -> String {
-        format!("/proc/{}/fd/{}", std::process::id(), self.file.as_raw_fd())
-    }
-
-    /// Makes `cmd` run inside this namespace.
-    fn inside<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
-        let fd = self.file.as_raw_fd();
-        // SAFETY: between fork and exec the hook only makes the setns(2) system call, which is
-        // async-signal-safe, on a descriptor that stays open in the parent while it spawns.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setns(fd, libc::CLONE_NEWNET) == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
-            })
-        }
-    }
-
-    /// Runs `f` on a thread inside this namespace: sockets it creates stay in the namespace.
-    fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let fd = self.file.as_raw_fd();
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                // SAFETY: setns(2) moves only this short-lived thread; `fd` is an open namespace file.
-                let rc = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns: {}", io::Error::last_os_error());
-                f()
-            })
-            .join()
-            .expect("thread inside the namespace")
-        })
-    }
-
-    /// Runs `program args` inside the namespace with `stdin`; the output, or the failure as text.
-    fn try_run(&self, program: &str, args: &[&str], stdin: &str) -> Result<String, String> {
-        let mut cmd = Command::new(program);
-        self.inside(&mut cmd)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let what = format!("{program} {} in {}", args.join(" "), self.name);
-        let mut child = cmd.spawn().map_err(|e| format!("{what}: {e}"))?;
-        let mut input = child.stdin.take().expect("piped stdin");
-        input
-            .write_all(stdin.as_bytes())
-            .map_err(|e| format!("{what}: {e}"))?;
-        drop(input);
-        let out = child
-            .wait_with_output()
-            .map_err(|e| format!("{what}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{what}: {:?}\ninput:\n{stdin}\nstderr: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    fn run(&self, program: &str, args: &[&str], stdin: &str) -> String {
-        self.try_run(program, args, stdin)
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// Runs `ip` commands, one a line, inside the namespace.
-    fn ip(&self, script: &str) {
-        self.run("ip", &["-batch", "-"], script);
-    }
 }
 
 /// The two private networks, the NAT router and the public side. Dropping it deletes the nft table and
@@ -202,19 +100,19 @@ impl NatLab {
             lab.sender.path(),
             lab.receiver.path(),
             lab.public.path(),
-        ));
+        ))?;
         lab.sender.ip(&format!(
             "link set lo up\n\
              addr add {SENDER_IP}/24 dev s-eth\n\
              link set s-eth up\n\
              route add default via 10.200.1.1\n"
-        ));
+        ))?;
         lab.receiver.ip(&format!(
             "link set lo up\n\
              addr add {RECEIVER_IP}/24 dev r-eth\n\
              link set r-eth up\n\
              route add default via 10.200.2.1\n"
-        ));
+        ))?;
         // The public side even routes the private range to the router, so that an inbound attempt is
         // stopped by the NAT itself, not merely by a missing route.
         lab.public.ip(&format!(
@@ -222,7 +120,7 @@ impl NatLab {
              addr add {RELAY_IP}/24 dev p-eth\n\
              link set p-eth up\n\
              route add 10.200.0.0/16 via {ROUTER_PUBLIC_IP}\n"
-        ));
+        ))?;
         // /proc/sys/net belongs to the namespace of the thread that opens it.
         lab.router
             .enter(|| fs::write("/proc/sys/net/ipv4/ip_forward", "1"))?;
@@ -245,17 +143,20 @@ impl NatLab {
 "#,
                 table = lab.table
             ),
-        );
+        )?;
         Ok(lab)
     }
 
     /// The packet count of the rule in `chain` of the router's table that has a counter.
     fn counter(&self, chain: &str) -> u64 {
-        let json = self.router.run(
-            "nft",
-            &["-j", "list", "chain", "ip", &self.table, chain],
-            "",
-        );
+        let json = self
+            .router
+            .run(
+                "nft",
+                &["-j", "list", "chain", "ip", &self.table, chain],
+                "",
+            )
+            .expect("nft list chain");
         let v: Value = serde_json::from_str(&json).expect("nft JSON");
         v["nftables"]
             .as_array()
@@ -287,7 +188,7 @@ impl NatLab {
         let target = listener.local_addr().unwrap();
         let client = from
             .enter(|| TcpStream::connect_timeout(&target, PROBE_TIMEOUT))
-            .unwrap_or_else(|e| panic!("{} cannot reach the public side: {e}", from.name));
+            .unwrap_or_else(|e| panic!("{} cannot reach the public side: {e}", from.name()));
         let (_conn, seen) = listener.accept().expect("accept the probe");
         (client.local_addr().unwrap(), seen)
     }
@@ -297,10 +198,10 @@ impl Drop for NatLab {
     fn drop(&mut self) {
         let _ = self
             .router
-            .try_run("nft", &["delete", "table", "ip", &self.table], "");
+            .run("nft", &["delete", "table", "ip", &self.table], "");
         // Deleting one end of a veth deletes the pair.
         for link in ["lan1", "lan2", "wan"] {
-            let _ = self.router.try_run("ip", &["link", "del", link], "");
+            let _ = self.router.run("ip", &["link", "del", link], "");
         }
     }
 }
@@ -399,13 +300,13 @@ fn prove_the_nat(lab: &NatLab) {
             local.ip(),
             IpAddr::V4(private),
             "{} connects from its private address",
-            ns.name
+            ns.name()
         );
         assert_eq!(
             seen.ip(),
             IpAddr::V4(ROUTER_PUBLIC_IP),
             "the public side must see {} as the router's masqueraded address",
-            ns.name
+            ns.name()
         );
     }
 

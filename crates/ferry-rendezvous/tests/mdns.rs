@@ -44,10 +44,7 @@ fn netns_id() -> String {
 /// Says that `test` did not run, and why; in CI (`CI` set: it runs as root with `ip` and `unshare` installed
 /// by `.ci/run`) that is a failure instead.
 fn skip(test: &str, why: &str) {
-    let msg = format!("SKIP {test}: {why}");
-    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
-    eprintln!("{msg}");
-    println!("{msg}");
+    ferry_testkit::skip(&format!("mdns::{test}"), why);
 }
 
 /// Why namespace tests cannot run here, if they cannot.

@@ -84,6 +84,16 @@ pub fn assert_same_tree(a: &Path, b: &Path) {
     }
 }
 
+/// Says loudly (past the test harness's output capture) that test `test` did not run, and why; in CI
+/// (`CI` set: it runs as root with the tools `.ci/run` installed) that is a failure instead.
+pub fn skip(test: &str, reason: &str) {
+    use std::io::Write;
+    let msg = format!("SKIPPED {test}: {reason}");
+    assert!(std::env::var_os("CI").is_none(), "{msg} (CI must run it)");
+    let _ = writeln!(std::io::stderr(), "{msg}");
+    println!("{msg}");
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -1,0 +1,671 @@
+//! `ferry bench matrix`: layers × paths × sizes, on this host's loopback and on links emulated by the
+//! link lab ([`ferry_lab`]).
+//!
+//! Rows, on every path:
+//! - **raw TCP**: a plaintext memory-to-memory copy over one TCP connection (through `ferry relay` on a
+//!   relay path, paired by ferry's relay client but carrying plain bytes): the practical ceiling.
+//! - **send 1 file**: real `ferry send` / `ferry receive` processes moving one file of random data.
+//! - **send small files**: the same with a tree of small files (4-8 KiB, 100 directories).
+//!
+//! The sender runs in the lab's server namespace and listens on its address there (or meets the
+//! receiver at the relay, both with `--force-relay`); the receiver runs in the client namespace. The
+//! clock starts when the receiver is started, after the sender has printed its code (so the sender's
+//! walk is not timed, as when a person types the code), and stops when the receiver exits. Time to first
+//! byte is from the same start to the receiver's first `progress` or `file-done` event (or, for raw
+//! TCP, from `connect` to the first byte read); connected, to the receiver's `connected` event (the
+//! peer reached, the channel and the code's authentication done; raw TCP: `connect` returned, on the
+//! relay path once both sides are paired). Every received file is verified against its source
+//! with BLAKE3.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path as FsPath, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_lab::{Lab, Netns, Path, PATHS};
+
+use crate::report::{median, write_random_file};
+
+mod plot;
+use crate::transfer::{size_name, write_small_tree};
+
+/// What to run and how big.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Size of the single file (and of the raw TCP copy).
+    pub file_bytes: u64,
+    /// Number of small files.
+    pub small_files: usize,
+    /// Samples per cell; medians are reported.
+    pub runs: usize,
+    /// The paths to measure, in order.
+    pub paths: Vec<Path>,
+    /// Where the data goes (a tmpfs).
+    pub scratch: PathBuf,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            file_bytes: 1 << 30,
+            small_files: 10_000,
+            runs: 1,
+            paths: PATHS.to_vec(),
+            scratch: PathBuf::from("/dev/shm"),
+        }
+    }
+}
+
+impl Options {
+    /// A short run (64 MiB, 1,000 files) for CI and smoke tests.
+    pub fn quick() -> Self {
+        Options {
+            file_bytes: 64 << 20,
+            small_files: 1_000,
+            ..Options::default()
+        }
+    }
+}
+
+/// One measured cell of the matrix.
+#[derive(Clone, Debug)]
+pub struct Cell {
+    /// The path's name (`wan`, ...).
+    pub path: &'static str,
+    /// The layer: `raw TCP`, `ferry send`.
+    pub layer: &'static str,
+    /// What moved: `1 GiB file`, `10000 files`.
+    pub size: String,
+    /// Payload bytes moved.
+    pub bytes: u64,
+    /// Seconds from the start to the last byte (median).
+    pub seconds: f64,
+    /// The configured wire in bytes per second; `None` on loopback.
+    pub wire: Option<f64>,
+    /// Seconds to the receiving side's connection: authenticated channel, or TCP (median).
+    pub connected: f64,
+    /// Seconds to the first byte of payload at the receiving side (median).
+    pub first_byte: f64,
+    /// Whether every received file matched its source (`None`: no files, as in raw TCP).
+    pub verified: Option<bool>,
+}
+
+impl Cell {
+    /// Payload bytes per second.
+    pub fn rate(&self) -> f64 {
+        self.bytes as f64 / self.seconds
+    }
+
+    /// The rate as a share of the wire.
+    pub fn ratio(&self) -> Option<f64> {
+        self.wire.map(|w| self.rate() / w)
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.6}"));
+        format!(
+            "{{\"bench\":\"matrix\",\"path\":\"{}\",\"layer\":\"{}\",\"size\":\"{}\",\"bytes\":{},\"seconds\":{:.6},\"rate_mb_s\":{:.6},\"wire_mb_s\":{},\"ratio\":{},\"connected_ms\":{:.3},\"first_byte_ms\":{:.3},\"verified\":{}}}",
+            self.path,
+            self.layer,
+            self.size,
+            self.bytes,
+            self.seconds,
+            self.rate() / 1e6,
+            opt(self.wire.map(|w| w / 1e6)),
+            opt(self.ratio()),
+            self.connected * 1e3,
+            self.first_byte * 1e3,
+            self.verified.map_or("null".to_string(), |v| v.to_string()),
+        )
+    }
+}
+
+/// Where the matrix's rows go as they are measured: a table or JSON lines on standard output.
+pub struct Printer {
+    json: bool,
+}
+
+impl Printer {
+    /// A printer for a table (with its header) or JSON lines.
+    pub fn new(json: bool) -> Printer {
+        if !json {
+            println!(
+                "{:<10} {:<11} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9} {:<8}",
+                "path",
+                "layer",
+                "size",
+                "seconds",
+                "MB/s",
+                "wire MB/s",
+                "ratio",
+                "connected",
+                "1st byte",
+                "verified"
+            );
+        }
+        Printer { json }
+    }
+
+    fn cell(&self, c: &Cell) {
+        if self.json {
+            println!("{}", c.to_json());
+            return;
+        }
+        let opt = |v: Option<f64>, prec: usize| v.map_or(String::new(), |v| format!("{v:.prec$}"));
+        println!(
+            "{:<10} {:<11} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>7.1}ms {:>7.1}ms {:<8}",
+            c.path,
+            c.layer,
+            c.size,
+            c.seconds,
+            c.rate() / 1e6,
+            opt(c.wire.map(|w| w / 1e6), 1),
+            opt(c.ratio(), 3),
+            c.connected * 1e3,
+            c.first_byte * 1e3,
+            c.verified.map_or("-", |v| if v { "yes" } else { "NO" }),
+        );
+    }
+
+    fn note(&self, path: &str, what: &str) {
+        if self.json {
+            println!(
+                "{{\"bench\":\"matrix\",\"path\":\"{path}\",\"note\":{:?}}}",
+                what
+            );
+        } else {
+            println!("{path:<10} {what}");
+        }
+    }
+}
+
+/// Everything one run of the matrix measured, and what it skipped.
+#[derive(Debug, Default)]
+pub struct Matrix {
+    /// The measured cells, in order.
+    pub cells: Vec<Cell>,
+    /// Paths not measured, and why.
+    pub skipped: Vec<(&'static str, String)>,
+}
+
+impl Matrix {
+    /// Draws the PNG plots into `dir` (created if missing): `throughput.png`, payload rate per path as a
+    /// share of the wire, and `waterfall.png`, what each layer keeps of the wire. The files written.
+    pub fn plot(&self, dir: &FsPath) -> io::Result<Vec<PathBuf>> {
+        plot::write(&self.cells, dir)
+    }
+}
+
+/// Runs the matrix with `ferry` (normally the running binary), printing each cell as it is measured.
+pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> {
+    let scratch = Scratch::new(&opts.scratch)?;
+    let big = scratch.0.join("src/big.bin");
+    write_random_file(&big, opts.file_bytes, 0x11ab)?;
+    let tree = scratch.0.join("src/tree");
+    let tree_bytes = write_small_tree(&tree, opts.small_files)?;
+    let sources = [
+        (big.clone(), digests(&big)?),
+        (tree.clone(), digests(&tree)?),
+    ];
+    let mut m = Matrix::default();
+    for path in &opts.paths {
+        let lab = match path.link {
+            None => None,
+            Some(_) => match ferry_lab::missing_prerequisite() {
+                Some(reason) => {
+                    out.note(path.name, &format!("skipped: {reason}"));
+                    m.skipped.push((path.name, reason));
+                    continue;
+                }
+                None => Some(Lab::build(path).map_err(io::Error::other)?),
+            },
+        };
+        let ends = Ends::new(path, lab.as_ref(), ferry)?;
+        let wire = path.wire_bytes_per_sec();
+        let mut push = |layer, size: String, bytes, samples: &mut Vec<Sample>, verified| {
+            let c = Cell {
+                path: path.name,
+                layer,
+                size,
+                bytes,
+                seconds: median(&mut samples.iter().map(|s| s.secs).collect::<Vec<_>>()),
+                wire,
+                connected: median(&mut samples.iter().map(|s| s.connected).collect::<Vec<_>>()),
+                first_byte: median(&mut samples.iter().map(|s| s.first_byte).collect::<Vec<_>>()),
+                verified,
+            };
+            out.cell(&c);
+            m.cells.push(c);
+        };
+        let runs = opts.runs.max(1);
+        let mut raw = (0..runs)
+            .map(|_| ends.raw_copy(opts.file_bytes))
+            .collect::<io::Result<Vec<_>>>()?;
+        push(
+            "raw TCP",
+            size_name(opts.file_bytes),
+            opts.file_bytes,
+            &mut raw,
+            None,
+        );
+        let cases = [
+            (
+                format!("{} file", size_name(opts.file_bytes)),
+                opts.file_bytes,
+            ),
+            (format!("{} files", opts.small_files), tree_bytes),
+        ];
+        for ((size, bytes), (src, digest)) in cases.into_iter().zip(&sources) {
+            let mut samples = Vec::new();
+            let mut verified = true;
+            for _ in 0..runs {
+                let received = scratch.fresh("out")?;
+                samples.push(ends.ferry_send(src, &received, &scratch)?);
+                verified &= digests(&received.join(src.file_name().expect("a name")))? == *digest;
+            }
+            push("ferry send", size, bytes, &mut samples, Some(verified));
+        }
+        drop(ends);
+        if let Some(lab) = &lab {
+            let d = lab.links()[0].stats(0);
+            let lost = d.lost.load(std::sync::atomic::Ordering::Relaxed);
+            let overflowed = d.overflowed.load(std::sync::atomic::Ordering::Relaxed);
+            if lost + overflowed > 0 {
+                out.note(
+                    path.name,
+                    &format!("the link dropped {lost} packets at random and {overflowed} at its full queue"),
+                );
+            }
+        }
+    }
+    Ok(m)
+}
+
+/// One timed run.
+struct Sample {
+    secs: f64,
+    connected: f64,
+    first_byte: f64,
+}
+
+/// The port `ferry relay` listens on inside the relay namespace.
+const RELAY_PORT: u16 = 7440;
+
+/// How the two ends of one path are reached: namespaces, addresses, the relay.
+struct Ends<'a> {
+    lab: Option<&'a Lab>,
+    ferry: &'a FsPath,
+    /// Held, not read: the relay runs while the path is measured.
+    _relay: Option<RelayChild>,
+    nameplate: std::sync::atomic::AtomicU32,
+}
+
+impl<'a> Ends<'a> {
+    fn new(path: &Path, lab: Option<&'a Lab>, ferry: &'a FsPath) -> io::Result<Ends<'a>> {
+        let relay = match lab.and_then(|l| l.relay.as_ref()) {
+            Some(ns) => Some(RelayChild::start(ns, ferry)?),
+            None => None,
+        };
+        Ok(Ends {
+            lab,
+            ferry,
+            _relay: relay,
+            // Distinct per path, so that a lingering session of one path never meets the next.
+            nameplate: std::sync::atomic::AtomicU32::new(
+                100 + 100 * PATHS.iter().position(|p| p == path).unwrap_or(0) as u32,
+            ),
+        })
+    }
+
+    fn server(&self) -> Option<&Netns> {
+        self.lab.map(|l| &l.server)
+    }
+
+    fn client(&self) -> Option<&Netns> {
+        self.lab.map(|l| &l.client)
+    }
+
+    /// The sender's address: the server namespace's, or loopback.
+    fn server_ip(&self) -> Ipv4Addr {
+        self.lab.map_or(Ipv4Addr::LOCALHOST, |l| l.server_ip())
+    }
+
+    /// The relay as (the client sees it, the server sees it).
+    fn relay_addrs(&self) -> Option<(SocketAddr, SocketAddr)> {
+        let (c, s) = self.lab?.relay_ips()?;
+        Some(((c, RELAY_PORT).into(), (s, RELAY_PORT).into()))
+    }
+
+    /// A plaintext copy of `bytes` from the server's side to the client's.
+    fn raw_copy(&self, bytes: u64) -> io::Result<Sample> {
+        let (tx, rx, t0) = match self.relay_addrs() {
+            Some((via_client, via_server)) => {
+                let hash = [0x4d; 32];
+                let wait = Duration::from_secs(30);
+                // The clock starts on the thread inside the namespace: entering it is no part
+                // of the path.
+                let connect = |ns: Option<&Netns>, addr, role| {
+                    in_ns(ns, || {
+                        let t0 = Instant::now();
+                        ferry_relay::connect(addr, role, hash, wait).map(|s| (s, t0))
+                    })
+                    .map_err(io::Error::other)
+                };
+                std::thread::scope(|s| {
+                    let tx =
+                        s.spawn(|| connect(self.server(), via_server, ferry_relay::Role::Sender));
+                    let (rx, t0) = connect(self.client(), via_client, ferry_relay::Role::Receiver)?;
+                    let (tx, _) = tx
+                        .join()
+                        .map_err(|_| io::Error::other("relay connect panicked"))??;
+                    Ok::<_, io::Error>((tx, rx, t0))
+                })?
+            }
+            None => {
+                let listener = in_ns(self.server(), || TcpListener::bind((self.server_ip(), 0)))?;
+                let addr = listener.local_addr()?;
+                let (rx, t0) = in_ns(self.client(), || {
+                    let t0 = Instant::now();
+                    TcpStream::connect(addr).map(|s| (s, t0))
+                })?;
+                (listener.accept()?.0, rx, t0)
+            }
+        };
+        let connected = t0.elapsed().as_secs_f64();
+        let sender = std::thread::spawn(move || pump(tx, bytes));
+        let (got, first) = drain(rx, t0)?;
+        let secs = t0.elapsed().as_secs_f64();
+        sender
+            .join()
+            .map_err(|_| io::Error::other("copy thread panicked"))??;
+        if got != bytes {
+            return Err(io::Error::other(format!(
+                "raw copy: {got} of {bytes} bytes arrived"
+            )));
+        }
+        Ok(Sample {
+            secs,
+            connected,
+            first_byte: first,
+        })
+    }
+
+    /// `ferry send src` in the server's namespace, `ferry receive` into `out` in the client's.
+    fn ferry_send(&self, src: &FsPath, out: &FsPath, scratch: &Scratch) -> io::Result<Sample> {
+        let n = self
+            .nameplate
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let code = format!("{n}-apple-orbit-violin");
+        let mut send = ferry_cmd(self.ferry, self.server(), &scratch.fresh("send-home")?);
+        send.args(["send", "--json", "--code", &code]);
+        match self.relay_addrs() {
+            Some((_, via_server)) => {
+                send.args(["--force-relay", "--relay", &via_server.to_string()])
+            }
+            None => send.args(["--listen", &format!("{}:0", self.server_ip())]),
+        };
+        let mut sender = Spawned::new(send.arg(src))?;
+        let listen = sender.wait_for_code()?;
+
+        let mut recv = ferry_cmd(self.ferry, self.client(), &scratch.fresh("recv-home")?);
+        recv.args(["receive", "--json", "--yes", "--out"]).arg(out);
+        match (self.relay_addrs(), listen) {
+            (Some((via_client, _)), _) => {
+                recv.args(["--force-relay", "--relay", &via_client.to_string()])
+            }
+            (None, Some(listen)) => recv.args(["--peer", &listen]),
+            (None, None) => {
+                return Err(io::Error::other("ferry send reported no listening address"))
+            }
+        };
+        let t0 = Instant::now();
+        let mut receiver = Spawned::new(recv.arg(&code))?;
+        let events = receiver.first_events();
+        let recv_ok = receiver.child.wait()?.success();
+        let secs = t0.elapsed().as_secs_f64();
+        let send_ok = sender.child.wait()?.success();
+        if !(recv_ok && send_ok) {
+            return Err(io::Error::other(format!(
+                "ferry send/receive failed in the matrix:\nsender: {}\nreceiver: {}",
+                sender.stderr(),
+                receiver.stderr()
+            )));
+        }
+        let (connected, first) = events
+            .join()
+            .map_err(|_| io::Error::other("reader panicked"))?;
+        let since = |t: Option<Instant>, what| {
+            t.map(|t| t.duration_since(t0).as_secs_f64())
+                .ok_or_else(|| io::Error::other(format!("the receiver reported no {what}")))
+        };
+        Ok(Sample {
+            secs,
+            connected: since(connected, "connection")?,
+            first_byte: since(first, "data")?,
+        })
+    }
+}
+
+/// Runs `f` inside `ns` (on a thread there), or here.
+fn in_ns<T: Send>(ns: Option<&Netns>, f: impl FnOnce() -> T + Send) -> T {
+    match ns {
+        Some(ns) => ns.enter(f),
+        None => f(),
+    }
+}
+
+/// A `ferry` command with its own configuration, cache and runtime directories under `home`, no
+/// relay or discovery from the environment, inside `ns` when there is one.
+fn ferry_cmd(ferry: &FsPath, ns: Option<&Netns>, home: &FsPath) -> Command {
+    let mut c = Command::new(ferry);
+    for (var, sub) in [
+        ("XDG_RUNTIME_DIR", "runtime"),
+        ("XDG_CACHE_HOME", "cache"),
+        ("XDG_CONFIG_HOME", "config"),
+    ] {
+        c.env(var, home.join(sub));
+    }
+    c.env_remove("FERRY_RELAY")
+        .env("FERRY_NO_DISCOVERY", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(ns) = ns {
+        ns.inside(&mut c);
+    }
+    c
+}
+
+/// A child `ferry` whose JSON events are read line by line and whose standard error is kept.
+struct Spawned {
+    child: Child,
+    lines: Option<BufReader<std::process::ChildStdout>>,
+    stderr: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Spawned {
+    fn new(cmd: &mut Command) -> io::Result<Spawned> {
+        let mut child = cmd.spawn()?;
+        let lines = child.stdout.take().map(BufReader::new);
+        let mut err = child.stderr.take().expect("piped stderr");
+        let stderr = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Ok(Spawned {
+            child,
+            lines,
+            stderr: Some(stderr),
+        })
+    }
+
+    /// Reads events until `code`; its `listen` address. The rest is drained on a thread.
+    fn wait_for_code(&mut self) -> io::Result<Option<String>> {
+        let mut lines = self.lines.take().expect("stdout");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if lines.read_line(&mut line)? == 0 {
+                return Err(io::Error::other(format!(
+                    "ferry send ended before its code: {}",
+                    self.stderr()
+                )));
+            }
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["event"] == "code" {
+                std::thread::spawn(move || io::copy(&mut lines, &mut io::sink()));
+                return Ok(v["listen"].as_str().map(str::to_string));
+            }
+        }
+    }
+
+    /// A thread that reads every event and returns when the `connected` event and the first `progress`
+    /// or `file-done` event came.
+    fn first_events(&mut self) -> std::thread::JoinHandle<(Option<Instant>, Option<Instant>)> {
+        let lines = self.lines.take().expect("stdout");
+        std::thread::spawn(move || {
+            let (mut connected, mut first) = (None, None);
+            for line in lines.lines() {
+                let Ok(line) = line else { break };
+                if connected.is_none() && line.contains("\"event\":\"connected\"") {
+                    connected = Some(Instant::now());
+                }
+                if first.is_none()
+                    && (line.contains("\"event\":\"progress\"")
+                        || line.contains("\"event\":\"file-done\""))
+                {
+                    first = Some(Instant::now());
+                }
+            }
+            (connected, first)
+        })
+    }
+
+    /// What the child wrote to standard error (waits for it to close).
+    fn stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `ferry relay` inside the relay namespace, killed on drop.
+struct RelayChild(Child);
+
+impl RelayChild {
+    fn start(ns: &Netns, ferry: &FsPath) -> io::Result<RelayChild> {
+        let mut cmd = Command::new(ferry);
+        ns.inside(&mut cmd)
+            .args(["relay", "--listen", &format!("0.0.0.0:{RELAY_PORT}")])
+            .args(["--stats-interval", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let relay = RelayChild(cmd.spawn()?);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ns
+            .enter(|| TcpStream::connect((Ipv4Addr::LOCALHOST, RELAY_PORT)))
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                return Err(io::Error::other("ferry relay did not start listening"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(relay)
+    }
+}
+
+impl Drop for RelayChild {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Writes `bytes` of a fixed pattern from a 1 MiB buffer, then half-closes.
+fn pump(mut s: TcpStream, bytes: u64) -> io::Result<()> {
+    let buf = vec![0x5au8; 1 << 20];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        s.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    s.shutdown(Shutdown::Write)
+}
+
+/// Reads to the end; the byte count and the seconds from `t0` to the first byte.
+fn drain(mut s: TcpStream, t0: Instant) -> io::Result<(u64, f64)> {
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut total, mut first) = (0u64, None);
+    loop {
+        match s.read(&mut buf)? {
+            0 => return Ok((total, first.unwrap_or(f64::NAN))),
+            n => {
+                first.get_or_insert_with(|| t0.elapsed().as_secs_f64());
+                total += n as u64;
+            }
+        }
+    }
+}
+
+/// BLAKE3 of every file under `root` (or of `root` itself), by path relative to it.
+fn digests(root: &FsPath) -> io::Result<BTreeMap<PathBuf, [u8; 32]>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            for e in fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        } else {
+            let mut h = blake3::Hasher::new();
+            h.update_reader(fs::File::open(&p)?)?;
+            let rel = p.strip_prefix(root).unwrap_or(&p).to_path_buf();
+            out.insert(rel, *h.finalize().as_bytes());
+        }
+    }
+    Ok(out)
+}
+
+/// The matrix's scratch directory on tmpfs, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(base: &FsPath) -> io::Result<Scratch> {
+        let dir = base.join(format!("ferry-bench-matrix-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("src"))?;
+        Ok(Scratch(dir))
+    }
+
+    /// An empty directory `name` (emptied if it was there).
+    fn fresh(&self, name: &str) -> io::Result<PathBuf> {
+        let d = self.0.join(name);
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d)?;
+        Ok(d)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
