@@ -133,7 +133,7 @@ impl Printer {
     /// A printer for a table (with its header) or JSON lines.
     pub fn new(json: bool) -> Printer {
         if !json {
-            println!(
+            crate::report::out_line(format_args!(
                 "{:<10} {:<11} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9} {:<8}",
                 "path",
                 "layer",
@@ -145,18 +145,18 @@ impl Printer {
                 "connected",
                 "1st byte",
                 "verified"
-            );
+            ));
         }
         Printer { json }
     }
 
     fn cell(&self, c: &Cell) {
         if self.json {
-            println!("{}", c.to_json());
+            crate::report::out_line(format_args!("{}", c.to_json()));
             return;
         }
         let opt = |v: Option<f64>, prec: usize| v.map_or(String::new(), |v| format!("{v:.prec$}"));
-        println!(
+        crate::report::out_line(format_args!(
             "{:<10} {:<11} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>7.1}ms {:>7.1}ms {:<8}",
             c.path,
             c.layer,
@@ -168,17 +168,17 @@ impl Printer {
             c.connected * 1e3,
             c.first_byte * 1e3,
             c.verified.map_or("-", |v| if v { "yes" } else { "NO" }),
-        );
+        ));
     }
 
     fn note(&self, path: &str, what: &str) {
         if self.json {
-            println!(
+            crate::report::out_line(format_args!(
                 "{{\"bench\":\"matrix\",\"path\":\"{path}\",\"note\":{:?}}}",
                 what
-            );
+            ));
         } else {
-            println!("{path:<10} {what}");
+            crate::report::out_line(format_args!("{path:<10} {what}"));
         }
     }
 }

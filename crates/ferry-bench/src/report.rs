@@ -85,6 +85,14 @@ fn json_str(s: &str) -> String {
     out
 }
 
+/// Writes one line to standard output. A closed stdout (`ferry bench | head`) drops the line instead of
+/// panicking as `println!` does: nobody is left to read it, and the benchmark finishes its cleanup.
+pub fn out_line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_fmt(args).and_then(|()| out.write_all(b"\n"));
+}
+
 /// Where rows go as they are measured.
 pub struct Report {
     json: bool,
@@ -95,10 +103,10 @@ impl Report {
     /// A report printing JSON lines (`json`) or a table.
     pub fn new(json: bool) -> Self {
         if !json {
-            println!(
+            out_line(format_args!(
                 "{:<10} {:<52} {:>12} {:<9} {:>12} {:>7}",
                 "bench", "case", "value", "unit", "baseline", "ratio"
-            );
+            ));
         }
         Report {
             json,
@@ -109,14 +117,14 @@ impl Report {
     /// Prints a row at once (so long runs show progress) and keeps it.
     pub fn push(&mut self, row: Row) {
         if self.json {
-            println!("{}", row.to_json());
+            out_line(format_args!("{}", row.to_json()));
         } else {
             let base = row.baseline.map(|b| format!("{b:.3}")).unwrap_or_default();
             let ratio = row.ratio.map(|r| format!("{r:.3}")).unwrap_or_default();
-            println!(
+            out_line(format_args!(
                 "{:<10} {:<52} {:>12.3} {:<9} {:>12} {:>7}",
                 row.bench, row.case, row.value, row.unit, base, ratio
-            );
+            ));
         }
         self.rows.push(row);
     }

@@ -48,6 +48,21 @@ fn completions_into_a_closed_pipe_do_not_panic() {
 }
 
 #[test]
+fn a_benchmark_into_a_closed_pipe_does_not_panic() {
+    let w = World::new();
+    let out = finish(
+        w.cmd()
+            .args(["bench", "channel", "--quick"])
+            .stdout(broken_pipe())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_no_panic("ferry bench channel --quick | head -1", &out);
+    assert!(out.status.success(), "{:?}", out.status);
+}
+
+#[test]
 fn help_into_a_closed_pipe_does_not_panic() {
     let w = World::new();
     let out = finish(
