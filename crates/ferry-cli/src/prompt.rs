@@ -84,6 +84,9 @@ pub fn ask_code() -> anyhow::Result<Code> {
         .build();
     let mut editor: Editor<CodeWords, DefaultHistory> = Editor::with_config(config)?;
     editor.set_helper(Some(CodeWords));
+    // The editor puts the terminal in raw mode and back; a signal that ends the process meanwhile exits
+    // without unwinding, so the settings from before are also kept until exit (put back either way).
+    let _restore = saved_terminal().map(crate::interrupt::keep_until_exit);
     match editor.readline(PROMPT) {
         Ok(line) => Ok(line.parse::<Code>()?),
         Err(ReadlineError::Interrupted) => Err(InterruptedAtPrompt.into()),
@@ -94,6 +97,26 @@ pub fn ask_code() -> anyhow::Result<Code> {
         .into()),
         Err(e) => Err(anyhow::Error::new(e).context("cannot read the code from the terminal")),
     }
+}
+
+/// The controlling terminal's settings as they were, put back when dropped.
+struct TerminalSettings(std::fs::File, rustix::termios::Termios);
+
+impl Drop for TerminalSettings {
+    fn drop(&mut self) {
+        let _ = rustix::termios::tcsetattr(&self.0, rustix::termios::OptionalActions::Now, &self.1);
+    }
+}
+
+/// The settings of the terminal the editor uses (`/dev/tty`, as `Behavior::PreferTerm` does), if any.
+fn saved_terminal() -> Option<TerminalSettings> {
+    let tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/tty")
+        .ok()?;
+    let settings = rustix::termios::tcgetattr(&tty).ok()?;
+    Some(TerminalSettings(tty, settings))
 }
 
 #[cfg(test)]

@@ -70,6 +70,59 @@ fn ctrl_c_and_ctrl_d_at_the_code_prompt_end_without_a_backtrace() {
     }
 }
 
+/// The processes whose parent is `parent`, from /proc.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ...": the command may hold spaces and parentheses; the last ')' ends it.
+        let after = &stat[stat.rfind(')').unwrap() + 1..];
+        let ppid: u32 = after.split_whitespace().nth(1).unwrap().parse().unwrap();
+        if ppid == parent {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn sigterm_at_the_code_prompt_puts_the_terminal_back() {
+    let w = World::new();
+    let out = w.out();
+    // The shell stays to print the terminal's settings after ferry ended.
+    let line = format!(
+        "echo shell=$$; {} receive --yes --out {}; stty -a",
+        shell_quote(&ferry().display().to_string()),
+        shell_quote(out.to_str().unwrap())
+    );
+    let recv = Pty::spawn_line(&w, &line);
+    recv.wait_for("Enter the code: ");
+    let text = recv.text();
+    let shell: u32 = text
+        .split("shell=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("no shell pid in {text:?}"));
+    let receivers = children_of(shell);
+    assert_eq!(receivers.len(), 1, "the shell's children: {receivers:?}");
+    // SAFETY: kill(2) with a pid this test started (the shell's only child, ferry) and a valid signal.
+    assert_eq!(unsafe { libc::kill(receivers[0] as i32, libc::SIGTERM) }, 0);
+    let (_, text) = recv.finish();
+    let flags: Vec<&str> = text.split_whitespace().collect();
+    for flag in ["icanon", "echo"] {
+        assert!(
+            flags.contains(&flag),
+            "{flag} is off after ferry ended at its prompt:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn without_a_terminal_the_code_must_be_given() {
     let w = World::new();

@@ -615,12 +615,18 @@ impl Pty {
     pub fn spawn(w: &World, args: &[&str]) -> Pty {
         let quoted: Vec<String> = std::iter::once(ferry().display().to_string())
             .chain(args.iter().map(|a| a.to_string()))
-            .map(|a| format!("'{}'", a.replace('\'', "'\\''")))
+            .map(|a| shell_quote(&a))
             .collect();
+        Pty::spawn_line(w, &quoted.join(" "))
+    }
+
+    /// Runs the shell command line `line` (`ferry`'s path: [`ferry`], quoted with [`shell_quote`]) at a
+    /// pseudo-terminal.
+    pub fn spawn_line(w: &World, line: &str) -> Pty {
         // The world's environment (`cmd()`), given to `script` and so to `ferry`.
         let cmd = w.cmd();
         let mut script = Command::new("script");
-        script.args(["-qefc", &quoted.join(" "), "/dev/null"]);
+        script.args(["-qefc", line, "/dev/null"]);
         for (k, v) in cmd.get_envs() {
             match v {
                 Some(v) => script.env(k, v),
@@ -685,6 +691,11 @@ impl Pty {
         }
         (status, self.text())
     }
+}
+
+/// `s` quoted for `sh`.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
 }
 
 pub fn finish_status(child: &mut Child) -> Option<i32> {
