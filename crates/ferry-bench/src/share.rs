@@ -149,8 +149,9 @@ impl Options {
 struct Scratch(PathBuf);
 
 impl Scratch {
-    fn new(base: &Path) -> io::Result<Scratch> {
-        let dir = base.join(format!("ferry-bench-share-{}", std::process::id()));
+    /// `base/ferry-bench-share-TAG-PID` (distinct tags for scratch directories alive at once).
+    fn new(base: &Path, tag: &str) -> io::Result<Scratch> {
+        let dir = base.join(format!("ferry-bench-share-{tag}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("share"))?;
         Ok(Scratch(dir))
@@ -261,7 +262,7 @@ pub fn run(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result
     let opts = &opts.clone().with_env()?;
     let cases = std::env::var(CASES_ENV).unwrap_or_default();
     let wanted = |case: &str| cases.is_empty() || cases.split(',').any(|c| c.trim() == case);
-    let s = Scratch::new(&opts.scratch)?;
+    let s = Scratch::new(&opts.scratch, "main")?;
     let share = s.0.join("share");
     write_random_file(&share.join("big"), opts.file_bytes, 0x9e37_79b9_7f4a_7c15)?;
     let path = SharePath::new(b"big").map_err(other)?;
@@ -480,7 +481,7 @@ fn first_byte(
 }
 
 fn peak_rss(opts: &Options, server_exe: &Path, report: &mut Report) -> io::Result<()> {
-    let s = Scratch::new(&opts.scratch.join("rss"))?;
+    let s = Scratch::new(&opts.scratch, "rss")?;
     let share = s.0.join("share");
     for i in 0..opts.rss_clients {
         fs::File::create(share.join(format!("f{i}")))?.set_len(opts.rss_file_bytes)?;
