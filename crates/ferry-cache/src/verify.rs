@@ -8,7 +8,7 @@ use blake3::hazmat::{
 };
 use ferry_share::tree::{Version, GROUP};
 
-use crate::groups::Cv;
+use crate::groups::{Cv, Groups};
 
 /// Groups in a version of `size` bytes.
 pub(crate) fn group_count(size: u64) -> u64 {
@@ -34,6 +34,14 @@ pub(crate) fn group_cv(size: u64, g: u64, bytes: &[u8]) -> Cv {
         .set_input_offset(g * GROUP)
         .update(bytes)
         .finalize_non_root()
+}
+
+/// Bytes of the groups present.
+pub(crate) fn present_bytes(version: &Version, groups: &Groups) -> u64 {
+    groups
+        .runs()
+        .map(|(first, cvs)| span(version.size, first..first + cvs.len() as u64))
+        .sum()
 }
 
 /// Whether the values of every group of `version`, in order, combine to its root.
