@@ -11,12 +11,10 @@ use std::time::Instant;
 
 use ferry_share::tree::{Version, GROUP};
 
-use crate::disk::{base_name, open_data, read_full, remove_if_present, Stamp};
+use crate::disk::{base_name, open_data, remove_if_present, Stamp};
 use crate::groups::{Cv, Groups};
-use crate::verify::{combines_to_root, group_count, group_cv, present_bytes, span};
-use crate::{
-    lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES, REHASH_GROUPS,
-};
+use crate::verify::{combines_to_root, group_count, group_cv, hash_again, present_bytes, span};
+use crate::{lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES};
 
 /// The state of one loaded version, shared by its handles.
 #[derive(Debug)]
@@ -122,28 +120,7 @@ impl Inner {
         if file.metadata()?.len() != size {
             file.set_len(size)?;
         }
-        let mut bad = Vec::new();
-        let mut buf = vec![0u8; (REHASH_GROUPS * GROUP) as usize];
-        for (first, cvs) in st.groups.runs() {
-            let end = first + cvs.len() as u64;
-            let mut g = first;
-            while g < end {
-                let batch = (end - g).min(REHASH_GROUPS);
-                let len = span(size, g..g + batch) as usize;
-                let got = read_full(file, &mut buf[..len], g * GROUP)?;
-                for i in 0..batch {
-                    let at = (i * GROUP) as usize;
-                    let glen = span(size, g + i..g + i + 1) as usize;
-                    let ok = at + glen <= got
-                        && group_cv(size, g + i, &buf[at..at + glen])
-                            == cvs[(g + i - first) as usize];
-                    if !ok {
-                        bad.push(g + i);
-                    }
-                }
-                g += batch;
-            }
-        }
+        let bad = hash_again(file, size, &st.groups)?;
         let mut dropped = 0;
         if !bad.is_empty() {
             let mut next = bad.iter().peekable();

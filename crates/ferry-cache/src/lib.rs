@@ -81,8 +81,6 @@ pub enum CacheError {
 pub(crate) const FLUSH_BYTES: u64 = 64 << 20;
 /// Age of unwritten changes after which the next insert writes the record.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(5);
-/// Groups read at once when hashing present data again (1 MiB).
-pub(crate) const REHASH_GROUPS: u64 = 64;
 
 /// The cache of one (peer, share): shared by the mount's threads (`Arc<Cache>`).
 #[derive(Debug)]

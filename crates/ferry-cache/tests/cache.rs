@@ -432,3 +432,32 @@ fn threads_read_and_insert_at_once() {
     }
     assert_eq!(cache.used(), used);
 }
+
+#[test]
+fn a_large_entry_checked_again_on_every_core_loses_exactly_its_altered_groups() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    // Large enough to be hashed by several threads, with a short last group.
+    let (data, v) = file(12 << 20 | 5, 70);
+    let (data_path, _) = files_of(t.path(), &v);
+    {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        for (i, piece) in data.chunks(1 << 20).enumerate() {
+            assert!(e.insert((i << 20) as u64, piece).unwrap());
+        }
+        assert!(e.is_complete());
+    }
+    let altered = [5u64, 64, 65, 400, 768];
+    for g in altered {
+        flip(&data_path, (g * GROUP + g).min(v.size - 1));
+    }
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let e = cache.entry(v).unwrap();
+    let want: Vec<_> = [5..6u64, 64..66, 400..401, 768..769]
+        .into_iter()
+        .map(|r| r.start * GROUP..(r.end * GROUP).min(v.size))
+        .collect();
+    assert_eq!(e.missing(0..v.size), want);
+    assert!(!e.is_complete());
+    assert_eq!(read(&e, 0, 5 * G).unwrap(), &data[..5 * G]);
+}
