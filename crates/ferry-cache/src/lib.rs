@@ -71,6 +71,9 @@ pub enum CacheError {
     /// The values of a complete entry do not combine to its version's root: everything of it was dropped.
     #[error("the cached file does not match its version's hash")]
     Mismatch,
+    /// Another process (or another `Cache` in this one) has the directory open.
+    #[error("the cache directory is in use by another mount")]
+    Busy,
     /// The cache's files could not be read or written.
     #[error("cache: {0}")]
     Io(#[from] io::Error),
@@ -91,6 +94,8 @@ pub struct Cache {
 #[derive(Debug)]
 pub(crate) struct Shared {
     dir: PathBuf,
+    /// The directory, locked (`flock`) for as long as the cache or one of its entries lives.
+    _lock: fs::File,
     limit: u64,
     index: Mutex<Index>,
     /// Logical clock of uses: higher is more recent.
@@ -142,7 +147,8 @@ pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 impl Cache {
-    /// Opens (creating 0700 directories) the cache in `dir`, bounded to `limit` bytes of present data.
+    /// Opens (creating 0700 directories) the cache in `dir`, bounded to `limit` bytes of present data;
+    /// [`CacheError::Busy`] while another process uses it.
     /// Entries left by an earlier process are found with their present ranges (checked on first use);
     /// damaged records and stray files of the cache's own naming are deleted.
     pub fn open(dir: &Path, limit: u64) -> Result<Cache, CacheError> {
@@ -150,6 +156,15 @@ impl Cache {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
+        let dir_lock = fs::File::open(dir)?;
+        match rustix::fs::flock(
+            &dir_lock,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => return Err(CacheError::Busy),
+            Err(e) => return Err(io::Error::from(e).into()),
+        }
         let mut records = Vec::new();
         let mut data = HashMap::new();
         for item in fs::read_dir(dir)? {
@@ -199,6 +214,7 @@ impl Cache {
         }
         let shared = Shared {
             dir: dir.to_path_buf(),
+            _lock: dir_lock,
             limit,
             index: Mutex::new(index),
             clock: AtomicU64::new(clock),

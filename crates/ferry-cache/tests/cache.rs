@@ -461,3 +461,25 @@ fn a_large_entry_checked_again_on_every_core_loses_exactly_its_altered_groups() 
     assert!(!e.is_complete());
     assert_eq!(read(&e, 0, 5 * G).unwrap(), &data[..5 * G]);
 }
+
+#[test]
+fn one_cache_directory_serves_one_mount_at_a_time() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let (data, v) = file(G, 80);
+    let e = cache.entry(v).unwrap();
+    assert!(matches!(
+        Cache::open(t.path(), 1 << 30),
+        Err(CacheError::Busy)
+    ));
+    // Its entries keep the directory until they are gone too.
+    drop(cache);
+    assert!(matches!(
+        Cache::open(t.path(), 1 << 30),
+        Err(CacheError::Busy)
+    ));
+    assert!(put(&e, &data, 0..1));
+    drop(e);
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    assert!(cache.entry(v).unwrap().is_complete());
+}
