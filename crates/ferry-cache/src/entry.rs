@@ -197,6 +197,16 @@ impl Inner {
     }
 }
 
+/// What one insert changed.
+struct Stored {
+    /// Bytes newly present.
+    added: u64,
+    /// Bytes no longer present: found altered on disk, or all of them when the entry did not make its root.
+    dropped: u64,
+    /// The inserted bytes completed the entry and it did not make its root.
+    mismatch: bool,
+}
+
 /// One version's part of the cache: a handle that pins it while alive (`Arc<Entry>`, shared by threads).
 #[derive(Debug)]
 pub struct Entry {
@@ -251,20 +261,29 @@ impl Entry {
         }
         let len = (buf.len() as u64).min(size - offset);
         let groups = offset / GROUP..(offset + len).div_ceil(GROUP);
-        self.check()?;
-        let st = read(&self.inner.state);
-        let file = match &st.file {
-            Some(f) if st.groups.contains(groups) => f,
-            _ => return Err(CacheError::Missing),
-        };
-        match file.read_exact_at(&mut buf[..len as usize], offset) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(CacheError::Missing),
-            Err(e) => return Err(e.into()),
+        // The file is checked before and after the copy: a change on disk while copying is seen after it
+        // (ctime), and the bytes are then refused and the entry checked again.
+        for _ in 0..2 {
+            self.check()?;
+            let st = read(&self.inner.state);
+            let file = match &st.file {
+                Some(f) if st.groups.contains(groups.clone()) => f,
+                _ => return Err(CacheError::Missing),
+            };
+            match file.read_exact_at(&mut buf[..len as usize], offset) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+                Err(e) => return Err(e.into()),
+            }
+            if Stamp::of(&file.metadata()?) == st.seen {
+                drop(st);
+                self.touch();
+                return Ok(len as usize);
+            }
+            drop(st);
+            write(&self.inner.state).seen = None;
         }
-        drop(st);
-        self.touch();
-        Ok(len as usize)
+        Err(CacheError::Missing)
     }
 
     /// Stores verified bytes: `offset` group-aligned, `bytes` whole groups (a short one only at the end of
@@ -313,10 +332,11 @@ impl Entry {
         }
         let stored = self.store(groups, offset, bytes, &cvs);
         let (added, dropped) = match &stored {
-            Ok(Some((added, dropped))) => (*added, *dropped),
+            Ok(Some(s)) => (s.added, s.dropped),
             Ok(None) | Err(_) => (0, 0),
         };
-        self.shared.release(&self.inner, need - added + dropped);
+        // Groups dropped by a check of another thread since `need` was counted can make `added` larger.
+        self.shared.account(&self.inner, added, need + dropped);
         let (complete, dirty, present, since) = {
             let st = read(&self.inner.state);
             (
@@ -328,7 +348,7 @@ impl Entry {
         };
         match stored? {
             None => Ok(false),
-            Some((_, dropped)) if dropped > 0 => {
+            Some(Stored { mismatch: true, .. }) => {
                 self.inner.write_record()?;
                 Err(CacheError::Mismatch)
             }
@@ -341,20 +361,24 @@ impl Entry {
         }
     }
 
-    /// Writes the groups of `groups` not present yet; returns the bytes added and, when they completed an
-    /// entry that does not make the root, the bytes dropped (`None` when the entry was removed).
+    /// Writes the groups of `groups` not present yet (`None` when the entry was removed).
     fn store(
         &self,
         groups: Range<u64>,
         offset: u64,
         bytes: &[u8],
         cvs: &[Cv],
-    ) -> Result<Option<(u64, u64)>, CacheError> {
+    ) -> Result<Option<Stored>, CacheError> {
         let inner = &self.inner;
         let size = inner.version.size;
         let mut st = write(&inner.state);
         if st.removed {
             return Ok(None);
+        }
+        // A change on disk since the caller's check is found before this write's own change hides it.
+        let mut dropped = 0;
+        if st.seen.is_none() || st.seen != Stamp::at(&inner.data_path) {
+            dropped = inner.revalidate(&mut st)?;
         }
         let file = st.file.as_ref().ok_or(CacheError::Missing)?;
         let gaps = st.groups.gaps(groups.clone());
@@ -378,13 +402,21 @@ impl Entry {
             if combines_to_root(&inner.version, st.groups.whole(n).expect("all present")) {
                 st.complete = true;
             } else {
-                let dropped = present_bytes(&inner.version, &st.groups);
+                dropped += present_bytes(&inner.version, &st.groups);
                 inner.clear(&mut st)?;
                 st.seen = Stamp::at(&inner.data_path);
-                return Ok(Some((added, dropped)));
+                return Ok(Some(Stored {
+                    added,
+                    dropped,
+                    mismatch: true,
+                }));
             }
         }
-        Ok(Some((added, 0)))
+        Ok(Some(Stored {
+            added,
+            dropped,
+            mismatch: false,
+        }))
     }
 
     /// Whether every byte is present and the whole makes the version's root.

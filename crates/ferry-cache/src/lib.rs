@@ -323,7 +323,7 @@ impl Cache {
 impl Shared {
     /// Makes room for `need` more bytes of `inner`, evicting least recently used unpinned entries; false
     /// when pinned entries fill the cache (or `inner` was removed).
-    fn reserve(&self, inner: &Inner, need: u64) -> bool {
+    pub(crate) fn reserve(&self, inner: &Inner, need: u64) -> bool {
         let mut idx = lock(&self.index);
         if idx.slots.get(&inner.version).map(|s| s.id) != Some(inner.id) {
             return false;
@@ -339,8 +339,13 @@ impl Shared {
     }
 
     /// Gives back `bytes` of `inner`'s accounting (dropped, or reserved and not used).
-    fn release(&self, inner: &Inner, bytes: u64) {
-        if bytes == 0 {
+    pub(crate) fn release(&self, inner: &Inner, bytes: u64) {
+        self.account(inner, 0, bytes);
+    }
+
+    /// Counts `add` more and `sub` fewer present bytes of `inner` (nothing if it was removed meanwhile).
+    pub(crate) fn account(&self, inner: &Inner, add: u64, sub: u64) {
+        if add == sub {
             return;
         }
         let mut idx = lock(&self.index);
@@ -350,9 +355,10 @@ impl Shared {
         if slot.id != inner.id {
             return;
         }
-        let bytes = bytes.min(slot.bytes);
-        slot.bytes -= bytes;
-        idx.used -= bytes;
+        let old = slot.bytes;
+        let new = (old + add).saturating_sub(sub);
+        slot.bytes = new;
+        idx.used = idx.used + new - old;
     }
 
     /// Evicts the least recently used unpinned entry other than `keep`; false when there is none.
