@@ -189,8 +189,11 @@ struct State {
     link: Option<Link>,
     generation: u64,
     closed: bool,
-    /// Why the link is down.
+    /// Why the link is down, and since when.
     lost: String,
+    lost_at: Instant,
+    /// Why the last redial failed (empty while none failed).
+    redial: String,
     /// Callers waiting in [`Shared::issue`].
     waiters: usize,
 }
@@ -213,6 +216,16 @@ struct Opened {
     stream: TcpStream,
     client: Client,
     share: Vec<u8>,
+}
+
+impl State {
+    /// Why the link is down, for [`RemoteError::Disconnected`].
+    fn why_down(&self) -> String {
+        match self.redial.is_empty() {
+            true => self.lost.clone(),
+            false => format!("{}; redialling: {}", self.lost, self.redial),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -243,6 +256,8 @@ impl Remote {
                 generation: 0,
                 closed: false,
                 lost: String::new(),
+                lost_at: Instant::now(),
+                redial: String::new(),
                 waiters: 0,
             }),
             room: Condvar::new(),
@@ -559,7 +574,7 @@ impl Shared {
                             let _ = tx.send(Msg::Event(event));
                         }
                         if finished && waiters > 0 {
-                            self.room.notify_all();
+                            self.room.notify_one();
                         }
                         None
                     }
@@ -580,6 +595,8 @@ impl Shared {
                 return;
             }
             st.lost = why.clone();
+            st.lost_at = Instant::now();
+            st.redial.clear();
             self.room.notify_all();
             self.wake.notify_all();
             st.link.take().expect("checked")
@@ -597,27 +614,35 @@ impl Shared {
         (self.on_link)(LinkState::Lost(why));
     }
 
-    /// Issues a request once the link is up and has room, waiting at most until `since` + deadline.
+    /// Issues a request once the link is up and has room. While it waits, its deadline counts from `since`,
+    /// from the link's last sign of life (slots are freed as answers come), or from when the link was lost.
     fn issue(
         &self,
         since: Instant,
         make: impl FnOnce(&mut Client) -> Result<RequestId, Busy>,
     ) -> Result<Issued, RemoteError> {
-        let until = since + self.config.deadline;
         let mut st = lock(&self.state);
+        let mut progress = since;
         loop {
             if st.closed {
                 return Err(RemoteError::Closed);
             }
-            if st.link.as_ref().is_some_and(|l| l.client.has_room()) {
-                break;
-            }
-            let now = Instant::now();
+            progress = progress.max(match &st.link {
+                Some(link) if link.client.has_room() => break,
+                Some(link) => link.quiet_since,
+                None => st.lost_at,
+            });
+            let (now, until) = (Instant::now(), progress + self.config.deadline);
             if now >= until {
-                return Err(match st.link {
-                    None => RemoteError::Disconnected(st.lost.clone()),
+                let e = match st.link {
+                    None => RemoteError::Disconnected(st.why_down()),
                     Some(_) => RemoteError::Deadline,
-                });
+                };
+                // The wake-up this waiter may have taken goes to the next one.
+                if st.waiters > 0 {
+                    self.room.notify_one();
+                }
+                return Err(e);
             }
             st.waiters += 1;
             st = self
@@ -641,21 +666,40 @@ impl Shared {
         Ok(Issued { generation, id, rx })
     }
 
-    /// The request's next event, within the deadline (then it is cancelled); failures as errors.
+    /// The request's next event; failures as errors. It waits while the request or its link makes progress
+    /// (reads take turns on the sharer, so a read among many on a slow link hears nothing of its own for a
+    /// while), at most the deadline since the link's last sign of life and four deadlines since the
+    /// request's own; then the request is cancelled.
     fn wait(&self, request: &Issued) -> Result<Event, RemoteError> {
-        match request.rx.recv_timeout(self.config.deadline) {
-            Ok(Msg::Event(Event::Failed { failure, .. })) => Err(failure.into()),
-            Ok(Msg::Event(event)) => Ok(event),
-            Ok(Msg::Lost(why)) => Err(RemoteError::Disconnected(why)),
-            Err(RecvTimeoutError::Timeout) => {
-                self.cancel(request);
-                Err(RemoteError::Deadline)
+        let own = Instant::now();
+        let mut timeout = self.config.deadline;
+        loop {
+            match request.rx.recv_timeout(timeout) {
+                Ok(Msg::Event(Event::Failed { failure, .. })) => return Err(failure.into()),
+                Ok(Msg::Event(event)) => return Ok(event),
+                Ok(Msg::Lost(why)) => return Err(RemoteError::Disconnected(why)),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    let st = lock(&self.state);
+                    return Err(match st.closed {
+                        true => RemoteError::Closed,
+                        false => RemoteError::Disconnected(st.why_down()),
+                    });
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => Err(if lock(&self.state).closed {
-                RemoteError::Closed
-            } else {
-                RemoteError::Disconnected(lock(&self.state).lost.clone())
-            }),
+            let heard = lock(&self.state)
+                .link
+                .as_ref()
+                .filter(|l| l.generation == request.generation)
+                .map(|l| l.quiet_since);
+            let now = Instant::now();
+            let until = heard.map(|h| h + self.config.deadline).unwrap_or(now);
+            let until = until.min(own + 4 * self.config.deadline);
+            if until <= now {
+                self.cancel(request);
+                return Err(RemoteError::Deadline);
+            }
+            timeout = until - now;
         }
     }
 
@@ -676,7 +720,7 @@ impl Shared {
             }
             link.client.cancel(request.id);
             if waiters > 0 {
-                self.room.notify_all();
+                self.room.notify_one();
             }
         }
         self.flush();
@@ -749,11 +793,7 @@ impl Shared {
                     }
                     Err(e) => {
                         let mut st = lock(&self.state);
-                        if !st.lost.contains("; redial: ") {
-                            st.lost = format!("{}; redial: {e}", st.lost);
-                        } else if let Some(at) = st.lost.find("; redial: ") {
-                            st.lost = format!("{}; redial: {e}", &st.lost[..at]);
-                        }
+                        st.redial = e;
                         if !st.closed {
                             let _ = self.wake.wait_timeout(st, backoff);
                         }
