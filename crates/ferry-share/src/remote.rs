@@ -19,10 +19,10 @@
 //! what a slow consumer piles up is bounded by the lengths of its reads in flight (the caller's choice), and
 //! at most the sharer's in-flight limit of requests is ever issued.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
@@ -166,8 +166,37 @@ impl Drop for Owner {
 
 /// What a request's channel carries.
 enum Msg {
-    Event(Event),
+    /// Events in order; a read's version and its last piece wait for the event after them, so a small read
+    /// wakes its caller once, not three times.
+    Events(Vec<Event>),
     Lost(String),
+}
+
+/// Where a request's events go.
+struct Route {
+    tx: Sender<Msg>,
+    /// For a read: where its data ends (the range asked, then cut at the file's end).
+    end: u64,
+    held: Vec<Event>,
+}
+
+impl Route {
+    /// Hands on `event` (with those held before it), or holds it when the next one follows at once.
+    fn route(&mut self, event: Event) {
+        let hold = match &event {
+            Event::Version { version, .. } => {
+                self.end = self.end.min(version.size);
+                true
+            }
+            Event::Data { offset, bytes, .. } => offset + bytes.len() as u64 >= self.end,
+            _ => false,
+        };
+        self.held.push(event);
+        if !hold {
+            // A probe's channel has no receiver.
+            let _ = self.tx.send(Msg::Events(std::mem::take(&mut self.held)));
+        }
+    }
 }
 
 struct Shared {
@@ -202,11 +231,13 @@ struct State {
 struct Link {
     generation: u64,
     client: Client,
-    routes: HashMap<RequestId, Sender<Msg>>,
+    routes: HashMap<RequestId, Route>,
     /// A clone of the connection's socket, to cut it.
     stream: TcpStream,
     /// When the sharer was last heard from, or when answers became due after an idle time.
     quiet_since: Instant,
+    /// The client has packets queued that no flush took yet.
+    unsent: bool,
 }
 
 /// A connection dialled and greeted, not yet in use.
@@ -289,9 +320,9 @@ impl Remote {
     pub fn stat(&self, path: &SharePath) -> Result<Entry, RemoteError> {
         let s = self.shared();
         s.retrying(|since| {
-            let request = s.issue(since, |c| c.stat(path.clone()))?;
-            match s.wait(&request)? {
-                Event::Attr { entry, .. } => Ok(entry),
+            let request = s.issue(since, END, |c| c.stat(path.clone()))?;
+            match s.wait(&request)?.pop() {
+                Some(Event::Attr { entry, .. }) => Ok(entry),
                 other => Err(unexpected(other)),
             }
         })
@@ -304,9 +335,11 @@ impl Remote {
         let mut cursor = 0;
         while cursor != END {
             let (entries, next) = s.retrying(|since| {
-                let request = s.issue(since, |c| c.list(path.clone(), cursor, MAX_PAGE_ENTRIES))?;
-                match s.wait(&request)? {
-                    Event::Entries { entries, next, .. } => Ok((entries, next)),
+                let request = s.issue(since, END, |c| {
+                    c.list(path.clone(), cursor, MAX_PAGE_ENTRIES)
+                })?;
+                match s.wait(&request)?.pop() {
+                    Some(Event::Entries { entries, next, .. }) => Ok((entries, next)),
                     other => Err(unexpected(other)),
                 }
             })?;
@@ -384,11 +417,13 @@ impl Remote {
         len: u64,
     ) -> Result<ReadHandle, RemoteError> {
         let s = self.shared();
-        let request = s.issue(since, |c| c.read(path.clone(), version, offset, len))?;
+        let end = offset.saturating_add(len);
+        let request = s.issue(since, end, |c| c.read(path.clone(), version, offset, len))?;
         Ok(ReadHandle {
             shared: Arc::clone(s),
             request,
-            finished: false,
+            queue: VecDeque::new(),
+            ended: false,
         })
     }
 }
@@ -404,31 +439,37 @@ struct Issued {
 pub struct ReadHandle {
     shared: Arc<Shared>,
     request: Issued,
-    finished: bool,
+    /// Events received, not yet taken.
+    queue: VecDeque<Event>,
+    /// The request is over (nothing to cancel).
+    ended: bool,
 }
 
 impl ReadHandle {
     /// The next event of this read: Version first, then Data in offset order, then `None` (also after the
-    /// end). Waits at most the deadline for each.
+    /// end or a failure). Waits at most the deadline for each.
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<ReadPiece>, RemoteError> {
-        if self.finished {
-            return Ok(None);
+        if self.queue.is_empty() && !self.ended {
+            let events = self
+                .shared
+                .wait(&self.request)
+                .inspect_err(|_| self.ended = true)?;
+            self.ended = events
+                .iter()
+                .any(|e| matches!(e, Event::Done { .. } | Event::Failed { .. }));
+            self.queue.extend(events);
         }
-        let event = self
-            .shared
-            .wait(&self.request)
-            .inspect_err(|_| self.finished = true)?;
-        match event {
-            Event::Version { version, .. } => Ok(Some(ReadPiece::Version(version))),
-            Event::Data { offset, bytes, .. } => Ok(Some(ReadPiece::Data { offset, bytes })),
-            Event::Done { .. } => {
-                self.finished = true;
+        match self.queue.pop_front() {
+            None | Some(Event::Done { .. }) => {
+                self.queue.clear();
                 Ok(None)
             }
-            other => {
-                self.finished = true;
-                Err(unexpected(other))
+            Some(Event::Version { version, .. }) => Ok(Some(ReadPiece::Version(version))),
+            Some(Event::Data { offset, bytes, .. }) => Ok(Some(ReadPiece::Data { offset, bytes })),
+            Some(other) => {
+                self.queue.clear();
+                Err(unexpected(Some(other)))
             }
         }
     }
@@ -436,16 +477,16 @@ impl ReadHandle {
 
 impl Drop for ReadHandle {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.ended {
             self.shared.cancel(&self.request);
         }
     }
 }
 
-/// An event a request cannot get; [`Shared::wait`] turns failures into errors already.
-fn unexpected(event: Event) -> RemoteError {
+/// The failure a request ended with, or an answer it cannot get.
+fn unexpected(event: Option<Event>) -> RemoteError {
     match event {
-        Event::Failed { failure, .. } => failure.into(),
+        Some(Event::Failed { failure, .. }) => failure.into(),
         _ => RemoteError::Integrity,
     }
 }
@@ -509,6 +550,8 @@ impl Shared {
                 routes: HashMap::new(),
                 stream: o.stream,
                 quiet_since: Instant::now(),
+                // The subscription.
+                unsent: true,
             });
             *w = Some((generation, o.writer));
             self.room.notify_all();
@@ -564,17 +607,18 @@ impl Shared {
                             | Event::Failed { id, .. } => (*id, true),
                             _ => unreachable!("matched above"),
                         };
-                        let route = if finished {
-                            link.routes.remove(&id)
-                        } else {
-                            link.routes.get(&id).cloned()
-                        };
-                        // A probe's channel has no receiver; the subscription's failure has no route.
-                        if let Some(tx) = route {
-                            let _ = tx.send(Msg::Event(event));
-                        }
-                        if finished && waiters > 0 {
-                            self.room.notify_one();
+                        // A read that did not verify queued its cancel.
+                        link.unsent |= matches!(event, Event::Failed { .. });
+                        // The subscription's failure has no route.
+                        if finished {
+                            if let Some(mut route) = link.routes.remove(&id) {
+                                route.route(event);
+                            }
+                            if waiters > 0 {
+                                self.room.notify_one();
+                            }
+                        } else if let Some(route) = link.routes.get_mut(&id) {
+                            route.route(event);
                         }
                         None
                     }
@@ -602,8 +646,8 @@ impl Shared {
             st.link.take().expect("checked")
         };
         let _ = link.stream.shutdown(Shutdown::Both);
-        for tx in link.routes.values() {
-            let _ = tx.send(Msg::Lost(why.clone()));
+        for route in link.routes.values() {
+            let _ = route.tx.send(Msg::Lost(why.clone()));
         }
         {
             let mut w = lock(&self.writer);
@@ -619,6 +663,7 @@ impl Shared {
     fn issue(
         &self,
         since: Instant,
+        end: u64,
         make: impl FnOnce(&mut Client) -> Result<RequestId, Busy>,
     ) -> Result<Issued, RemoteError> {
         let mut st = lock(&self.state);
@@ -659,24 +704,25 @@ impl Shared {
             // Answers are due from now on; the silence before does not count against the link.
             link.quiet_since = Instant::now();
         }
-        link.routes.insert(id, tx);
+        let held = Vec::new();
+        link.routes.insert(id, Route { tx, end, held });
+        link.unsent = true;
         let generation = link.generation;
         drop(st);
         self.flush();
         Ok(Issued { generation, id, rx })
     }
 
-    /// The request's next event; failures as errors. It waits while the request or its link makes progress
+    /// The request's next events. It waits while the request or its link makes progress
     /// (reads take turns on the sharer, so a read among many on a slow link hears nothing of its own for a
     /// while), at most the deadline since the link's last sign of life and four deadlines since the
     /// request's own; then the request is cancelled.
-    fn wait(&self, request: &Issued) -> Result<Event, RemoteError> {
+    fn wait(&self, request: &Issued) -> Result<Vec<Event>, RemoteError> {
         let own = Instant::now();
         let mut timeout = self.config.deadline;
         loop {
             match request.rx.recv_timeout(timeout) {
-                Ok(Msg::Event(Event::Failed { failure, .. })) => return Err(failure.into()),
-                Ok(Msg::Event(event)) => return Ok(event),
+                Ok(Msg::Events(events)) => return Ok(events),
                 Ok(Msg::Lost(why)) => return Err(RemoteError::Disconnected(why)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
@@ -719,6 +765,7 @@ impl Shared {
                 return;
             }
             link.client.cancel(request.id);
+            link.unsent = true;
             if waiters > 0 {
                 self.room.notify_one();
             }
@@ -726,31 +773,49 @@ impl Shared {
         self.flush();
     }
 
-    /// Sends everything the client queued, in order (the writer's lock orders the senders).
+    /// Sends everything the client queued, in order: drains are serialized by the writer's lock. A caller
+    /// that finds the lock taken leaves its packets to the holder, which looks again after letting go, so
+    /// many callers at once share writes instead of queueing for the lock.
     fn flush(&self) {
-        let mut w = lock(&self.writer);
-        let Some((generation, writer)) = w.as_mut() else {
-            return;
-        };
-        let packets: Vec<Vec<u8>> = {
-            let mut st = lock(&self.state);
-            let Some(link) = st.link.as_mut().filter(|l| l.generation == *generation) else {
-                return;
+        loop {
+            let mut w = match self.writer.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
             };
-            std::iter::from_fn(|| link.client.poll_transmit()).collect()
-        };
-        if packets.is_empty() {
-            return;
-        }
-        let sent = packets
-            .iter()
-            .try_for_each(|p| writer.send(p))
-            .and_then(|()| writer.flush());
-        if let Err(e) = sent {
-            let generation = *generation;
-            *w = None;
+            loop {
+                let Some((generation, writer)) = w.as_mut() else {
+                    return;
+                };
+                let packets: Vec<Vec<u8>> = {
+                    let mut st = lock(&self.state);
+                    let Some(link) = st.link.as_mut().filter(|l| l.generation == *generation)
+                    else {
+                        return;
+                    };
+                    link.unsent = false;
+                    std::iter::from_fn(|| link.client.poll_transmit()).collect()
+                };
+                if packets.is_empty() {
+                    break;
+                }
+                let sent = packets
+                    .iter()
+                    .try_for_each(|p| writer.send(p))
+                    .and_then(|()| writer.flush());
+                if let Err(e) = sent {
+                    let generation = *generation;
+                    *w = None;
+                    drop(w);
+                    self.lose(generation, format!("sending failed: {e}"));
+                    return;
+                }
+            }
             drop(w);
-            self.lose(generation, format!("sending failed: {e}"));
+            // Packets queued by callers that found the lock taken after this thread's last look.
+            if !lock(&self.state).link.as_ref().is_some_and(|l| l.unsent) {
+                return;
+            }
         }
     }
 
@@ -817,7 +882,9 @@ impl Shared {
             if link.routes.is_empty() && silent > self.config.keepalive && link.client.has_room() {
                 // A probe: its answer (or the silence) tells whether the sharer is still there.
                 if let Ok(id) = link.client.stat(SharePath::root()) {
-                    link.routes.insert(id, mpsc::channel().0);
+                    let (tx, held) = (mpsc::channel().0, Vec::new());
+                    link.routes.insert(id, Route { tx, end: END, held });
+                    link.unsent = true;
                     link.quiet_since = now;
                 }
             }
