@@ -172,6 +172,12 @@ enum Msg {
     Lost(String),
 }
 
+/// What the notice thread hands to the callbacks.
+enum Notice {
+    Changed(Vec<SharePath>),
+    Link(LinkState),
+}
+
 /// Where a request's events go.
 struct Route {
     tx: Sender<Msg>,
@@ -202,8 +208,8 @@ impl Route {
 struct Shared {
     config: RemoteConfig,
     dial: Dial,
-    on_change: OnChange,
-    on_link: OnLink,
+    /// To the thread that calls `on_change` and `on_link`; taken at close.
+    notices: Mutex<Option<Sender<Notice>>>,
     share: Vec<u8>,
     /// Lock order: `writer` before `state`; the reader threads take only `state`.
     writer: Mutex<Option<(u64, SecureWriter<TcpStream>)>>,
@@ -267,7 +273,8 @@ impl Remote {
     /// Dials once (an error here is the caller's: nothing to mount), opens the session (hellos), starts the
     /// IO threads. `on_change` gets every change notification (subscribing is automatic, and is renewed
     /// after a reconnect, followed by one synthetic change of the share's root: "anything may have
-    /// changed"); `on_link` gets the link's state changes.
+    /// changed"); `on_link` gets the link's state changes. Both run on a thread of their own, one call at a
+    /// time in order, so they may use the remote themselves.
     pub fn connect(
         dial: Dial,
         config: RemoteConfig,
@@ -275,11 +282,22 @@ impl Remote {
         on_link: OnLink,
     ) -> Result<Remote, RemoteError> {
         let opened = open(&dial, &config).map_err(RemoteError::Disconnected)?;
+        let (notices, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("ferry-remote-note".into())
+            .spawn(move || {
+                for notice in rx {
+                    match notice {
+                        Notice::Changed(paths) => on_change(paths),
+                        Notice::Link(state) => on_link(state),
+                    }
+                }
+            })
+            .map_err(|e| RemoteError::Disconnected(e.to_string()))?;
         let shared = Arc::new(Shared {
             config,
             dial,
-            on_change,
-            on_link,
+            notices: Mutex::new(Some(notices)),
             share: opened.share.clone(),
             writer: Mutex::new(None),
             state: Mutex::new(State {
@@ -294,15 +312,18 @@ impl Remote {
             room: Condvar::new(),
             wake: Condvar::new(),
         });
-        shared.install(opened);
-        (shared.on_link)(LinkState::Up);
-        let supervisor = Arc::clone(&shared);
+        shared.notify(Notice::Link(LinkState::Up));
+        // Closes the link if anything below fails.
+        let owner = Owner(Arc::clone(&shared));
+        if !shared.install(opened) {
+            return Err(RemoteError::Disconnected(lock(&shared.state).why_down()));
+        }
         std::thread::Builder::new()
             .name("ferry-remote-link".into())
-            .spawn(move || supervisor.supervise())
+            .spawn(move || shared.supervise())
             .map_err(|e| RemoteError::Disconnected(e.to_string()))?;
         Ok(Remote {
-            owner: Arc::new(Owner(shared)),
+            owner: Arc::new(owner),
         })
     }
 
@@ -379,6 +400,9 @@ impl Remote {
         loop {
             let pinned = known.map(|v| v.root).or(version);
             let at = offset + done as u64;
+            if done == buf.len() && known.is_some() {
+                break;
+            }
             let attempt = (|| {
                 let mut handle =
                     self.read_since(progress, path, pinned, at, (buf.len() - done) as u64)?;
@@ -401,11 +425,12 @@ impl Remote {
                 Ok(())
             })();
             match attempt {
-                Ok(()) => return known.map(|v| (v, done)).ok_or(RemoteError::Integrity),
+                Ok(()) => break,
                 Err(RemoteError::Disconnected(_)) if progress.elapsed() < s.config.deadline => {}
                 Err(e) => return Err(e),
             }
         }
+        known.map(|v| (v, done)).ok_or(RemoteError::Integrity)
     }
 
     fn read_since(
@@ -447,7 +472,8 @@ pub struct ReadHandle {
 
 impl ReadHandle {
     /// The next event of this read: Version first, then Data in offset order, then `None` (also after the
-    /// end or a failure). Waits at most the deadline for each.
+    /// end or a failure). Fails with [`RemoteError::Deadline`] when neither this read nor the link made
+    /// progress for the deadline (or the read alone for four deadlines).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<ReadPiece>, RemoteError> {
         if self.queue.is_empty() && !self.ended {
@@ -625,7 +651,7 @@ impl Shared {
                 }
             };
             if let Some(paths) = changed {
-                (self.on_change)(paths);
+                self.notify(Notice::Changed(paths));
             }
         }
     }
@@ -655,7 +681,7 @@ impl Shared {
                 *w = None;
             }
         }
-        (self.on_link)(LinkState::Lost(why));
+        self.notify(Notice::Link(LinkState::Lost(why)));
     }
 
     /// Issues a request once the link is up and has room. While it waits, its deadline counts from `since`,
@@ -853,8 +879,8 @@ impl Shared {
                             continue;
                         }
                         backoff = first;
-                        (self.on_link)(LinkState::Back);
-                        (self.on_change)(vec![SharePath::root()]);
+                        self.notify(Notice::Link(LinkState::Back));
+                        self.notify(Notice::Changed(vec![SharePath::root()]));
                     }
                     Err(e) => {
                         let mut st = lock(&self.state);
@@ -898,11 +924,19 @@ impl Shared {
         }
     }
 
+    fn notify(&self, notice: Notice) {
+        if let Some(tx) = lock(&self.notices).as_ref() {
+            let _ = tx.send(notice);
+        }
+    }
+
     /// Shuts down: requests fail with [`RemoteError::Closed`], the connection ends, the threads stop.
     fn close(&self) {
         let link = {
             let mut st = lock(&self.state);
             st.closed = true;
+            // The notice thread ends after the notices before.
+            lock(&self.notices).take();
             self.room.notify_all();
             self.wake.notify_all();
             st.link.take()

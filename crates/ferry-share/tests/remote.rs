@@ -645,3 +645,34 @@ fn cpu_per(count: u64, work: impl FnOnce()) -> f64 {
     // Clock ticks are 10 ms on Linux (USER_HZ = 100).
     (cpu_ticks() - before) as f64 * 10_000.0 / count as f64
 }
+
+/// The callbacks run on a thread of their own: one may use the remote (the mount stats a changed path).
+#[test]
+fn a_change_callback_may_use_the_remote() {
+    let world = World::new();
+    let slot: Arc<Mutex<Option<Remote>>> = Arc::default();
+    let (tx, stats) = mpsc::channel();
+    let (tx, in_callback) = (Mutex::new(tx), Arc::clone(&slot));
+    let remote = Remote::connect(
+        world.dial(),
+        config(8, Duration::from_secs(5)),
+        Box::new(move |paths| {
+            let remote = in_callback.lock().unwrap().clone();
+            for path in paths {
+                if let Some(remote) = &remote {
+                    let _ = tx.lock().unwrap().send((path.clone(), remote.stat(&path)));
+                }
+            }
+        }),
+        Box::new(|_| {}),
+    )
+    .unwrap();
+    *slot.lock().unwrap() = Some(remote.clone());
+    std::fs::write(world.share().join("docs/new.txt"), b"new").unwrap();
+    let (_, stat) = std::iter::from_fn(|| stats.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|(path, _)| *path == p("docs/new.txt"))
+        .expect("a change of docs/new.txt");
+    assert_eq!(stat.unwrap().size, 3);
+    // No cycle left behind: the callback's clone goes.
+    slot.lock().unwrap().take();
+}
