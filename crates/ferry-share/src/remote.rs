@@ -336,6 +336,11 @@ impl Remote {
         self.shared().share.clone()
     }
 
+    /// Whether the link is up now (it may go down the next moment; requests wait for it anyway).
+    pub fn is_up(&self) -> bool {
+        lock(&self.shared().state).link.is_some()
+    }
+
     /// The attributes of `path`. Retried on a new connection if the link is lost before the answer, within
     /// the deadline.
     pub fn stat(&self, path: &SharePath) -> Result<Entry, RemoteError> {
@@ -372,7 +377,9 @@ impl Remote {
 
     /// Starts a verified read of `len` bytes from `offset` (cut at the end of the file), of `version` if
     /// given; pieces arrive on the handle. They queue there until taken, so `len` bounds what a slow
-    /// consumer piles up. Dropping the handle cancels the request.
+    /// consumer piles up. Dropping the handle cancels the request. A link lost under it fails the handle
+    /// with [`RemoteError::Disconnected`] (to read again, pinned to the version it named); [`Remote::read_into`]
+    /// does that by itself.
     pub fn read(
         &self,
         path: &SharePath,

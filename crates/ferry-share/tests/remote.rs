@@ -676,3 +676,21 @@ fn a_change_callback_may_use_the_remote() {
     // No cycle left behind: the callback's clone goes.
     slot.lock().unwrap().take();
 }
+
+/// A request made while the link is down waits for the redial (within its deadline) and then succeeds.
+#[test]
+fn a_request_made_while_the_link_is_down_waits_for_it() {
+    let world = World::new();
+    let c = world.connect(config(8, Duration::from_secs(10)));
+    assert_eq!(c.link_until(|_| true), LinkState::Up);
+    world.stop();
+    world.cut();
+    assert!(matches!(c.link_until(|_| true), LinkState::Lost(_)));
+    assert!(!c.remote.is_up());
+    let remote = c.remote.clone();
+    let waiting = std::thread::spawn(move || remote.stat(&p("docs/note.txt")));
+    world.restart();
+    assert_eq!(waiting.join().unwrap().unwrap().size, 21);
+    assert_eq!(c.link_until(|_| true), LinkState::Back);
+    assert!(c.remote.is_up());
+}
