@@ -556,7 +556,7 @@ fn reads_during_alterations_on_disk_give_the_right_bytes_or_missing() {
         .collect();
     // Bytes flipped in a fifth of the groups, while the readers read.
     for i in 0..50u64 {
-        flip(&data_path, i * 5 * GROUP + i * 313);
+        flip(&data_path, i * 5 * GROUP + (i * 313) % GROUP);
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for r in readers {
