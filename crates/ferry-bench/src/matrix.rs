@@ -378,36 +378,53 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         } else {
             &peer_cases[..]
         };
+        // A peer that fails gives a note and the matrix goes on (a row that did not verify still fails it).
+        let failed = |peer: &str, r: io::Result<()>| {
+            if let Err(e) = r {
+                out.note(path.name, &format!("{peer}: failed: {e}"));
+            }
+        };
         if ends.relay_addrs().is_some() {
             out.note(
                 path.name,
                 "scp, rsync: no rows on a relay path (ssh has no relay)",
             );
+        } else if peers::installed("scp").is_none() {
+            out.note(
+                path.name,
+                "scp, rsync: not installed (apt-get install openssh-client)",
+            );
         } else {
             match peers::sshd(&ends, &scratch) {
-                Err(e) => out.note(path.name, &format!("scp, rsync: not installed: {e}")),
+                // Not installed, or it cannot run here: the reason says which.
+                Err(e) => out.note(path.name, &format!("scp, rsync: no rows: {e}")),
                 Ok(sshd) => {
-                    files_row(&mut m, "scp", per_file_cases, &mut |src, dst| {
+                    let r = files_row(&mut m, "scp", per_file_cases, &mut |src, dst| {
                         peers::ssh_copy(&ends, &sshd, false, src, dst)
-                    })?;
+                    });
+                    failed("scp", r);
                     if peers::installed("rsync").is_some() {
-                        files_row(&mut m, "rsync", &peer_cases, &mut |src, dst| {
+                        let r = files_row(&mut m, "rsync", &peer_cases, &mut |src, dst| {
                             peers::ssh_copy(&ends, &sshd, true, src, dst)
-                        })?;
+                        });
+                        failed("rsync", r);
                     } else {
-                        out.note(
-                            path.name,
-                            "rsync: not installed (apt-get install rsync)",
-                        );
+                        out.note(path.name, "rsync: not installed (apt-get install rsync)");
                     }
                 }
             }
         }
-        match &croc {
-            None => out.note(path.name, "croc: not installed (see .ci/run)"),
-            Some(exe) => {
-                let mut lab = peers::CrocLab::start(exe.clone(), &ends, &scratch)?;
-                files_row(&mut m, "croc", per_file_cases, &mut |src, dst| lab.copy(src, dst))?;
+        match (&croc, lab.as_ref().map_or(ferry_lab::missing_prerequisite(), |_| None)) {
+            (None, _) => out.note(path.name, "croc: not installed (see .ci/run)"),
+            (Some(_), Some(reason)) => out.note(
+                path.name,
+                &format!("croc: no rows here ({reason}; croc runs in a namespace of its own on loopback)"),
+            ),
+            (Some(exe), None) => {
+                let r = peers::CrocLab::start(exe.clone(), &ends, &scratch).and_then(|mut lab| {
+                    files_row(&mut m, "croc", per_file_cases, &mut |src, dst| lab.copy(src, dst))
+                });
+                failed("croc", r);
             }
         }
 

@@ -31,6 +31,9 @@ impl Ends<'_> {
     /// handshake done.
     pub(super) fn channel_copy(&self, bytes: u64) -> io::Result<Sample> {
         let (tx, rx, t0) = self.tcp_pair()?;
+        // As ferry's sessions: the handshake's small messages must not wait for Nagle.
+        tx.set_nodelay(true)?;
+        rx.set_nodelay(true)?;
         let copy = crate::channel::channel_copy(tx, rx, bytes, Config::ferry(), || {
             Auth::Code(b"7-matrix-channel-row".to_vec())
         })?;
