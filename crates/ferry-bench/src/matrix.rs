@@ -394,6 +394,11 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 path.name,
                 "scp, rsync: not installed (apt-get install openssh-client)",
             );
+        } else if !peers::is_root() {
+            out.note(
+                path.name,
+                "scp, rsync: no rows without root (the bench's sshd needs it)",
+            );
         } else {
             match peers::sshd(&ends, &scratch) {
                 // Not installed, or it cannot run here: the reason says which.

@@ -38,17 +38,27 @@ fn timed_run(what: &str, cmd: &mut Command) -> io::Result<Sample> {
     })
 }
 
-/// Where `program` is installed: on PATH, or (croc) where `go install` puts it.
+/// Where `program` is installed: on PATH, or (croc) where `go install` puts it ($GOPATH/bin, ~/go/bin).
 pub(super) fn installed(program: &str) -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
+    let split = |var| {
+        std::env::var_os(var)
+            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let mut dirs = split("PATH");
+    dirs.extend(split("GOPATH").into_iter().map(|d| d.join("bin")));
     if let Some(home) = std::env::var_os("HOME") {
         dirs.push(PathBuf::from(home).join("go/bin"));
     }
     dirs.into_iter()
         .map(|d| d.join(program))
         .find(|p| p.is_file())
+}
+
+/// Whether this process runs as root (`/proc/self` belongs to the effective user).
+pub(super) fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
 /// An sshd in the server's namespace, on its address.
