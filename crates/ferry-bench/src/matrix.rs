@@ -228,15 +228,27 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
     let tree_bytes = write_small_tree(&tree, opts.small_files)?;
     // What each row of files moves: (size, payload bytes, the source, its digests).
     let cases = [
-        Case::new(format!("{} file", size_name(opts.file_bytes)), opts.file_bytes, big.clone())?,
-        Case::new(format!("{} files", opts.small_files), tree_bytes, tree.clone())?,
+        Case::new(
+            format!("{} file", size_name(opts.file_bytes)),
+            opts.file_bytes,
+            big.clone(),
+        )?,
+        Case::new(
+            format!("{} files", opts.small_files),
+            tree_bytes,
+            tree.clone(),
+        )?,
     ];
     // The peers' small files: a tree of its own, smaller (scp and croc pay a round trip or more per file).
     let peer_tree = scratch.0.join("peer-src/tree");
     let peer_tree_bytes = write_small_tree(&peer_tree, opts.peer_files)?;
     let peer_cases = [
         cases[0].clone(),
-        Case::new(format!("{} files", opts.peer_files), peer_tree_bytes, peer_tree)?,
+        Case::new(
+            format!("{} files", opts.peer_files),
+            peer_tree_bytes,
+            peer_tree,
+        )?,
     ];
     let runs = opts.runs.max(1);
     let mut m = Matrix::default();
@@ -325,9 +337,9 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
 
         // A row of files: `copy` moves `src` into a fresh directory, whose copy of `src` is verified.
         let files_row = |m: &mut Matrix,
-                             layer: &'static str,
-                             cases: &[Case],
-                             copy: &mut dyn FnMut(&FsPath, &FsPath) -> io::Result<Sample>|
+                         layer: &'static str,
+                         cases: &[Case],
+                         copy: &mut dyn FnMut(&FsPath, &FsPath) -> io::Result<Sample>|
          -> io::Result<()> {
             for Case {
                 size,
@@ -448,6 +460,11 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 );
                 push(&mut m, c);
             }
+            layers::with_send_buffer(&ends, || {
+                files_row(&mut m, "ferry send sndbuf", &cases[..1], &mut |src, dst| {
+                    ends.ferry_send(src, dst, &scratch)
+                })
+            })??;
         }
         drop(ends);
         if let Some(lab) = &lab {

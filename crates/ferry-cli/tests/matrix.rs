@@ -73,17 +73,25 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
         );
         // Each peer has its rows, or a note says why not (not installed; ssh has no relay path).
         for peer in ["scp", "rsync", "croc"] {
-            let rows = layers.iter().filter(|l| l.starts_with(&format!("{peer} "))).count();
-            let why = notes
+            let rows = layers
                 .iter()
-                .any(|n| n.contains(peer) && (n.contains("not installed") || n.contains("no rows")));
+                .filter(|l| l.starts_with(&format!("{peer} ")))
+                .count();
+            let why = notes.iter().any(|n| {
+                n.contains(peer) && (n.contains("not installed") || n.contains("no rows"))
+            });
             assert!(
                 rows >= 1 || why,
                 "{path}: {peer} has neither a row nor a note saying why: {layers:?} {notes:?}"
             );
         }
         if ["wan", "high-bdp"].contains(path) {
-            for tuned in ["raw TCP sndbuf", "raw TCP snd+rcvbuf", "raw TCP lowat"] {
+            for tuned in [
+                "raw TCP sndbuf",
+                "raw TCP snd+rcvbuf",
+                "raw TCP lowat",
+                "ferry send sndbuf",
+            ] {
                 assert!(
                     layers.iter().any(|l| l.starts_with(tuned)),
                     "{path}: no {tuned} row in {layers:?}"

@@ -124,3 +124,23 @@ pub(super) fn buffer_limits(ends: &Ends<'_>) -> String {
         )
     })
 }
+
+/// Runs `f` with the server namespace's `tcp_wmem` maximum raised to `2 × net.core.wmem_max`, the send buffer
+/// a socket gets from SO_SNDBUF = wmem_max: what that option would give `ferry send` without changing
+/// ferry. The namespace's value is restored after.
+pub(super) fn with_send_buffer<T>(ends: &Ends<'_>, f: impl FnOnce() -> T) -> io::Result<T> {
+    let Some(ns) = ends.server() else {
+        return Err(io::Error::other("only inside the lab"));
+    };
+    let file = "/proc/sys/net/ipv4/tcp_wmem";
+    let before = ns.enter(|| std::fs::read_to_string(file))?;
+    let fields: Vec<&str> = before.split_whitespace().collect();
+    let [min, default, _] = fields[..] else {
+        return Err(io::Error::other(format!("{file}: {before:?}")));
+    };
+    let max = 2 * sysctl("core/wmem_max")?;
+    ns.enter(|| std::fs::write(file, format!("{min} {default} {max}")))?;
+    let out = f();
+    ns.enter(|| std::fs::write(file, before.trim()))?;
+    Ok(out)
+}

@@ -222,14 +222,29 @@ impl<'a> CrocLab<'a> {
         });
         let mut recv = self.command(self.client_ns(), "receive");
         recv.env("CROC_SECRET", &code)
-            .args(["--yes", "--overwrite", "--relay", &at_client.to_string(), "--out"])
+            .args([
+                "--yes",
+                "--overwrite",
+                "--relay",
+                &at_client.to_string(),
+                "--out",
+            ])
             .arg(out);
         let sample = timed_run("croc (receiving)", &mut recv)?;
         let status = sender.0.wait()?;
         if !status.success() {
             let rest = log.join().unwrap_or_default();
-            let tail: String = rest.chars().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect();
-            return Err(io::Error::other(format!("croc send failed ({status}): {tail}")));
+            let tail: String = rest
+                .chars()
+                .rev()
+                .take(400)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            return Err(io::Error::other(format!(
+                "croc send failed ({status}): {tail}"
+            )));
         }
         Ok(sample)
     }

@@ -117,11 +117,9 @@ fn shares(cells: &[Cell], series: &[Series]) -> Vec<Shares> {
                 )
             });
             let mut values = vec![None; series.len()];
-            if let (Some(i), Some(rate), Some(wire)) = (
-                series.iter().position(|s| s.0 == "AEAD"),
-                aead,
-                c.wire,
-            ) {
+            if let (Some(i), Some(rate), Some(wire)) =
+                (series.iter().position(|s| s.0 == "AEAD"), aead, c.wire)
+            {
                 values[i] = Some(rate / wire);
             }
             out.push((c.path, describe, values));
@@ -224,7 +222,13 @@ pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
             c.rect(x, f.y(*v), x + bar, f.bottom, THROUGHPUT[i].3);
             // Alternate label heights so that neighbours' labels do not overlap.
             let above = 12 + (i % 2) * 10;
-            c.text_centred(x + bar / 2, f.y(*v).saturating_sub(above), &label(*v), 1, INK);
+            c.text_centred(
+                x + bar / 2,
+                f.y(*v).saturating_sub(above),
+                &label(*v),
+                1,
+                INK,
+            );
         }
         let mid = x0 + THROUGHPUT.len() * step / 2;
         c.text_centred(mid, f.bottom + 12, name, 2, INK);

@@ -24,20 +24,33 @@ pub(super) struct Paired {
 impl Paired {
     /// Pairs two fresh homes on loopback (`ferry pair --listen 127.0.0.1:0` and `ferry pair CODE --peer`),
     /// then pulls each of `sources` once, untimed, so the sharer's hash cache is warm.
-    pub(super) fn new(ends: &Ends<'_>, scratch: &Scratch, sources: &[&FsPath]) -> io::Result<Paired> {
+    pub(super) fn new(
+        ends: &Ends<'_>,
+        scratch: &Scratch,
+        sources: &[&FsPath],
+    ) -> io::Result<Paired> {
         let p = Paired {
             share_home: scratch.fresh("share-home")?,
             pull_home: scratch.fresh("pull-home")?,
         };
         let mut first = ferry_cmd(ends.ferry, None, &p.share_home);
-        first.args(["pair", "--json", "--name", "puller", "--listen", "127.0.0.1:0"]);
+        first.args([
+            "pair",
+            "--json",
+            "--name",
+            "puller",
+            "--listen",
+            "127.0.0.1:0",
+        ]);
         let mut first = Spawned::new(&mut first)?;
         let code = first.wait_for_event("code")?;
         let (Some(code), Some(listen)) = (code["code"].as_str(), code["listen"].as_str()) else {
             return Err(io::Error::other(format!("ferry pair printed {code}")));
         };
         let mut second = ferry_cmd(ends.ferry, None, &p.pull_home);
-        second.args(["pair", "--json", "--name", SHARER, "--wait", "10s", "--peer", listen, code]);
+        second.args([
+            "pair", "--json", "--name", SHARER, "--wait", "10s", "--peer", listen, code,
+        ]);
         let mut second = Spawned::new(&mut second)?;
         let ok = second.child.wait()?.success() && first.child.wait()?.success();
         if !ok {
