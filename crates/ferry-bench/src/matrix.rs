@@ -309,31 +309,31 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         };
         let ends = Ends::new(path, lab.as_ref(), ferry)?;
         let wire = path.wire_bytes_per_sec();
-        let repeat = |f: &mut dyn FnMut() -> io::Result<Sample>| -> io::Result<Vec<Sample>> {
-            (0..runs).map(|_| f()).collect()
+        // A row of memory moved across the path (no files): raw TCP, the channel.
+        let memory_row = |m: &mut Matrix,
+                          layer: &'static str,
+                          f: &mut dyn FnMut() -> io::Result<Sample>|
+         -> io::Result<()> {
+            let samples = (0..runs).map(|_| f()).collect::<io::Result<Vec<_>>>()?;
+            let size = size_name(opts.file_bytes);
+            let c = cell(
+                path.name,
+                layer,
+                size,
+                opts.file_bytes,
+                wire,
+                &samples,
+                None,
+            );
+            push(m, c);
+            Ok(())
         };
-        let raw = repeat(&mut || ends.raw_copy(opts.file_bytes, layers::Tune::Default))?;
-        let c = cell(
-            path.name,
-            "raw TCP",
-            size_name(opts.file_bytes),
-            opts.file_bytes,
-            wire,
-            &raw,
-            None,
-        );
-        push(&mut m, c);
-        let chan = repeat(&mut || ends.channel_copy(opts.file_bytes))?;
-        let c = cell(
-            path.name,
-            "channel",
-            size_name(opts.file_bytes),
-            opts.file_bytes,
-            wire,
-            &chan,
-            None,
-        );
-        push(&mut m, c);
+        memory_row(&mut m, "raw TCP", &mut || {
+            ends.raw_copy(opts.file_bytes, layers::Tune::Default)
+        })?;
+        memory_row(&mut m, "channel", &mut || {
+            ends.channel_copy(opts.file_bytes)
+        })?;
 
         // A row of files: `copy` moves `src` into a fresh directory, whose copy of `src` is verified.
         let files_row = |m: &mut Matrix,
@@ -448,17 +448,7 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         if BUFFER_PATHS.contains(&path.name) {
             out.note(path.name, &layers::buffer_limits(&ends));
             for (tune, layer) in layers::Tune::ROWS {
-                let raw = repeat(&mut || ends.raw_copy(opts.file_bytes, tune))?;
-                let c = cell(
-                    path.name,
-                    layer,
-                    size_name(opts.file_bytes),
-                    opts.file_bytes,
-                    wire,
-                    &raw,
-                    None,
-                );
-                push(&mut m, c);
+                memory_row(&mut m, layer, &mut || ends.raw_copy(opts.file_bytes, tune))?;
             }
             layers::with_send_buffer(&ends, || {
                 files_row(&mut m, "ferry send sndbuf", &cases[..1], &mut |src, dst| {
