@@ -4,10 +4,11 @@
 //! A packet can be opened only once all of it has arrived. A fresh TCP connection is in slow start: from an
 //! initial window of 10 segments (~14 KB), doubling each round trip, and BBR paces even that first window over
 //! the round trip. A 1 MiB first packet therefore opens ~6 round trips after its first byte arrived (measured on
-//! a 24 ms link: 145 ms). Here the first packet is [`FIRST_PACKET`] bytes and each later one may be as large as
-//! everything sent before it, so each round trip of slow start, which carries about as much as all the ones
-//! before it, completes packets; the full size is reached after about twice the full size has gone out
-//! (~2 MiB for 1 MiB packets: on loopback, a millisecond). After a pause of [`IDLE_RESTART`], when TCP may have
+//! a 24 ms link: 145 ms). Here the first packet is [`FIRST_PACKET`] bytes and each later one may be half as
+//! large as everything written before it (the handshake's and the offer's packets included), so each round
+//! trip of slow start, which carries about as much as all the ones before it, completes about two packets;
+//! the full size is reached once about twice the full size has gone out (~2 MiB for 1 MiB packets: on
+//! loopback, a millisecond). After a pause of [`IDLE_RESTART`], when TCP may have
 //! shrunk its window again, the sizes start small again.
 //!
 //! Sans-IO: the caller passes the time.
@@ -46,7 +47,7 @@ impl PacketSizing {
             .last
             .is_some_and(|t| now.saturating_duration_since(t) >= IDLE_RESTART);
         let sent = if paused { 0 } else { self.sent };
-        usize::try_from(sent)
+        usize::try_from(sent / 2)
             .unwrap_or(usize::MAX)
             .clamp(FIRST_PACKET, self.max.max(FIRST_PACKET))
             .min(self.max)
@@ -85,20 +86,19 @@ mod tests {
     }
 
     #[test]
-    fn packets_start_small_and_double_up_to_the_maximum() {
+    fn packets_start_small_and_grow_up_to_the_maximum() {
         let now = Instant::now();
         let mut s = PacketSizing::new(MIB);
-        let sizes = stream(&mut s, 4 * MIB, now);
-        assert_eq!(sizes[0], FIRST_PACKET);
-        assert_eq!(sizes[1], FIRST_PACKET);
-        // Each packet is as large as everything before it, until the maximum.
+        let sizes = stream(&mut s, 6 * MIB, now);
+        assert_eq!(sizes[..3], [FIRST_PACKET; 3]);
+        // Each packet is half as large as everything before it, until the maximum.
         let mut before = 0;
         for &n in &sizes {
-            assert_eq!(n, before.clamp(FIRST_PACKET, MIB));
+            assert_eq!(n, (before / 2).clamp(FIRST_PACKET, MIB));
             before += n;
         }
         let first_full = sizes.iter().position(|&n| n == MIB).unwrap();
-        assert_eq!(sizes[..first_full].iter().sum::<usize>(), MIB);
+        assert!((2 * MIB..3 * MIB).contains(&sizes[..first_full].iter().sum::<usize>()));
         assert!(sizes[first_full..].iter().all(|&n| n == MIB));
     }
 
@@ -110,8 +110,8 @@ mod tests {
         assert_eq!(s.limit(t0 + IDLE_RESTART / 2), MIB);
         let later = t0 + IDLE_RESTART;
         assert_eq!(s.limit(later), FIRST_PACKET);
-        assert_eq!(stream(&mut s, 8 << 10, later), [FIRST_PACKET, FIRST_PACKET]);
-        assert_eq!(s.limit(later), 8 << 10);
+        assert_eq!(stream(&mut s, 12 << 10, later), [FIRST_PACKET; 3]);
+        assert_eq!(s.limit(later), 6 << 10);
     }
 
     #[test]
