@@ -5,7 +5,7 @@
 //! initial window of 10 segments (~14 KB), doubling each round trip, and BBR paces even that first window over
 //! the round trip. A 1 MiB first packet therefore opens ~6 round trips after its first byte arrived (measured on
 //! a 24 ms link: 145 ms). Here the first packet is [`FIRST_PACKET`] bytes and each later one may be half as
-//! large as everything written before it (the handshake's and the offer's packets included), so each round
+//! large as everything the writer wrote before it (the offer's packets included), so each round
 //! trip of slow start, which carries about as much as all the ones before it, completes about two packets;
 //! the full size is reached once about twice the full size has gone out (~2 MiB for 1 MiB packets: on
 //! loopback, a millisecond). After a pause of [`IDLE_RESTART`], when TCP may have
