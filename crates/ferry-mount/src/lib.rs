@@ -9,6 +9,8 @@
 #![forbid(unsafe_code)]
 
 pub mod files;
+pub mod fuse;
 pub mod inodes;
+pub mod lifecycle;
 pub mod source;
 pub mod store;
