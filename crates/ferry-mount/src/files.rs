@@ -32,6 +32,9 @@ pub struct ReadConfig {
     pub window: usize,
     /// How far past a sequential reader the stream runs.
     pub ahead: u64,
+    /// Read requests all fetches together keep in flight (below the share client's limit, so that stats
+    /// and listings always find room).
+    pub max_in_flight: u32,
 }
 
 impl Default for ReadConfig {
@@ -40,6 +43,7 @@ impl Default for ReadConfig {
             piece: 1 << 20,
             window: 8,
             ahead: 16 << 20,
+            max_in_flight: 192,
         }
     }
 }
@@ -163,6 +167,43 @@ pub struct Reader<S: Source> {
     config: ReadConfig,
     stats: Arc<Stats>,
     open: Mutex<HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>>,
+    /// Read requests in flight, all fetches together.
+    slots: Slots,
+}
+
+/// A counting semaphore for read requests in flight. A fetch that holds requests and finds no free slot
+/// drains what it holds instead of waiting, so fetches never wait for each other in a circle.
+struct Slots {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn take(&self, wait: bool) -> bool {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            if !wait {
+                return false;
+            }
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        true
+    }
+
+    fn give(&self) {
+        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.freed.notify_one();
+    }
+}
+
+/// A taken slot, given back when dropped.
+struct Slot<'a>(&'a Slots);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.give();
+    }
 }
 
 impl<S: Source> Reader<S> {
@@ -179,6 +220,10 @@ impl<S: Source> Reader<S> {
             config,
             stats,
             open: Mutex::new(HashMap::new()),
+            slots: Slots {
+                free: Mutex::new(config.max_in_flight.max(1)),
+                freed: Condvar::new(),
+            },
         })
     }
 
@@ -403,20 +448,28 @@ impl<S: Source> Reader<S> {
     ) -> Result<(), ReadError> {
         let version = file.version();
         let mut todo = ranges.iter().flat_map(|r| split(r.clone(), self.config.piece));
-        let mut in_flight: std::collections::VecDeque<Box<dyn Pieces>> = Default::default();
+        let mut in_flight: std::collections::VecDeque<(Slot<'_>, Box<dyn Pieces>)> =
+            Default::default();
+        let mut next = todo.next();
         loop {
-            while in_flight.len() < self.config.window.max(1) {
-                let Some(r) = todo.next() else { break };
-                in_flight.push_back(self.source.read(
-                    &file.path,
-                    Some(version.root),
-                    r.start,
-                    r.end - r.start,
-                )?);
+            while let Some(r) = next.clone() {
+                if in_flight.len() >= self.config.window.max(1)
+                    || !self.slots.take(in_flight.is_empty())
+                {
+                    break;
+                }
+                // Taken before the request: an error drops it, giving it back.
+                let slot = Slot(&self.slots);
+                let pieces =
+                    self.source
+                        .read(&file.path, Some(version.root), r.start, r.end - r.start)?;
+                in_flight.push_back((slot, pieces));
+                next = todo.next();
             }
-            let Some(mut pieces) = in_flight.pop_front() else {
+            let Some(mut front) = in_flight.pop_front() else {
                 return Ok(());
             };
+            let pieces = &mut front.1;
             while let Some(piece) = pieces.next_piece()? {
                 if cancellable && file.stale.load(Ordering::Relaxed) {
                     return Ok(());

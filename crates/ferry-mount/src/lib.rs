@@ -12,5 +12,6 @@ pub mod files;
 pub mod fuse;
 pub mod inodes;
 pub mod lifecycle;
+pub mod remote;
 pub mod source;
 pub mod store;
