@@ -159,7 +159,7 @@ impl Write for Counted {
 }
 
 /// A share name: 1 to 64 letters, digits, '.', '_' or '-' (it goes into the meeting's purpose and the hello).
-fn check_share_name(name: &str) -> Result<(), Usage> {
+pub(crate) fn check_share_name(name: &str) -> Result<(), Usage> {
     let ok = !name.is_empty()
         && name.len() <= MAX_SHARE_NAME
         && name

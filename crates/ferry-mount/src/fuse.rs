@@ -79,8 +79,10 @@ impl<S: Source> Clone for Changes<S> {
 }
 
 impl<S: Source> ShareFs<S> {
-    /// The share read through `reader` (from `source`), owned by `uid`/`gid`.
-    pub fn new(source: Arc<S>, reader: Arc<Reader<S>>, uid: u32, gid: u32, notice: Notice) -> Self {
+    /// The share read through `reader` (from `source`), its files owned by whoever mounts it.
+    pub fn new(source: Arc<S>, reader: Arc<Reader<S>>, notice: Notice) -> Self {
+        let uid = rustix::process::getuid().as_raw();
+        let gid = rustix::process::getgid().as_raw();
         ShareFs {
             shared: Arc::new(Shared {
                 source,

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod files;
 pub mod fuse;
 pub mod inodes;

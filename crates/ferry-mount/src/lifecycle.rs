@@ -102,6 +102,52 @@ pub fn unmount(mountpoint: &Path) -> io::Result<Unmounted> {
     }
 }
 
+/// Detaches `mountpoint` at once, busy or not (the last resort of a second Ctrl-C).
+pub fn unmount_lazily(mountpoint: &Path) -> io::Result<()> {
+    match umount2(mountpoint, UnmountFlags::DETACH) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::PERM) => fusermount(mountpoint, true).map(|_| ()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether something is mounted on `mountpoint` (an absolute path), per `/proc/self/mountinfo`.
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    let Ok(table) = std::fs::read("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = mountpoint
+        .canonicalize()
+        .unwrap_or_else(|_| mountpoint.to_path_buf());
+    let wanted = std::os::unix::ffi::OsStrExt::as_bytes(wanted.as_os_str()).to_vec();
+    table
+        .split(|&b| b == b'\n')
+        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
+        .any(|field| unescape(field) == wanted)
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field.get(i + 1..i + 4).filter(|d| {
+            field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c))
+        });
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn fusermount(mountpoint: &Path, lazy: bool) -> io::Result<bool> {
     let mut last = None;
     for bin in ["fusermount3", "fusermount"] {
@@ -124,4 +170,22 @@ pub fn is_stale(mountpoint: &Path) -> bool {
         std::fs::metadata(mountpoint),
         Err(e) if e.raw_os_error() == Some(libc::ENOTCONN)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(super::unescape(b"/mnt/a\\040b\\134c"), b"/mnt/a b\\c");
+        assert_eq!(super::unescape(b"/x\\0"), b"/x\\0");
+    }
+
+    #[test]
+    fn the_root_is_mounted_and_a_plain_directory_is_not() {
+        assert!(super::is_mounted(std::path::Path::new("/")));
+        let dir = std::env::temp_dir().join(format!("ferry-mount-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!super::is_mounted(&dir));
+        std::fs::remove_dir(&dir).unwrap();
+    }
 }
