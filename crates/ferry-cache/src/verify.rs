@@ -1,14 +1,19 @@
 //! The verification values of groups: BLAKE3 chaining values at their place in the version's tree (the
 //! share protocol's tree: BLAKE3's own, in groups of [`GROUP`] bytes), and their combination into the root.
 
+use std::fs::File;
+use std::io;
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use blake3::hazmat::{
     left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode,
 };
 use ferry_share::tree::{Version, GROUP};
 
-use crate::groups::Cv;
+use crate::disk::read_full;
+use crate::groups::{Cv, Groups};
 
 /// Groups in a version of `size` bytes.
 pub(crate) fn group_count(size: u64) -> u64 {
@@ -34,6 +39,69 @@ pub(crate) fn group_cv(size: u64, g: u64, bytes: &[u8]) -> Cv {
         .set_input_offset(g * GROUP)
         .update(bytes)
         .finalize_non_root()
+}
+
+/// Bytes of the groups present.
+pub(crate) fn present_bytes(version: &Version, groups: &Groups) -> u64 {
+    groups
+        .runs()
+        .map(|(first, cvs)| span(version.size, first..first + cvs.len() as u64))
+        .sum()
+}
+
+/// Groups read and hashed at once when checking present data again (1 MiB).
+const BATCH: u64 = 64;
+/// Present bytes below which one thread checks them all.
+const PARALLEL_FROM: u64 = 8 << 20;
+
+/// The present groups of `groups` whose bytes in `file` (a version of `size` bytes) no longer hash to their
+/// values, in order; groups the file is too short for count as such. Large entries are hashed on every
+/// core (scoped threads, each reading its own 1 MiB batches).
+pub(crate) fn hash_again(file: &File, size: u64, groups: &Groups) -> io::Result<Vec<u64>> {
+    let mut batches: Vec<(u64, &[Cv])> = Vec::new();
+    for (first, cvs) in groups.runs() {
+        for (i, part) in cvs.chunks(BATCH as usize).enumerate() {
+            batches.push((first + i as u64 * BATCH, part));
+        }
+    }
+    let threads = if groups.count() * GROUP < PARALLEL_FROM {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+    };
+    let next = AtomicUsize::new(0);
+    let bad = Mutex::new(Vec::new());
+    let work = || -> io::Result<()> {
+        let mut buf = vec![0u8; (BATCH * GROUP) as usize];
+        let mut mine = Vec::new();
+        while let Some((g, cvs)) = batches.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let n = cvs.len() as u64;
+            let got = read_full(file, &mut buf[..span(size, *g..g + n) as usize], g * GROUP)?;
+            for (i, cv) in (0..n).zip(cvs.iter()) {
+                let at = (i * GROUP) as usize;
+                let len = span(size, g + i..g + i + 1) as usize;
+                if at + len > got || group_cv(size, g + i, &buf[at..at + len]) != *cv {
+                    mine.push(g + i);
+                }
+            }
+        }
+        bad.lock().unwrap_or_else(|e| e.into_inner()).extend(mine);
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mut result = work();
+        for h in helpers {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("hashing thread panicked")));
+            result = result.and(r);
+        }
+        result
+    })?;
+    let mut bad = bad.into_inner().unwrap_or_else(|e| e.into_inner());
+    bad.sort_unstable();
+    Ok(bad)
 }
 
 /// Whether the values of every group of `version`, in order, combine to its root.

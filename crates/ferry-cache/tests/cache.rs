@@ -432,3 +432,138 @@ fn threads_read_and_insert_at_once() {
     }
     assert_eq!(cache.used(), used);
 }
+
+#[test]
+fn a_large_entry_checked_again_on_every_core_loses_exactly_its_altered_groups() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    // Large enough to be hashed by several threads, with a short last group.
+    let (data, v) = file(12 << 20 | 5, 70);
+    let (data_path, _) = files_of(t.path(), &v);
+    {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        for (i, piece) in data.chunks(1 << 20).enumerate() {
+            assert!(e.insert((i << 20) as u64, piece).unwrap());
+        }
+        assert!(e.is_complete());
+    }
+    let altered = [5u64, 64, 65, 400, 768];
+    for g in altered {
+        flip(&data_path, (g * GROUP + g).min(v.size - 1));
+    }
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let e = cache.entry(v).unwrap();
+    let want: Vec<_> = [5..6u64, 64..66, 400..401, 768..769]
+        .into_iter()
+        .map(|r| r.start * GROUP..(r.end * GROUP).min(v.size))
+        .collect();
+    assert_eq!(e.missing(0..v.size), want);
+    assert!(!e.is_complete());
+    assert_eq!(read(&e, 0, 5 * G).unwrap(), &data[..5 * G]);
+}
+
+#[test]
+fn one_cache_directory_serves_one_mount_at_a_time() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let (data, v) = file(G, 80);
+    let e = cache.entry(v).unwrap();
+    assert!(matches!(
+        Cache::open(t.path(), 1 << 30),
+        Err(CacheError::Busy)
+    ));
+    // Its entries keep the directory until they are gone too.
+    drop(cache);
+    assert!(matches!(
+        Cache::open(t.path(), 1 << 30),
+        Err(CacheError::Busy)
+    ));
+    assert!(put(&e, &data, 0..1));
+    drop(e);
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    assert!(cache.entry(v).unwrap().is_complete());
+}
+
+/// Copies the cache's files as they are on disk now: what a crash of the process would leave.
+fn snapshot(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for item in fs::read_dir(from).unwrap() {
+        let item = item.unwrap();
+        fs::copy(item.path(), to.join(item.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_crash_loses_at_most_the_inserts_since_the_record_was_last_written() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let live = t.path().join("live");
+    let (data, v) = file(6 * G, 90);
+    let cache = Cache::open(&live, 1 << 30).unwrap();
+    let e = cache.entry(v).unwrap();
+    assert!(put(&e, &data, 0..2));
+    e.flush().unwrap();
+    // Batched: these are not in the record yet.
+    assert!(put(&e, &data, 3..5));
+    let crashed = t.path().join("crashed");
+    snapshot(&live, &crashed);
+    {
+        let after = Cache::open(&crashed, 1 << 30).unwrap();
+        assert_eq!(after.used(), 2 * GROUP);
+        let e = after.entry(v).unwrap();
+        assert_eq!(e.missing(0..v.size), vec![2 * GROUP..6 * GROUP]);
+        assert_eq!(read(&e, 0, 2 * G).unwrap(), &data[..2 * G]);
+    }
+    // A power loss can leave a record naming data that never reached the disk (a hole: zeros).
+    e.flush().unwrap();
+    let lost = t.path().join("lost");
+    snapshot(&live, &lost);
+    let (data_path, _) = files_of(&lost, &v);
+    let f = OpenOptions::new().write(true).open(&data_path).unwrap();
+    f.write_all_at(&vec![0u8; 2 * G], 3 * GROUP).unwrap();
+    let after = Cache::open(&lost, 1 << 30).unwrap();
+    let e = after.entry(v).unwrap();
+    assert_eq!(e.missing(0..v.size), vec![2 * GROUP..6 * GROUP]);
+    assert_eq!(after.used(), 2 * GROUP);
+}
+
+#[test]
+fn reads_during_alterations_on_disk_give_the_right_bytes_or_missing() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let cache = Arc::new(Cache::open(t.path(), 1 << 30).unwrap());
+    let groups = 256;
+    let (data, v) = file(groups * G, 100);
+    let data = Arc::new(data);
+    let (data_path, _) = files_of(t.path(), &v);
+    let e = cache.entry(v).unwrap();
+    assert!(put(&e, &data, 0..groups));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|n| {
+            let (e, data, stop) = (e.clone(), data.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = n;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    i += 1;
+                    let at = (i * 7919) % ((groups - 1) * G);
+                    match read(&e, at, G) {
+                        Ok(got) => assert_eq!(got, &data[at..at + G], "bytes at {at}"),
+                        Err(CacheError::Missing) => {}
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    // Bytes flipped in a fifth of the groups, while the readers read.
+    for i in 0..50u64 {
+        flip(&data_path, i * 5 * GROUP + (i * 313) % GROUP);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    let want: Vec<_> = (0..50u64)
+        .map(|i| i * 5 * GROUP..(i * 5 + 1) * GROUP)
+        .collect();
+    assert_eq!(e.missing(0..v.size), want);
+}

@@ -19,10 +19,10 @@
 //! what a slow consumer piles up is bounded by the lengths of its reads in flight (the caller's choice), and
 //! at most the sharer's in-flight limit of requests is ever issued.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
@@ -166,15 +166,50 @@ impl Drop for Owner {
 
 /// What a request's channel carries.
 enum Msg {
-    Event(Event),
+    /// Events in order; a read's version and its last piece wait for the event after them, so a small read
+    /// wakes its caller once, not three times.
+    Events(Vec<Event>),
     Lost(String),
+}
+
+/// What the notice thread hands to the callbacks.
+enum Notice {
+    Changed(Vec<SharePath>),
+    Link(LinkState),
+}
+
+/// Where a request's events go.
+struct Route {
+    tx: Sender<Msg>,
+    /// For a read: where its data ends (the range asked, then cut at the file's end).
+    end: u64,
+    held: Vec<Event>,
+}
+
+impl Route {
+    /// Hands on `event` (with those held before it), or holds it when the next one follows at once.
+    fn route(&mut self, event: Event) {
+        let hold = match &event {
+            Event::Version { version, .. } => {
+                self.end = self.end.min(version.size);
+                true
+            }
+            Event::Data { offset, bytes, .. } => offset + bytes.len() as u64 >= self.end,
+            _ => false,
+        };
+        self.held.push(event);
+        if !hold {
+            // A probe's channel has no receiver.
+            let _ = self.tx.send(Msg::Events(std::mem::take(&mut self.held)));
+        }
+    }
 }
 
 struct Shared {
     config: RemoteConfig,
     dial: Dial,
-    on_change: OnChange,
-    on_link: OnLink,
+    /// To the thread that calls `on_change` and `on_link`; taken at close.
+    notices: Mutex<Option<Sender<Notice>>>,
     share: Vec<u8>,
     /// Lock order: `writer` before `state`; the reader threads take only `state`.
     writer: Mutex<Option<(u64, SecureWriter<TcpStream>)>>,
@@ -189,8 +224,11 @@ struct State {
     link: Option<Link>,
     generation: u64,
     closed: bool,
-    /// Why the link is down.
+    /// Why the link is down, and since when.
     lost: String,
+    lost_at: Instant,
+    /// Why the last redial failed (empty while none failed).
+    redial: String,
     /// Callers waiting in [`Shared::issue`].
     waiters: usize,
 }
@@ -199,11 +237,13 @@ struct State {
 struct Link {
     generation: u64,
     client: Client,
-    routes: HashMap<RequestId, Sender<Msg>>,
+    routes: HashMap<RequestId, Route>,
     /// A clone of the connection's socket, to cut it.
     stream: TcpStream,
     /// When the sharer was last heard from, or when answers became due after an idle time.
     quiet_since: Instant,
+    /// The client has packets queued that no flush took yet.
+    unsent: bool,
 }
 
 /// A connection dialled and greeted, not yet in use.
@@ -215,6 +255,16 @@ struct Opened {
     share: Vec<u8>,
 }
 
+impl State {
+    /// Why the link is down, for [`RemoteError::Disconnected`].
+    fn why_down(&self) -> String {
+        match self.redial.is_empty() {
+            true => self.lost.clone(),
+            false => format!("{}; redialling: {}", self.lost, self.redial),
+        }
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -223,7 +273,8 @@ impl Remote {
     /// Dials once (an error here is the caller's: nothing to mount), opens the session (hellos), starts the
     /// IO threads. `on_change` gets every change notification (subscribing is automatic, and is renewed
     /// after a reconnect, followed by one synthetic change of the share's root: "anything may have
-    /// changed"); `on_link` gets the link's state changes.
+    /// changed"); `on_link` gets the link's state changes. Both run on a thread of their own, one call at a
+    /// time in order, so they may use the remote themselves.
     pub fn connect(
         dial: Dial,
         config: RemoteConfig,
@@ -231,11 +282,22 @@ impl Remote {
         on_link: OnLink,
     ) -> Result<Remote, RemoteError> {
         let opened = open(&dial, &config).map_err(RemoteError::Disconnected)?;
+        let (notices, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("ferry-remote-note".into())
+            .spawn(move || {
+                for notice in rx {
+                    match notice {
+                        Notice::Changed(paths) => on_change(paths),
+                        Notice::Link(state) => on_link(state),
+                    }
+                }
+            })
+            .map_err(|e| RemoteError::Disconnected(e.to_string()))?;
         let shared = Arc::new(Shared {
             config,
             dial,
-            on_change,
-            on_link,
+            notices: Mutex::new(Some(notices)),
             share: opened.share.clone(),
             writer: Mutex::new(None),
             state: Mutex::new(State {
@@ -243,20 +305,25 @@ impl Remote {
                 generation: 0,
                 closed: false,
                 lost: String::new(),
+                lost_at: Instant::now(),
+                redial: String::new(),
                 waiters: 0,
             }),
             room: Condvar::new(),
             wake: Condvar::new(),
         });
-        shared.install(opened);
-        (shared.on_link)(LinkState::Up);
-        let supervisor = Arc::clone(&shared);
+        shared.notify(Notice::Link(LinkState::Up));
+        // Closes the link if anything below fails.
+        let owner = Owner(Arc::clone(&shared));
+        if !shared.install(opened) {
+            return Err(RemoteError::Disconnected(lock(&shared.state).why_down()));
+        }
         std::thread::Builder::new()
             .name("ferry-remote-link".into())
-            .spawn(move || supervisor.supervise())
+            .spawn(move || shared.supervise())
             .map_err(|e| RemoteError::Disconnected(e.to_string()))?;
         Ok(Remote {
-            owner: Arc::new(Owner(shared)),
+            owner: Arc::new(owner),
         })
     }
 
@@ -269,14 +336,19 @@ impl Remote {
         self.shared().share.clone()
     }
 
+    /// Whether the link is up now (it may go down the next moment; requests wait for it anyway).
+    pub fn is_up(&self) -> bool {
+        lock(&self.shared().state).link.is_some()
+    }
+
     /// The attributes of `path`. Retried on a new connection if the link is lost before the answer, within
     /// the deadline.
     pub fn stat(&self, path: &SharePath) -> Result<Entry, RemoteError> {
         let s = self.shared();
         s.retrying(|since| {
-            let request = s.issue(since, |c| c.stat(path.clone()))?;
-            match s.wait(&request)? {
-                Event::Attr { entry, .. } => Ok(entry),
+            let request = s.issue(since, END, |c| c.stat(path.clone()))?;
+            match s.wait(&request)?.pop() {
+                Some(Event::Attr { entry, .. }) => Ok(entry),
                 other => Err(unexpected(other)),
             }
         })
@@ -289,9 +361,11 @@ impl Remote {
         let mut cursor = 0;
         while cursor != END {
             let (entries, next) = s.retrying(|since| {
-                let request = s.issue(since, |c| c.list(path.clone(), cursor, MAX_PAGE_ENTRIES))?;
-                match s.wait(&request)? {
-                    Event::Entries { entries, next, .. } => Ok((entries, next)),
+                let request = s.issue(since, END, |c| {
+                    c.list(path.clone(), cursor, MAX_PAGE_ENTRIES)
+                })?;
+                match s.wait(&request)?.pop() {
+                    Some(Event::Entries { entries, next, .. }) => Ok((entries, next)),
                     other => Err(unexpected(other)),
                 }
             })?;
@@ -303,7 +377,9 @@ impl Remote {
 
     /// Starts a verified read of `len` bytes from `offset` (cut at the end of the file), of `version` if
     /// given; pieces arrive on the handle. They queue there until taken, so `len` bounds what a slow
-    /// consumer piles up. Dropping the handle cancels the request.
+    /// consumer piles up. Dropping the handle cancels the request. A link lost under it fails the handle
+    /// with [`RemoteError::Disconnected`] (to read again, pinned to the version it named); [`Remote::read_into`]
+    /// does that by itself.
     pub fn read(
         &self,
         path: &SharePath,
@@ -331,6 +407,9 @@ impl Remote {
         loop {
             let pinned = known.map(|v| v.root).or(version);
             let at = offset + done as u64;
+            if done == buf.len() && known.is_some() {
+                break;
+            }
             let attempt = (|| {
                 let mut handle =
                     self.read_since(progress, path, pinned, at, (buf.len() - done) as u64)?;
@@ -353,11 +432,12 @@ impl Remote {
                 Ok(())
             })();
             match attempt {
-                Ok(()) => return known.map(|v| (v, done)).ok_or(RemoteError::Integrity),
+                Ok(()) => break,
                 Err(RemoteError::Disconnected(_)) if progress.elapsed() < s.config.deadline => {}
                 Err(e) => return Err(e),
             }
         }
+        known.map(|v| (v, done)).ok_or(RemoteError::Integrity)
     }
 
     fn read_since(
@@ -369,11 +449,13 @@ impl Remote {
         len: u64,
     ) -> Result<ReadHandle, RemoteError> {
         let s = self.shared();
-        let request = s.issue(since, |c| c.read(path.clone(), version, offset, len))?;
+        let end = offset.saturating_add(len);
+        let request = s.issue(since, end, |c| c.read(path.clone(), version, offset, len))?;
         Ok(ReadHandle {
             shared: Arc::clone(s),
             request,
-            finished: false,
+            queue: VecDeque::new(),
+            ended: false,
         })
     }
 }
@@ -389,31 +471,38 @@ struct Issued {
 pub struct ReadHandle {
     shared: Arc<Shared>,
     request: Issued,
-    finished: bool,
+    /// Events received, not yet taken.
+    queue: VecDeque<Event>,
+    /// The request is over (nothing to cancel).
+    ended: bool,
 }
 
 impl ReadHandle {
     /// The next event of this read: Version first, then Data in offset order, then `None` (also after the
-    /// end). Waits at most the deadline for each.
+    /// end or a failure). Fails with [`RemoteError::Deadline`] when neither this read nor the link made
+    /// progress for the deadline (or the read alone for four deadlines).
     #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<ReadPiece>, RemoteError> {
-        if self.finished {
-            return Ok(None);
+        if self.queue.is_empty() && !self.ended {
+            let events = self
+                .shared
+                .wait(&self.request)
+                .inspect_err(|_| self.ended = true)?;
+            self.ended = events
+                .iter()
+                .any(|e| matches!(e, Event::Done { .. } | Event::Failed { .. }));
+            self.queue.extend(events);
         }
-        let event = self
-            .shared
-            .wait(&self.request)
-            .inspect_err(|_| self.finished = true)?;
-        match event {
-            Event::Version { version, .. } => Ok(Some(ReadPiece::Version(version))),
-            Event::Data { offset, bytes, .. } => Ok(Some(ReadPiece::Data { offset, bytes })),
-            Event::Done { .. } => {
-                self.finished = true;
+        match self.queue.pop_front() {
+            None | Some(Event::Done { .. }) => {
+                self.queue.clear();
                 Ok(None)
             }
-            other => {
-                self.finished = true;
-                Err(unexpected(other))
+            Some(Event::Version { version, .. }) => Ok(Some(ReadPiece::Version(version))),
+            Some(Event::Data { offset, bytes, .. }) => Ok(Some(ReadPiece::Data { offset, bytes })),
+            Some(other) => {
+                self.queue.clear();
+                Err(unexpected(Some(other)))
             }
         }
     }
@@ -421,16 +510,16 @@ impl ReadHandle {
 
 impl Drop for ReadHandle {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.ended {
             self.shared.cancel(&self.request);
         }
     }
 }
 
-/// An event a request cannot get; [`Shared::wait`] turns failures into errors already.
-fn unexpected(event: Event) -> RemoteError {
+/// The failure a request ended with, or an answer it cannot get.
+fn unexpected(event: Option<Event>) -> RemoteError {
     match event {
-        Event::Failed { failure, .. } => failure.into(),
+        Some(Event::Failed { failure, .. }) => failure.into(),
         _ => RemoteError::Integrity,
     }
 }
@@ -494,6 +583,8 @@ impl Shared {
                 routes: HashMap::new(),
                 stream: o.stream,
                 quiet_since: Instant::now(),
+                // The subscription.
+                unsent: true,
             });
             *w = Some((generation, o.writer));
             self.room.notify_all();
@@ -549,24 +640,25 @@ impl Shared {
                             | Event::Failed { id, .. } => (*id, true),
                             _ => unreachable!("matched above"),
                         };
-                        let route = if finished {
-                            link.routes.remove(&id)
-                        } else {
-                            link.routes.get(&id).cloned()
-                        };
-                        // A probe's channel has no receiver; the subscription's failure has no route.
-                        if let Some(tx) = route {
-                            let _ = tx.send(Msg::Event(event));
-                        }
-                        if finished && waiters > 0 {
-                            self.room.notify_all();
+                        // A read that did not verify queued its cancel.
+                        link.unsent |= matches!(event, Event::Failed { .. });
+                        // The subscription's failure has no route.
+                        if finished {
+                            if let Some(mut route) = link.routes.remove(&id) {
+                                route.route(event);
+                            }
+                            if waiters > 0 {
+                                self.room.notify_one();
+                            }
+                        } else if let Some(route) = link.routes.get_mut(&id) {
+                            route.route(event);
                         }
                         None
                     }
                 }
             };
             if let Some(paths) = changed {
-                (self.on_change)(paths);
+                self.notify(Notice::Changed(paths));
             }
         }
     }
@@ -580,13 +672,15 @@ impl Shared {
                 return;
             }
             st.lost = why.clone();
+            st.lost_at = Instant::now();
+            st.redial.clear();
             self.room.notify_all();
             self.wake.notify_all();
             st.link.take().expect("checked")
         };
         let _ = link.stream.shutdown(Shutdown::Both);
-        for tx in link.routes.values() {
-            let _ = tx.send(Msg::Lost(why.clone()));
+        for route in link.routes.values() {
+            let _ = route.tx.send(Msg::Lost(why.clone()));
         }
         {
             let mut w = lock(&self.writer);
@@ -594,30 +688,39 @@ impl Shared {
                 *w = None;
             }
         }
-        (self.on_link)(LinkState::Lost(why));
+        self.notify(Notice::Link(LinkState::Lost(why)));
     }
 
-    /// Issues a request once the link is up and has room, waiting at most until `since` + deadline.
+    /// Issues a request once the link is up and has room. While it waits, its deadline counts from `since`,
+    /// from the link's last sign of life (slots are freed as answers come), or from when the link was lost.
     fn issue(
         &self,
         since: Instant,
+        end: u64,
         make: impl FnOnce(&mut Client) -> Result<RequestId, Busy>,
     ) -> Result<Issued, RemoteError> {
-        let until = since + self.config.deadline;
         let mut st = lock(&self.state);
+        let mut progress = since;
         loop {
             if st.closed {
                 return Err(RemoteError::Closed);
             }
-            if st.link.as_ref().is_some_and(|l| l.client.has_room()) {
-                break;
-            }
-            let now = Instant::now();
+            progress = progress.max(match &st.link {
+                Some(link) if link.client.has_room() => break,
+                Some(link) => link.quiet_since,
+                None => st.lost_at,
+            });
+            let (now, until) = (Instant::now(), progress + self.config.deadline);
             if now >= until {
-                return Err(match st.link {
-                    None => RemoteError::Disconnected(st.lost.clone()),
+                let e = match st.link {
+                    None => RemoteError::Disconnected(st.why_down()),
                     Some(_) => RemoteError::Deadline,
-                });
+                };
+                // The wake-up this waiter may have taken goes to the next one.
+                if st.waiters > 0 {
+                    self.room.notify_one();
+                }
+                return Err(e);
             }
             st.waiters += 1;
             st = self
@@ -634,28 +737,48 @@ impl Shared {
             // Answers are due from now on; the silence before does not count against the link.
             link.quiet_since = Instant::now();
         }
-        link.routes.insert(id, tx);
+        let held = Vec::new();
+        link.routes.insert(id, Route { tx, end, held });
+        link.unsent = true;
         let generation = link.generation;
         drop(st);
         self.flush();
         Ok(Issued { generation, id, rx })
     }
 
-    /// The request's next event, within the deadline (then it is cancelled); failures as errors.
-    fn wait(&self, request: &Issued) -> Result<Event, RemoteError> {
-        match request.rx.recv_timeout(self.config.deadline) {
-            Ok(Msg::Event(Event::Failed { failure, .. })) => Err(failure.into()),
-            Ok(Msg::Event(event)) => Ok(event),
-            Ok(Msg::Lost(why)) => Err(RemoteError::Disconnected(why)),
-            Err(RecvTimeoutError::Timeout) => {
-                self.cancel(request);
-                Err(RemoteError::Deadline)
+    /// The request's next events. It waits while the request or its link makes progress
+    /// (reads take turns on the sharer, so a read among many on a slow link hears nothing of its own for a
+    /// while), at most the deadline since the link's last sign of life and four deadlines since the
+    /// request's own; then the request is cancelled.
+    fn wait(&self, request: &Issued) -> Result<Vec<Event>, RemoteError> {
+        let own = Instant::now();
+        let mut timeout = self.config.deadline;
+        loop {
+            match request.rx.recv_timeout(timeout) {
+                Ok(Msg::Events(events)) => return Ok(events),
+                Ok(Msg::Lost(why)) => return Err(RemoteError::Disconnected(why)),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    let st = lock(&self.state);
+                    return Err(match st.closed {
+                        true => RemoteError::Closed,
+                        false => RemoteError::Disconnected(st.why_down()),
+                    });
+                }
             }
-            Err(RecvTimeoutError::Disconnected) => Err(if lock(&self.state).closed {
-                RemoteError::Closed
-            } else {
-                RemoteError::Disconnected(lock(&self.state).lost.clone())
-            }),
+            let heard = lock(&self.state)
+                .link
+                .as_ref()
+                .filter(|l| l.generation == request.generation)
+                .map(|l| l.quiet_since);
+            let now = Instant::now();
+            let until = heard.map(|h| h + self.config.deadline).unwrap_or(now);
+            let until = until.min(own + 4 * self.config.deadline);
+            if until <= now {
+                self.cancel(request);
+                return Err(RemoteError::Deadline);
+            }
+            timeout = until - now;
         }
     }
 
@@ -675,38 +798,57 @@ impl Shared {
                 return;
             }
             link.client.cancel(request.id);
+            link.unsent = true;
             if waiters > 0 {
-                self.room.notify_all();
+                self.room.notify_one();
             }
         }
         self.flush();
     }
 
-    /// Sends everything the client queued, in order (the writer's lock orders the senders).
+    /// Sends everything the client queued, in order: drains are serialized by the writer's lock. A caller
+    /// that finds the lock taken leaves its packets to the holder, which looks again after letting go, so
+    /// many callers at once share writes instead of queueing for the lock.
     fn flush(&self) {
-        let mut w = lock(&self.writer);
-        let Some((generation, writer)) = w.as_mut() else {
-            return;
-        };
-        let packets: Vec<Vec<u8>> = {
-            let mut st = lock(&self.state);
-            let Some(link) = st.link.as_mut().filter(|l| l.generation == *generation) else {
-                return;
+        loop {
+            let mut w = match self.writer.try_lock() {
+                Ok(w) => w,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return,
             };
-            std::iter::from_fn(|| link.client.poll_transmit()).collect()
-        };
-        if packets.is_empty() {
-            return;
-        }
-        let sent = packets
-            .iter()
-            .try_for_each(|p| writer.send(p))
-            .and_then(|()| writer.flush());
-        if let Err(e) = sent {
-            let generation = *generation;
-            *w = None;
+            loop {
+                let Some((generation, writer)) = w.as_mut() else {
+                    return;
+                };
+                let packets: Vec<Vec<u8>> = {
+                    let mut st = lock(&self.state);
+                    let Some(link) = st.link.as_mut().filter(|l| l.generation == *generation)
+                    else {
+                        return;
+                    };
+                    link.unsent = false;
+                    std::iter::from_fn(|| link.client.poll_transmit()).collect()
+                };
+                if packets.is_empty() {
+                    break;
+                }
+                let sent = packets
+                    .iter()
+                    .try_for_each(|p| writer.send(p))
+                    .and_then(|()| writer.flush());
+                if let Err(e) = sent {
+                    let generation = *generation;
+                    *w = None;
+                    drop(w);
+                    self.lose(generation, format!("sending failed: {e}"));
+                    return;
+                }
+            }
             drop(w);
-            self.lose(generation, format!("sending failed: {e}"));
+            // Packets queued by callers that found the lock taken after this thread's last look.
+            if !lock(&self.state).link.as_ref().is_some_and(|l| l.unsent) {
+                return;
+            }
         }
     }
 
@@ -744,16 +886,12 @@ impl Shared {
                             continue;
                         }
                         backoff = first;
-                        (self.on_link)(LinkState::Back);
-                        (self.on_change)(vec![SharePath::root()]);
+                        self.notify(Notice::Link(LinkState::Back));
+                        self.notify(Notice::Changed(vec![SharePath::root()]));
                     }
                     Err(e) => {
                         let mut st = lock(&self.state);
-                        if !st.lost.contains("; redial: ") {
-                            st.lost = format!("{}; redial: {e}", st.lost);
-                        } else if let Some(at) = st.lost.find("; redial: ") {
-                            st.lost = format!("{}; redial: {e}", &st.lost[..at]);
-                        }
+                        st.redial = e;
                         if !st.closed {
                             let _ = self.wake.wait_timeout(st, backoff);
                         }
@@ -777,7 +915,9 @@ impl Shared {
             if link.routes.is_empty() && silent > self.config.keepalive && link.client.has_room() {
                 // A probe: its answer (or the silence) tells whether the sharer is still there.
                 if let Ok(id) = link.client.stat(SharePath::root()) {
-                    link.routes.insert(id, mpsc::channel().0);
+                    let (tx, held) = (mpsc::channel().0, Vec::new());
+                    link.routes.insert(id, Route { tx, end: END, held });
+                    link.unsent = true;
                     link.quiet_since = now;
                 }
             }
@@ -791,11 +931,19 @@ impl Shared {
         }
     }
 
+    fn notify(&self, notice: Notice) {
+        if let Some(tx) = lock(&self.notices).as_ref() {
+            let _ = tx.send(notice);
+        }
+    }
+
     /// Shuts down: requests fail with [`RemoteError::Closed`], the connection ends, the threads stop.
     fn close(&self) {
         let link = {
             let mut st = lock(&self.state);
             st.closed = true;
+            // The notice thread ends after the notices before.
+            lock(&self.notices).take();
             self.room.notify_all();
             self.wake.notify_all();
             st.link.take()

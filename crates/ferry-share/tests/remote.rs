@@ -489,3 +489,208 @@ fn requests_in_flight_when_the_link_drops_are_retried_on_the_new_one() {
     assert_eq!(c.link_until(|s| *s == LinkState::Back), LinkState::Back);
     reader.join().unwrap();
 }
+
+/// A link that is idle is probed; a sharer that stops answering is found lost by the probe, and the link
+/// comes back by itself.
+#[test]
+fn an_idle_link_to_a_silent_sharer_is_found_lost_and_redialled() {
+    let world = World::new();
+    let sharer = world.restart();
+    let (release, hold) = mpsc::channel::<()>();
+    let hold = Mutex::new(hold);
+    // After its hello the sharer writes nothing more on this connection (the next ones are left alone).
+    sharer.taps.lock().unwrap().push_back(Tap {
+        at: 1,
+        action: Box::new(move || {
+            let _ = hold.lock().unwrap().recv();
+            Ok(())
+        }),
+    });
+    let c = world.connect(RemoteConfig {
+        keepalive: Duration::from_millis(50),
+        ..config(8, Duration::from_millis(300))
+    });
+    assert_eq!(c.link_until(|_| true), LinkState::Up);
+    assert!(matches!(c.link_until(|_| true), LinkState::Lost(_)));
+    assert_eq!(c.link_until(|_| true), LinkState::Back);
+    assert_eq!(c.remote.stat(&p("docs")).unwrap().kind, Kind::Dir);
+    drop(release);
+}
+
+/// Dropping the last clone closes: a read waiting on a silent sharer ends with `Closed`, not after its
+/// deadline, and other clones work until then.
+#[test]
+fn dropping_the_last_clone_closes_the_remote() {
+    let world = World::new();
+    let sharer = world.restart();
+    let (release, hold) = mpsc::channel::<()>();
+    let hold = Mutex::new(hold);
+    sharer.taps.lock().unwrap().push_back(Tap {
+        at: 256 << 10,
+        action: Box::new(move || {
+            let _ = hold.lock().unwrap().recv();
+            Ok(())
+        }),
+    });
+    let c = world.connect(config(8, Duration::from_secs(30)));
+    let other = c.remote.clone();
+    drop(c.remote);
+    let mut handle = other.read(&p("big.bin"), None, 0, BIG as u64).unwrap();
+    assert!(matches!(
+        handle.next().unwrap(),
+        Some(ReadPiece::Version(_))
+    ));
+    drop(other);
+    let e = loop {
+        match handle.next() {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the whole read arrived"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e, RemoteError::Closed);
+    drop(release);
+}
+
+#[test]
+fn a_remote_is_send_sync_and_a_read_handle_send() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Remote>();
+    send::<ferry_share::remote::ReadHandle>();
+}
+
+/// CPU (both sides: this process holds the sharer too) per random 4 KiB read, `Session` against `Remote`,
+/// one at a time and 64 in flight. Run with `cargo test --release -p ferry-share --test remote -- --ignored
+/// --nocapture cpu_per_4k_read`; a figure, not a check.
+#[test]
+#[ignore = "a measurement"]
+fn cpu_per_4k_read_session_against_remote() {
+    let world = World::new();
+    let path = p("big.bin");
+    let count = 30_000u64;
+    let offsets: Vec<u64> = (0..count)
+        .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 20) % (BIG as u64 / 4096) * 4096)
+        .collect();
+    let (reader, writer) = world.dial()().unwrap();
+    let mut session = ferry_share::io::Session::open(reader, writer, 64).unwrap();
+    for depth in [1usize, 64] {
+        let cpu = cpu_per(count, || {
+            let mut issued = 0;
+            let mut done = 0;
+            while done < offsets.len() {
+                while issued < offsets.len() && issued - done < depth {
+                    let client = session.client();
+                    client
+                        .read(path.clone(), None, offsets[issued], 4096)
+                        .unwrap();
+                    issued += 1;
+                }
+                match session.next_event().unwrap() {
+                    ferry_share::client::Event::Done { .. } => done += 1,
+                    ferry_share::client::Event::Failed { failure, .. } => panic!("{failure:?}"),
+                    _ => {}
+                }
+            }
+        });
+        eprintln!("Session, {depth:2} in flight: {cpu:5.1} µs CPU per 4 KiB read");
+    }
+    let c = world.connect(config(64, Duration::from_secs(10)));
+    let cpu = cpu_per(count, || {
+        let mut buf = [0u8; 4096];
+        for &offset in &offsets {
+            c.remote.read_into(&path, None, offset, &mut buf).unwrap();
+        }
+    });
+    eprintln!("Remote,   1 in flight: {cpu:5.1} µs CPU per 4 KiB read (read_into)");
+    let cpu = cpu_per(count, || {
+        let mut window = std::collections::VecDeque::new();
+        let drain = |mut h: ferry_share::remote::ReadHandle| while h.next().unwrap().is_some() {};
+        for &offset in &offsets {
+            if window.len() == 64 {
+                drain(window.pop_front().unwrap());
+            }
+            window.push_back(c.remote.read(&path, None, offset, 4096).unwrap());
+        }
+        window.into_iter().for_each(drain);
+    });
+    eprintln!(
+        "Remote,  64 in flight: {cpu:5.1} µs CPU per 4 KiB read (one thread, a window of handles)"
+    );
+    let cpu = cpu_per(count, || {
+        std::thread::scope(|s| {
+            for chunk in offsets.chunks(offsets.len() / 64) {
+                let (remote, path) = (c.remote.clone(), &path);
+                s.spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    for &offset in chunk {
+                        remote.read_into(path, None, offset, &mut buf).unwrap();
+                    }
+                });
+            }
+        });
+    });
+    eprintln!("Remote,  64 threads:   {cpu:5.1} µs CPU per 4 KiB read (read_into on each)");
+}
+
+/// The process's CPU time (user + system) spent in `work`, per one of `count`, in µs.
+fn cpu_per(count: u64, work: impl FnOnce()) -> f64 {
+    fn cpu_ticks() -> u64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+        fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    }
+    let before = cpu_ticks();
+    work();
+    // Clock ticks are 10 ms on Linux (USER_HZ = 100).
+    (cpu_ticks() - before) as f64 * 10_000.0 / count as f64
+}
+
+/// The callbacks run on a thread of their own: one may use the remote (the mount stats a changed path).
+#[test]
+fn a_change_callback_may_use_the_remote() {
+    let world = World::new();
+    let slot: Arc<Mutex<Option<Remote>>> = Arc::default();
+    let (tx, stats) = mpsc::channel();
+    let (tx, in_callback) = (Mutex::new(tx), Arc::clone(&slot));
+    let remote = Remote::connect(
+        world.dial(),
+        config(8, Duration::from_secs(5)),
+        Box::new(move |paths| {
+            let remote = in_callback.lock().unwrap().clone();
+            for path in paths {
+                if let Some(remote) = &remote {
+                    let _ = tx.lock().unwrap().send((path.clone(), remote.stat(&path)));
+                }
+            }
+        }),
+        Box::new(|_| {}),
+    )
+    .unwrap();
+    *slot.lock().unwrap() = Some(remote.clone());
+    std::fs::write(world.share().join("docs/new.txt"), b"new").unwrap();
+    let (_, stat) = std::iter::from_fn(|| stats.recv_timeout(Duration::from_secs(10)).ok())
+        .find(|(path, _)| *path == p("docs/new.txt"))
+        .expect("a change of docs/new.txt");
+    assert_eq!(stat.unwrap().size, 3);
+    // No cycle left behind: the callback's clone goes.
+    slot.lock().unwrap().take();
+}
+
+/// A request made while the link is down waits for the redial (within its deadline) and then succeeds.
+#[test]
+fn a_request_made_while_the_link_is_down_waits_for_it() {
+    let world = World::new();
+    let c = world.connect(config(8, Duration::from_secs(10)));
+    assert_eq!(c.link_until(|_| true), LinkState::Up);
+    world.stop();
+    world.cut();
+    assert!(matches!(c.link_until(|_| true), LinkState::Lost(_)));
+    assert!(!c.remote.is_up());
+    let remote = c.remote.clone();
+    let waiting = std::thread::spawn(move || remote.stat(&p("docs/note.txt")));
+    world.restart();
+    assert_eq!(waiting.join().unwrap().unwrap().size, 21);
+    assert_eq!(c.link_until(|_| true), LinkState::Back);
+    assert!(c.remote.is_up());
+}
