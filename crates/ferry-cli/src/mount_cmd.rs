@@ -105,7 +105,8 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         .into());
     }
     crate::share_cmd::check_share_name(share)?;
-    let mountpoint = std::path::absolute(&args.mountpoint)?;
+    let mountpoint = lifecycle::resolve(&args.mountpoint)
+        .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
     if lifecycle::is_stale(&mountpoint) {
         // The mount of a process that died: gone before mounting again.
         lifecycle::unmount(&mountpoint).with_context(|| {
@@ -339,7 +340,8 @@ fn daemonize(mountpoint: &Path, ui: &mut Ui) -> anyhow::Result<()> {
 
 /// Runs `ferry unmount`.
 pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let mountpoint = std::path::absolute(&args.mountpoint)?;
+    let mountpoint = lifecycle::resolve(&args.mountpoint)
+        .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
     if !lifecycle::is_mounted(&mountpoint) {
         return Err(Usage(format!("{}: nothing is mounted there", mountpoint.display())).into());
     }

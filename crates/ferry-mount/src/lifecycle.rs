@@ -59,14 +59,11 @@ pub fn mount<S: Source>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::
 
 impl<S: Source> Mounted<S> {
     /// Raises the mount's readahead on its BDI (best effort: it needs root); returns what was set.
+    /// (The device comes from the mount table: a stat of the mount point would wait for this very
+    /// process, which serves nothing yet.)
     pub fn raise_readahead(&self) -> Option<u32> {
-        let st = rustix::fs::stat(&self.mountpoint).ok()?;
-        let dev = st.st_dev;
-        let bdi = format!(
-            "/sys/class/bdi/{}:{}/read_ahead_kb",
-            rustix::fs::major(dev),
-            rustix::fs::minor(dev)
-        );
+        let device = mounted_device(&self.mountpoint)?;
+        let bdi = format!("/sys/class/bdi/{device}/read_ahead_kb");
         std::fs::write(bdi, READ_AHEAD_KIB.to_string()).ok()?;
         Some(READ_AHEAD_KIB)
     }
@@ -111,19 +108,35 @@ pub fn unmount_lazily(mountpoint: &Path) -> io::Result<()> {
     }
 }
 
+/// `mountpoint` as the mount table names it: absolute, its parent's symbolic links resolved (the last
+/// component is not touched: a stat of a mount that is not served would wait).
+pub fn resolve(mountpoint: &Path) -> io::Result<PathBuf> {
+    let path = std::path::absolute(mountpoint)?;
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if name != ".." => Ok(parent.canonicalize()?.join(name)),
+        _ => path.canonicalize(),
+    }
+}
+
 /// Whether something is mounted on `mountpoint` (an absolute path), per `/proc/self/mountinfo`.
 pub fn is_mounted(mountpoint: &Path) -> bool {
-    let Ok(table) = std::fs::read("/proc/self/mountinfo") else {
-        return false;
-    };
-    let wanted = mountpoint
-        .canonicalize()
-        .unwrap_or_else(|_| mountpoint.to_path_buf());
-    let wanted = std::os::unix::ffi::OsStrExt::as_bytes(wanted.as_os_str()).to_vec();
+    mounted_device(mountpoint).is_some()
+}
+
+/// The device (`MAJOR:MINOR`) of the last mount on `mountpoint` (absolute, not canonicalized: that
+/// would stat a mount not served yet), per `/proc/self/mountinfo`.
+fn mounted_device(mountpoint: &Path) -> Option<String> {
+    let table = std::fs::read("/proc/self/mountinfo").ok()?;
+    let wanted = std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str());
     table
         .split(|&b| b == b'\n')
-        .filter_map(|line| line.split(|&b| b == b' ').nth(4))
-        .any(|field| unescape(field) == wanted)
+        .filter_map(|line| {
+            let mut fields = line.split(|&b| b == b' ');
+            let device = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (unescape(point) == wanted).then(|| String::from_utf8_lossy(device).into_owned())
+        })
+        .last()
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) undone.

@@ -6,14 +6,12 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferry_share::tree::Version;
+use ferry_share::tree::{Version, GROUP};
 use ferry_share::wire::{Entry, SharePath};
 
 use super::{ReadConfig, Reader, Stats};
 use crate::source::{Piece, Pieces, Source, SourceError};
 use crate::store::{Chunks, Store, StoreError};
-
-const GROUP: u64 = 16 * 1024;
 
 /// Files by path, each with a generation standing in for its root hash.
 #[derive(Default)]
