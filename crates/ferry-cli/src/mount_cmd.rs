@@ -226,17 +226,21 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         },
     );
     let served = mounted.run();
-    log.event("unmounted", json!({ "mountpoint": mountpoint.to_string_lossy() }), || {
-        format!("unmounted {}", escape(&mountpoint.to_string_lossy()))
-    });
+    unmounted(&mountpoint, log);
     served.with_context(|| format!("serving {}", mountpoint.display()))
 }
 
-/// Unmounts on a signal: at once, or lazily (with a message) when something still uses the mount.
+/// Unmounts on a signal: at once, or lazily (with a message) when something still uses the mount. A
+/// lazily detached mount would be served until its last user leaves: the process ends now instead (what
+/// is still open there fails with ENOTCONN).
 fn stop(mountpoint: &Path, log: Log) {
     match lifecycle::unmount(mountpoint) {
         Ok(Unmounted::Clean) => {}
-        Ok(Unmounted::Lazily) => busy_message(mountpoint, log),
+        Ok(Unmounted::Lazily) => {
+            busy_message(mountpoint, log, "files still open there fail from now on");
+            unmounted(mountpoint, log);
+            std::process::exit(0);
+        }
         Err(e) => log.event(
             "warning",
             json!({ "message": format!("cannot unmount: {e}") }),
@@ -245,11 +249,18 @@ fn stop(mountpoint: &Path, log: Log) {
     }
 }
 
-fn busy_message(mountpoint: &Path, log: Log) {
+fn unmounted(mountpoint: &Path, log: Log) {
+    log.event("unmounted", json!({ "mountpoint": mountpoint.to_string_lossy() }), || {
+        format!("unmounted {}", escape(&mountpoint.to_string_lossy()))
+    });
+}
+
+/// `then`: what becomes of what is still open there.
+fn busy_message(mountpoint: &Path, log: Log, then: &str) {
     let m = mountpoint.to_string_lossy();
     log.event("notice", json!({ "message": "busy: detached lazily", "mountpoint": m }), || {
         format!(
-            "{} is busy (a shell or program is inside it): detached now, gone when the last user leaves",
+            "{} is busy (a shell or program is inside it): detached now, {then}",
             escape(&m)
         )
     });
@@ -353,7 +364,8 @@ pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         json!({ "mountpoint": mountpoint.to_string_lossy(), "lazy": lazy }),
     );
     if lazy {
-        busy_message(&mountpoint, Log { json: ui.is_json() });
+        let then = "served until the last user leaves";
+        busy_message(&mountpoint, Log { json: ui.is_json() }, then);
     } else {
         ui.info(&format!("unmounted {}", mountpoint.display()));
     }

@@ -273,7 +273,13 @@ impl<S: Source> Shared<S> {
             FopenFlags::empty()
         };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let backing = self.backing_for(&file, &reply);
+        let backing = match self.inodes().may_pass_through(ino.0) {
+            true => self.backing_for(&file, &reply),
+            false => None,
+        };
+        if backing.is_none() {
+            self.inodes().opened_classic(ino.0);
+        }
         let stats = self.reader.stats();
         match &backing {
             Some(_) => stats.passthrough_opens.fetch_add(1, Ordering::Relaxed),

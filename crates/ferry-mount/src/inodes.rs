@@ -26,6 +26,9 @@ struct Node {
     version: Option<Version>,
     /// Set by a change notification: the next use asks the sharer again.
     stale: bool,
+    /// Opened for classic (daemon) reads since the kernel looked it up: the kernel keeps the inode in
+    /// caching mode until it forgets it, and answers a passthrough open of it with EIO.
+    cached_io: bool,
 }
 
 /// The kernel-side caches to drop after a change: inodes (attributes and data) and directory entries.
@@ -161,6 +164,18 @@ impl Inodes {
         }
     }
 
+    /// Whether `ino` may be opened with passthrough: never opened for classic reads since its lookup.
+    pub fn may_pass_through(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|n| !n.cached_io)
+    }
+
+    /// `ino` is opened for classic reads: no passthrough for it until the kernel forgets it.
+    pub fn opened_classic(&mut self, ino: u64) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.cached_io = true;
+        }
+    }
+
     /// `path` changed on the sharer: its node, its parent's listing and its descendants go stale; returns
     /// what the kernel must drop. The share's root means anything may have changed.
     pub fn changed(&mut self, path: &SharePath) -> Invalidations {
@@ -208,6 +223,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         listing: None,
         version: None,
         stale: false,
+        cached_io: false,
     }
 }
 
@@ -287,6 +303,18 @@ mod tests {
         assert_eq!(t.ino(&p("a")), None);
         t.forget(ROOT, 5);
         assert_eq!(t.path(ROOT), Some(SharePath::root()));
+    }
+
+    #[test]
+    fn a_classic_open_bars_passthrough_until_the_kernel_forgets_the_inode() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        assert!(t.may_pass_through(a));
+        t.opened_classic(a);
+        assert!(!t.may_pass_through(a));
+        t.forget(a, 1);
+        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        assert!(t.may_pass_through(a));
     }
 
     #[test]
