@@ -110,7 +110,11 @@ impl Drop for Mounted {
             let _ = p.finish();
         }
         // Whatever happened, no mount stays behind.
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

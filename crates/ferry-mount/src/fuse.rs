@@ -40,6 +40,8 @@ pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
 
 struct Open {
     handle: Arc<Handle>,
+    /// The inode, when opened for classic reads (counted in the inode table until release).
+    classic: Option<u64>,
     /// Held until release: the kernel reads the backing file through it.
     _backing: Option<Arc<BackingId>>,
 }
@@ -235,7 +237,7 @@ impl<S: Source> Shared<S> {
                 Err(SourceError::Offline(why)) => {
                     let known = {
                         let t = self.inodes();
-                        t.ino(&path).and_then(|i| t.entry(i, false)).or_else(|| {
+                        t.last_seen(&path).or_else(|| {
                             t.listing(parent.0, false)?
                                 .into_iter()
                                 .find(|e| e.name == name.as_bytes())
@@ -266,20 +268,21 @@ impl<S: Source> Shared<S> {
         let file = handle.file();
         let version = file.version();
         self.inodes().set_version(ino.0, version);
-        // The kernel's page cache of this inode is still good if it holds the same version.
-        let flags = if known == Some(version) {
-            FopenFlags::FOPEN_KEEP_CACHE
-        } else {
-            FopenFlags::empty()
-        };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let backing = match self.inodes().may_pass_through(ino.0) {
             true => self.backing_for(&file, &reply),
             false => None,
         };
         if backing.is_none() {
-            self.inodes().opened_classic(ino.0);
+            self.inodes().classic_open(ino.0, true);
         }
+        // The kernel's page cache of this inode is still good if it holds the same version (the kernel
+        // takes no other flag with passthrough: it would answer the open EIO).
+        let flags = if known == Some(version) && backing.is_none() {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else {
+            FopenFlags::empty()
+        };
         let stats = self.reader.stats();
         match &backing {
             Some(_) => stats.passthrough_opens.fetch_add(1, Ordering::Relaxed),
@@ -289,6 +292,7 @@ impl<S: Source> Shared<S> {
             fh,
             Open {
                 handle: Arc::new(handle),
+                classic: backing.is_none().then_some(ino.0),
                 _backing: backing.clone(),
             },
         );
@@ -472,6 +476,9 @@ impl<S: Source> Filesystem for ShareFs<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fh.0);
+        if let Some(ino) = gone.as_ref().and_then(|o| o.classic) {
+            self.shared.inodes().classic_open(ino, false);
+        }
         drop(gone);
         reply.ok();
     }

@@ -26,9 +26,9 @@ struct Node {
     version: Option<Version>,
     /// Set by a change notification: the next use asks the sharer again.
     stale: bool,
-    /// Opened for classic (daemon) reads since the kernel looked it up: the kernel keeps the inode in
-    /// caching mode until it forgets it, and answers a passthrough open of it with EIO.
-    cached_io: bool,
+    /// Handles open for classic (daemon) reads: while there are any, the kernel holds the inode in
+    /// caching mode and answers a passthrough open of it with EIO.
+    classic_opens: u32,
 }
 
 /// The kernel-side caches to drop after a change: inodes (attributes and data) and directory entries.
@@ -47,7 +47,13 @@ pub struct Inodes {
     by_path: HashMap<SharePath, u64>,
     next: u64,
     fresh_for: Duration,
+    /// What was last seen of paths the kernel forgot (entry, version opened): offline, a file read before
+    /// is found and opened from the cache again. Bounded by [`REMEMBERED`].
+    remembered: HashMap<SharePath, (Entry, Option<Version>)>,
 }
+
+/// Most forgotten paths remembered for offline use (about 100 bytes each); beyond, the oldest half goes.
+pub const REMEMBERED: usize = 100_000;
 
 impl Inodes {
     /// A table holding the root; entries and listings count as fresh for `fresh_for`.
@@ -57,6 +63,7 @@ impl Inodes {
             by_path: HashMap::new(),
             next: ROOT + 1,
             fresh_for,
+            remembered: HashMap::new(),
         };
         t.by_ino.insert(ROOT, node(SharePath::root(), ROOT));
         t.by_path.insert(SharePath::root(), ROOT);
@@ -91,7 +98,14 @@ impl Inodes {
         let ino = self.next;
         self.next += 1;
         self.by_path.insert(path.clone(), ino);
-        self.by_ino.insert(ino, node(path, parent));
+        let mut n = node(path, parent);
+        if let Some((entry, version)) = self.remembered.remove(&n.path) {
+            // Old: asked again before any use online.
+            n.entry = Some((entry, Instant::now()));
+            n.stale = true;
+            n.version = version;
+        }
+        self.by_ino.insert(ino, n);
         ino
     }
 
@@ -107,6 +121,16 @@ impl Inodes {
         if node.lookups == 0 {
             let node = self.by_ino.remove(&ino).expect("present");
             self.by_path.remove(&node.path);
+            if let Some((entry, _)) = node.entry {
+                if self.remembered.len() >= REMEMBERED {
+                    let drop: Vec<SharePath> =
+                        self.remembered.keys().take(REMEMBERED / 2).cloned().collect();
+                    for p in drop {
+                        self.remembered.remove(&p);
+                    }
+                }
+                self.remembered.insert(node.path, (entry, node.version));
+            }
         }
     }
 
@@ -164,15 +188,26 @@ impl Inodes {
         }
     }
 
-    /// Whether `ino` may be opened with passthrough: never opened for classic reads since its lookup.
-    pub fn may_pass_through(&self, ino: u64) -> bool {
-        self.by_ino.get(&ino).is_some_and(|n| !n.cached_io)
+    /// The entry last seen at `path`, also after the kernel forgot it (offline use).
+    pub fn last_seen(&self, path: &SharePath) -> Option<Entry> {
+        match self.by_path.get(path) {
+            Some(ino) => self.entry(*ino, false),
+            None => self.remembered.get(path).map(|(e, _)| e.clone()),
+        }
     }
 
-    /// `ino` is opened for classic reads: no passthrough for it until the kernel forgets it.
-    pub fn opened_classic(&mut self, ino: u64) {
+    /// Whether `ino` may be opened with passthrough: no handle of it is open for classic reads.
+    pub fn may_pass_through(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|n| n.classic_opens == 0)
+    }
+
+    /// A handle of `ino` opened (`true`) or released (`false`) for classic reads.
+    pub fn classic_open(&mut self, ino: u64, opened: bool) {
         if let Some(n) = self.by_ino.get_mut(&ino) {
-            n.cached_io = true;
+            n.classic_opens = match opened {
+                true => n.classic_opens.saturating_add(1),
+                false => n.classic_opens.saturating_sub(1),
+            };
         }
     }
 
@@ -223,7 +258,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         listing: None,
         version: None,
         stale: false,
-        cached_io: false,
+        classic_opens: 0,
     }
 }
 
@@ -306,15 +341,35 @@ mod tests {
     }
 
     #[test]
-    fn a_classic_open_bars_passthrough_until_the_kernel_forgets_the_inode() {
+    fn a_forgotten_path_is_remembered_with_its_version_for_offline_use() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 7));
+        let v = Version {
+            root: [3; 32],
+            size: 7,
+        };
+        t.set_version(a, v);
+        t.forget(a, 1);
+        assert_eq!(t.ino(&p("a")), None);
+        assert_eq!(t.last_seen(&p("a")).unwrap().size, 7);
+        let a = t.ino_for(p("a"), ROOT);
+        assert_eq!(t.version(a), Some(v));
+        assert_eq!(t.entry(a, true), None, "not fresh: asked again online");
+        assert_eq!(t.entry(a, false).unwrap().size, 7);
+    }
+
+    #[test]
+    fn an_open_classic_handle_bars_passthrough_until_released() {
         let mut t = Inodes::new(Duration::from_secs(60));
         let a = t.looked_up(p("a"), ROOT, file("a", 1));
         assert!(t.may_pass_through(a));
-        t.opened_classic(a);
+        t.classic_open(a, true);
+        t.classic_open(a, true);
+        t.classic_open(a, false);
         assert!(!t.may_pass_through(a));
-        t.forget(a, 1);
-        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        t.classic_open(a, false);
         assert!(t.may_pass_through(a));
+        assert!(!t.may_pass_through(a + 1), "an unknown inode");
     }
 
     #[test]
