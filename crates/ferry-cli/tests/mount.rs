@@ -233,6 +233,7 @@ fn changes_on_the_sharer_appear_in_the_mount() {
     fs::write(w.src().join("modified"), b"version one").unwrap();
     fs::write(w.src().join("shrunk"), pseudo_random(100_000, 1)).unwrap();
     fs::write(w.src().join("deleted"), b"bye").unwrap();
+    fs::write(w.src().join("held"), b"held, version one").unwrap();
     let _sharer = sharing(&w);
     let m = Mounted::start(&w, &[]);
     assert_eq!(fs::read(m.path("modified")).unwrap(), b"version one");
@@ -252,14 +253,35 @@ fn changes_on_the_sharer_appear_in_the_mount() {
         fs::read(m.path("shrunk")).ok().as_deref() == Some(b"tiny")
     });
     eventually("a deleted file", || !m.path("deleted").exists());
-    // A file held open while it shrinks never shows bytes past its new end.
-    let mut f = fs::File::open(m.path("modified")).unwrap();
-    fs::write(w.src().join("modified"), b"2").unwrap();
-    eventually("the open file's new size", || {
+    // A file held open while it shrinks, opened before it was cached (classic reads): it follows the
+    // change and never shows bytes past its new end.
+    let mut f = fs::File::open(m.path("held")).unwrap();
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).unwrap();
+    assert_eq!(buf, b"held, version one");
+    fs::write(w.src().join("held"), b"2").unwrap();
+    eventually("the open file's new version", || {
         let mut buf = Vec::new();
         f.seek(SeekFrom::Start(0)).unwrap();
         f.read_to_end(&mut buf).unwrap();
+        assert!(buf == b"2" || buf == b"held, version one", "a mix: {buf:?}");
         buf == b"2"
+    });
+    // Opened when fully cached (passthrough): it reads the version it opened, whole, after a change too.
+    let mut g = fs::File::open(m.path("modified")).unwrap();
+    fs::write(w.src().join("modified"), b"three").unwrap();
+    eventually("the new size", || {
+        fs::metadata(m.path("modified")).map(|m| m.len()).ok() == Some(5)
+    });
+    let mut buf = Vec::new();
+    g.read_to_end(&mut buf).unwrap();
+    assert!(buf == b"version two, longer" || buf == b"three", "a mix: {buf:?}");
+    // Opened while it is: the same version (the kernel takes one backing file per inode), whole.
+    let also = fs::read(m.path("modified")).unwrap();
+    assert!(also == buf, "{also:?} beside {buf:?}");
+    drop(g);
+    eventually("the new version once the old one's handles are closed", || {
+        fs::read(m.path("modified")).ok().as_deref() == Some(b"three")
     });
 }
 

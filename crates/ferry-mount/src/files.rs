@@ -241,6 +241,15 @@ impl<S: Source> Reader<S> {
         })
     }
 
+    /// Opens `path` at `version` (the version the kernel's other handles of it read).
+    pub fn open_at(&self, path: &SharePath, version: Version) -> Result<Handle, ReadError> {
+        let file = self.file_of(path, version)?;
+        Ok(Handle {
+            path: path.clone(),
+            file: Mutex::new(file),
+        })
+    }
+
     /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
     /// when the sharer cannot be reached.
     fn current(&self, path: &SharePath, known: Option<Version>) -> Result<Arc<OpenFile>, ReadError> {

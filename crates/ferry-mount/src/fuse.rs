@@ -40,8 +40,9 @@ pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
 
 struct Open {
     handle: Arc<Handle>,
-    /// The inode, when opened for classic reads (counted in the inode table until release).
-    classic: Option<u64>,
+    /// The inode, and whether its handle reads with passthrough (counted in the inode table until release).
+    ino: u64,
+    passthrough: bool,
     /// Held until release: the kernel reads the backing file through it.
     _backing: Option<Arc<BackingId>>,
 }
@@ -261,20 +262,30 @@ impl<S: Source> Shared<S> {
             Err(e) => return reply.error(e),
         };
         let known = self.inodes().version(ino.0);
-        let handle = match self.reader.open(&path, known) {
+        // While handles of the inode read a backing file, the kernel takes only passthrough opens of that
+        // same file: a new open reads their version, the new one once they are all closed.
+        let pinned = self.inodes().passing_through(ino.0);
+        let opened = match pinned {
+            Some(v) => self.reader.open_at(&path, v),
+            None => self.reader.open(&path, known),
+        };
+        let handle = match opened {
             Ok(h) => h,
             Err(e) => return reply.error(Errno::from_i32(e.errno())),
         };
         let file = handle.file();
         let version = file.version();
-        self.inodes().set_version(ino.0, version);
+        if pinned.is_none() {
+            self.inodes().set_version(ino.0, version);
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let backing = match self.inodes().may_pass_through(ino.0) {
+        let backing = match pinned.is_some() || self.inodes().may_pass_through(ino.0) {
             true => self.backing_for(&file, &reply),
             false => None,
         };
-        if backing.is_none() {
-            self.inodes().classic_open(ino.0, true);
+        match backing {
+            Some(_) => self.inodes().passthrough_open(ino.0, Some(version)),
+            None => self.inodes().classic_open(ino.0, true),
         }
         // The kernel's page cache of this inode is still good if it holds the same version (the kernel
         // takes no other flag with passthrough: it would answer the open EIO).
@@ -292,7 +303,8 @@ impl<S: Source> Shared<S> {
             fh,
             Open {
                 handle: Arc::new(handle),
-                classic: backing.is_none().then_some(ino.0),
+                ino: ino.0,
+                passthrough: backing.is_some(),
                 _backing: backing.clone(),
             },
         );
@@ -476,8 +488,10 @@ impl<S: Source> Filesystem for ShareFs<S> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&fh.0);
-        if let Some(ino) = gone.as_ref().and_then(|o| o.classic) {
-            self.shared.inodes().classic_open(ino, false);
+        match &gone {
+            Some(o) if o.passthrough => self.shared.inodes().passthrough_open(o.ino, None),
+            Some(o) => self.shared.inodes().classic_open(o.ino, false),
+            None => {}
         }
         drop(gone);
         reply.ok();

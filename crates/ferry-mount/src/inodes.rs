@@ -29,6 +29,9 @@ struct Node {
     /// Handles open for classic (daemon) reads: while there are any, the kernel holds the inode in
     /// caching mode and answers a passthrough open of it with EIO.
     classic_opens: u32,
+    /// Handles open with passthrough, and the version they read: while there are any, the kernel takes
+    /// only passthrough opens of that same backing file.
+    passthrough: (u32, Option<Version>),
 }
 
 /// The kernel-side caches to drop after a change: inodes (attributes and data) and directory entries.
@@ -201,6 +204,22 @@ impl Inodes {
         self.by_ino.get(&ino).is_some_and(|n| n.classic_opens == 0)
     }
 
+    /// The version `ino`'s open passthrough handles read, if any are open.
+    pub fn passing_through(&self, ino: u64) -> Option<Version> {
+        let n = self.by_ino.get(&ino)?;
+        (n.passthrough.0 > 0).then_some(n.passthrough.1).flatten()
+    }
+
+    /// A handle of `ino` opened with passthrough at `Some(version)`, or released (`None`).
+    pub fn passthrough_open(&mut self, ino: u64, opened: Option<Version>) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.passthrough = match opened {
+                Some(v) => (n.passthrough.0.saturating_add(1), Some(v)),
+                None => (n.passthrough.0.saturating_sub(1), n.passthrough.1),
+            };
+        }
+    }
+
     /// A handle of `ino` opened (`true`) or released (`false`) for classic reads.
     pub fn classic_open(&mut self, ino: u64, opened: bool) {
         if let Some(n) = self.by_ino.get_mut(&ino) {
@@ -259,6 +278,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         version: None,
         stale: false,
         classic_opens: 0,
+        passthrough: (0, None),
     }
 }
 
@@ -370,6 +390,17 @@ mod tests {
         t.classic_open(a, false);
         assert!(t.may_pass_through(a));
         assert!(!t.may_pass_through(a + 1), "an unknown inode");
+        let v = Version {
+            root: [1; 32],
+            size: 1,
+        };
+        assert_eq!(t.passing_through(a), None);
+        t.passthrough_open(a, Some(v));
+        t.passthrough_open(a, Some(v));
+        t.passthrough_open(a, None);
+        assert_eq!(t.passing_through(a), Some(v));
+        t.passthrough_open(a, None);
+        assert_eq!(t.passing_through(a), None);
     }
 
     #[test]
