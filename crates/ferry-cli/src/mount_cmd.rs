@@ -5,8 +5,8 @@
 //! through [`paired::reach_share`] when lost). Files read are kept, verified, in the chunk cache under
 //! `$XDG_CACHE_HOME/ferry/mounts/PEER/SHARE/`, bounded by `--cache-size`; see `ferry_mount` for the layers.
 
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -96,7 +96,10 @@ const DAEMON_CHILD: &str = "FERRY_MOUNT_DAEMON_CHILD";
 
 /// Runs `ferry mount`.
 pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    let (name, share) = args.target.split_once(':').unwrap_or((&args.target, "default"));
+    let (name, share) = args
+        .target
+        .split_once(':')
+        .unwrap_or((&args.target, "default"));
     if name.is_empty() {
         return Err(Usage(format!(
             "{:?}: give the paired peer's name first, as NAME or NAME:SHARE",
@@ -109,10 +112,12 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
     if lifecycle::is_stale(&mountpoint) {
         // The mount of a process that died: gone before mounting again.
-        lifecycle::unmount(&mountpoint).with_context(|| {
-            format!("{}: a stale mount is in the way", mountpoint.display())
-        })?;
-        ui.warn(&format!("{}: unmounted a stale mount", mountpoint.display()));
+        lifecycle::unmount(&mountpoint)
+            .with_context(|| format!("{}: a stale mount is in the way", mountpoint.display()))?;
+        ui.warn(&format!(
+            "{}: unmounted a stale mount",
+            mountpoint.display()
+        ));
     }
     if !mountpoint.is_dir() {
         return Err(Usage(format!("{}: not a directory", mountpoint.display())).into());
@@ -149,7 +154,8 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         })
     };
     let peer_name = peer.name.to_string();
-    let on_link = Box::new(move |state: LinkState| match state {
+    let on_link = Box::new(move |state: LinkState| {
+        match state {
         LinkState::Up => {}
         LinkState::Lost(why) => log.event(
             "link",
@@ -159,15 +165,15 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         LinkState::Back => log.event("link", json!({ "state": "back" }), || {
             format!("the link to {peer_name} is back")
         }),
+    }
     });
     let config = RemoteConfig {
         max_in_flight: 256,
         deadline: args.deadline,
         ..RemoteConfig::default()
     };
-    let remote = Remote::connect(dial, config, on_change, on_link).map_err(|e| {
-        anyhow::Error::new(e).context(paired::refused_before_hello(&peer))
-    })?;
+    let remote = Remote::connect(dial, config, on_change, on_link)
+        .map_err(|e| anyhow::Error::new(e).context(paired::refused_before_hello(&peer)))?;
 
     let dir = cache_dir()
         .context("no cache directory: set HOME or XDG_CACHE_HOME")?
@@ -200,7 +206,9 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     crate::interrupt::on_signals(
         move || {
             let line = reported.line();
-            log.event("stats", json!({ "line": line }), || format!("stats: {line}"))
+            log.event("stats", json!({ "line": line }), || {
+                format!("stats: {line}")
+            })
         },
         move || {
             let mut n = stops.lock().unwrap_or_else(|e| e.into_inner());
@@ -250,20 +258,26 @@ fn stop(mountpoint: &Path, log: Log) {
 }
 
 fn unmounted(mountpoint: &Path, log: Log) {
-    log.event("unmounted", json!({ "mountpoint": mountpoint.to_string_lossy() }), || {
-        format!("unmounted {}", escape(&mountpoint.to_string_lossy()))
-    });
+    log.event(
+        "unmounted",
+        json!({ "mountpoint": mountpoint.to_string_lossy() }),
+        || format!("unmounted {}", escape(&mountpoint.to_string_lossy())),
+    );
 }
 
 /// `then`: what becomes of what is still open there.
 fn busy_message(mountpoint: &Path, log: Log, then: &str) {
     let m = mountpoint.to_string_lossy();
-    log.event("notice", json!({ "message": "busy: detached lazily", "mountpoint": m }), || {
-        format!(
-            "{} is busy (a shell or program is inside it): detached now, {then}",
-            escape(&m)
-        )
-    });
+    log.event(
+        "notice",
+        json!({ "message": "busy: detached lazily", "mountpoint": m }),
+        || {
+            format!(
+                "{} is busy (a shell or program is inside it): detached now, {then}",
+                escape(&m)
+            )
+        },
+    );
 }
 
 /// The `Dial` of the link: the first connection once, then a new reach each time the link is lost.
@@ -354,7 +368,11 @@ pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let mountpoint = lifecycle::resolve(&args.mountpoint)
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
     if !lifecycle::is_mounted(&mountpoint) {
-        return Err(Usage(format!("{}: nothing is mounted there", mountpoint.display())).into());
+        return Err(Usage(format!(
+            "{}: nothing is mounted there",
+            mountpoint.display()
+        ))
+        .into());
     }
     let how = lifecycle::unmount(&mountpoint)
         .with_context(|| format!("cannot unmount {}", mountpoint.display()))?;

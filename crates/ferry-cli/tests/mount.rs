@@ -166,7 +166,10 @@ fn listing_stat_and_random_reads_equal_the_source() {
     let got = fs::metadata(m.path("small.txt")).unwrap();
     assert_eq!(got.len(), src.len());
     assert_eq!(got.mode() & 0o7777, src.mode() & 0o7777);
-    assert_eq!((got.mtime(), got.mtime_nsec()), (1_600_000_000, 123_456_789));
+    assert_eq!(
+        (got.mtime(), got.mtime_nsec()),
+        (1_600_000_000, 123_456_789)
+    );
     assert_eq!(
         fs::read_link(m.path("sub/link")).unwrap(),
         PathBuf::from("../small.txt")
@@ -189,7 +192,9 @@ fn listing_stat_and_random_reads_equal_the_source() {
         let end = (off as usize + len).min(source.len());
         assert_eq!(&buf[..n], &source[off as usize..end], "read at {off}+{len}");
     }
-    assert!(!fs::read_dir(&m.dir).unwrap().any(|e| e.unwrap().file_name() == "nope"));
+    assert!(!fs::read_dir(&m.dir)
+        .unwrap()
+        .any(|e| e.unwrap().file_name() == "nope"));
     assert_eq!(
         fs::metadata(m.path("nope")).unwrap_err().kind(),
         std::io::ErrorKind::NotFound
@@ -201,7 +206,8 @@ fn listing_stat_and_random_reads_equal_the_source() {
 
 #[test]
 fn a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough() {
-    if !fuse_usable("a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough") {
+    if !fuse_usable("a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough")
+    {
         return;
     }
     let w = World::new();
@@ -219,8 +225,15 @@ fn a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough(
     let again = fs::read(m.path("big.bin")).unwrap();
     assert_eq!(hash(&again), hash(&big), "read again");
     let after = m.stats();
-    assert_eq!(after["passthrough-opens"], before["passthrough-opens"] + 1, "{after:?}");
-    assert_eq!(after["reads"], before["reads"], "reads reached the daemon: {after:?}");
+    assert_eq!(
+        after["passthrough-opens"],
+        before["passthrough-opens"] + 1,
+        "{after:?}"
+    );
+    assert_eq!(
+        after["reads"], before["reads"],
+        "reads reached the daemon: {after:?}"
+    );
     assert_eq!(after["from-peer"], before["from-peer"]);
 }
 
@@ -245,7 +258,9 @@ fn changes_on_the_sharer_appear_in_the_mount() {
     fs::write(w.src().join("modified"), b"version two, longer").unwrap();
     fs::write(w.src().join("shrunk"), b"tiny").unwrap();
     fs::remove_file(w.src().join("deleted")).unwrap();
-    eventually("a new file", || fs::read(m.path("new")).ok().as_deref() == Some(b"fresh"));
+    eventually("a new file", || {
+        fs::read(m.path("new")).ok().as_deref() == Some(b"fresh")
+    });
     eventually("a modified file", || {
         fs::read(m.path("modified")).ok().as_deref() == Some(b"version two, longer")
     });
@@ -275,14 +290,18 @@ fn changes_on_the_sharer_appear_in_the_mount() {
     });
     let mut buf = Vec::new();
     g.read_to_end(&mut buf).unwrap();
-    assert!(buf == b"version two, longer" || buf == b"three", "a mix: {buf:?}");
+    assert!(
+        buf == b"version two, longer" || buf == b"three",
+        "a mix: {buf:?}"
+    );
     // Opened while it is: the same version (the kernel takes one backing file per inode), whole.
     let also = fs::read(m.path("modified")).unwrap();
     assert!(also == buf, "{also:?} beside {buf:?}");
     drop(g);
-    eventually("the new version once the old one's handles are closed", || {
-        fs::read(m.path("modified")).ok().as_deref() == Some(b"three")
-    });
+    eventually(
+        "the new version once the old one's handles are closed",
+        || fs::read(m.path("modified")).ok().as_deref() == Some(b"three"),
+    );
 }
 
 #[test]
@@ -302,7 +321,14 @@ fn real_programs_read_the_mount_as_the_source() {
         let out = Command::new("git")
             .arg("-C")
             .arg(&repo)
-            .args(["-c", "user.name=t", "-c", "user.email=t@t", "-c", "safe.directory=*"])
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "safe.directory=*",
+            ])
             .args(args)
             .output()
             .unwrap();
@@ -364,7 +390,11 @@ fn real_programs_read_the_mount_as_the_source() {
 
     let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
     let digest = |p: &Path| {
-        let out = Command::new("python3").args(["-c", py]).arg(p).output().unwrap();
+        let out = Command::new("python3")
+            .args(["-c", py])
+            .arg(p)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "python mmap: {out:?}");
         out.stdout
     };
@@ -387,7 +417,12 @@ fn writes_into_the_mount_are_refused_read_only() {
         assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
     };
     erofs(fs::write(m.path("new"), b"x"));
-    erofs(fs::OpenOptions::new().append(true).open(m.path("f")).map(drop));
+    erofs(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("f"))
+            .map(drop),
+    );
     erofs(fs::create_dir(m.path("d")));
     erofs(fs::remove_file(m.path("f")));
     erofs(fs::rename(m.path("f"), m.path("g")));
@@ -396,7 +431,9 @@ fn writes_into_the_mount_are_refused_read_only() {
 
 #[test]
 fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable() {
-    if !fuse_usable("a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable") {
+    if !fuse_usable(
+        "a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable",
+    ) {
         return;
     }
     let w = World::new();
@@ -405,7 +442,10 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     fs::write(w.src().join("big"), &big).unwrap();
     let sharer = sharing(&w);
     let mut m = Mounted::start(&w, &["--deadline", "2s"]);
-    assert_eq!(fs::read(m.path("cached")).unwrap(), pseudo_random(500_000, 3));
+    assert_eq!(
+        fs::read(m.path("cached")).unwrap(),
+        pseudo_random(500_000, 3)
+    );
     let f = fs::File::open(m.path("big")).unwrap();
     let mut buf = vec![0; 1 << 20];
     assert_eq!(f.read_at(&mut buf, 0).unwrap(), 1 << 20);
@@ -419,7 +459,10 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     assert!(started.elapsed() < Duration::from_secs(60));
     m.wait_for(|e| e["event"] == "link" && e["state"] == "lost");
     // Cached: still readable, also opened anew.
-    assert_eq!(fs::read(m.path("cached")).unwrap(), pseudo_random(500_000, 3));
+    assert_eq!(
+        fs::read(m.path("cached")).unwrap(),
+        pseudo_random(500_000, 3)
+    );
     // The sharer is back: the mount reconnects by itself and the rest reads.
     let _sharer = w.share("a", &[]).0;
     m.wait_for(|e| e["event"] == "link" && e["state"] == "back");
@@ -445,18 +488,36 @@ fn a_corrupted_cache_file_is_detected_and_fetched_again() {
     let cache = w.path("cache-b/ferry/mounts");
     let mut flipped = 0;
     for file in list_all(&cache) {
-        let Ok(meta) = fs::metadata(&file) else { continue };
+        let Ok(meta) = fs::metadata(&file) else {
+            continue;
+        };
         if meta.is_file() && meta.len() == content.len() as u64 {
-            let f = fs::OpenOptions::new().read(true).write(true).open(&file).unwrap();
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&file)
+                .unwrap();
             let mut b = [0u8];
             f.read_exact_at(&mut b, 1_000_000).unwrap();
             f.write_all_at(&[b[0] ^ 0xff], 1_000_000).unwrap();
             flipped += 1;
         }
     }
-    assert_eq!(flipped, 1, "one cache file of the version's size under {}", cache.display());
+    assert_eq!(
+        flipped,
+        1,
+        "one cache file of the version's size under {}",
+        cache.display()
+    );
     fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
-    assert_eq!(hash(&fs::read(m.path("f")).unwrap()), hash(&content), "read after the flip");
+    assert_eq!(
+        hash(&fs::read(m.path("f")).unwrap()),
+        hash(&content),
+        "read after the flip"
+    );
     let after = m.stats();
-    assert!(after["from-peer"] > before["from-peer"], "the altered range was fetched again: {after:?}");
+    assert!(
+        after["from-peer"] > before["from-peer"],
+        "the altered range was fetched again: {after:?}"
+    );
 }

@@ -252,7 +252,11 @@ impl<S: Source> Reader<S> {
 
     /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
     /// when the sharer cannot be reached.
-    fn current(&self, path: &SharePath, known: Option<Version>) -> Result<Arc<OpenFile>, ReadError> {
+    fn current(
+        &self,
+        path: &SharePath,
+        known: Option<Version>,
+    ) -> Result<Arc<OpenFile>, ReadError> {
         let version = match self.learn_version(path) {
             Ok(v) => v,
             Err(SourceError::Offline(why)) => known.ok_or(SourceError::Offline(why))?,
@@ -395,7 +399,10 @@ impl<S: Source> Reader<S> {
             }
             let target = want.end.saturating_add(self.config.ahead);
             // Whole pieces: the sharer gets fewer, larger requests.
-            let target = target.div_ceil(self.config.piece).saturating_mul(self.config.piece).min(size);
+            let target = target
+                .div_ceil(self.config.piece)
+                .saturating_mul(self.config.piece)
+                .min(size);
             // Started again once the reader is half-way into what was streamed.
             if st.ahead_until >= target || st.ahead_until > want.end + self.config.ahead / 2 {
                 return;
@@ -456,7 +463,9 @@ impl<S: Source> Reader<S> {
         cancellable: bool,
     ) -> Result<(), ReadError> {
         let version = file.version();
-        let mut todo = ranges.iter().flat_map(|r| split(r.clone(), self.config.piece));
+        let mut todo = ranges
+            .iter()
+            .flat_map(|r| split(r.clone(), self.config.piece));
         let mut in_flight: std::collections::VecDeque<(Slot<'_>, Box<dyn Pieces>)> =
             Default::default();
         let mut next = todo.next();

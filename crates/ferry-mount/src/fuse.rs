@@ -12,9 +12,9 @@
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_share::wire::{Entry, Kind, SharePath};
@@ -109,7 +109,6 @@ impl<S: Source> ShareFs<S> {
             shared: Arc::downgrade(&self.shared),
         }
     }
-
 }
 
 impl<S: Source> Changes<S> {
@@ -195,9 +194,10 @@ impl<S: Source> Shared<S> {
                 self.inodes().set_entry(ino, e.clone());
                 Ok(e)
             }
-            Err(SourceError::Offline(why)) => {
-                self.inodes().entry(ino, false).ok_or_else(|| self.failed(why))
-            }
+            Err(SourceError::Offline(why)) => self
+                .inodes()
+                .entry(ino, false)
+                .ok_or_else(|| self.failed(why)),
             Err(e) => Err(Errno::from_i32(e.errno())),
         }
     }
@@ -211,9 +211,10 @@ impl<S: Source> Shared<S> {
                 self.inodes().set_listing(ino, l.clone());
                 Ok(l)
             }
-            Err(SourceError::Offline(why)) => {
-                self.inodes().listing(ino, false).ok_or_else(|| self.failed(why))
-            }
+            Err(SourceError::Offline(why)) => self
+                .inodes()
+                .listing(ino, false)
+                .ok_or_else(|| self.failed(why)),
             Err(e) => Err(Errno::from_i32(e.errno())),
         }
     }

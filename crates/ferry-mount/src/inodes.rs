@@ -126,8 +126,12 @@ impl Inodes {
             self.by_path.remove(&node.path);
             if let Some((entry, _)) = node.entry {
                 if self.remembered.len() >= REMEMBERED {
-                    let drop: Vec<SharePath> =
-                        self.remembered.keys().take(REMEMBERED / 2).cloned().collect();
+                    let drop: Vec<SharePath> = self
+                        .remembered
+                        .keys()
+                        .take(REMEMBERED / 2)
+                        .cloned()
+                        .collect();
                     for p in drop {
                         self.remembered.remove(&p);
                     }

@@ -59,7 +59,10 @@ mod tests {
             sorted(RemoteError::Remote(ErrorCode::Changed, "x".into())),
             SourceError::Changed
         );
-        assert!(matches!(sorted(RemoteError::Deadline), SourceError::Offline(_)));
+        assert!(matches!(
+            sorted(RemoteError::Deadline),
+            SourceError::Offline(_)
+        ));
         assert!(matches!(
             sorted(RemoteError::Disconnected("gone".into())),
             SourceError::Offline(_)

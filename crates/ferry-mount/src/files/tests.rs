@@ -215,7 +215,10 @@ fn a_sequential_read_is_streamed_in_large_requests_and_fetched_once() {
     assert_eq!(sharer.bytes.load(Ordering::Relaxed), content.len() as u64);
     // Read again: all from the store.
     let before = sharer.bytes.load(Ordering::Relaxed);
-    assert_eq!(reader.read(&h, 5 << 20, 1 << 20).unwrap(), &content[5 << 20..6 << 20]);
+    assert_eq!(
+        reader.read(&h, 5 << 20, 1 << 20).unwrap(),
+        &content[5 << 20..6 << 20]
+    );
     assert_eq!(sharer.bytes.load(Ordering::Relaxed), before);
 }
 
@@ -280,5 +283,8 @@ fn offline_cached_ranges_read_and_missing_ones_fail_with_eio() {
     assert_eq!(e.errno(), libc::EIO);
     assert!(reader.open(&p("f"), None).is_err());
     sharer.offline.store(false, Ordering::Relaxed);
-    assert_eq!(reader.read(&h2, 500_000, 100_000).unwrap(), &content[500_000..600_000]);
+    assert_eq!(
+        reader.read(&h2, 500_000, 100_000).unwrap(),
+        &content[500_000..600_000]
+    );
 }
