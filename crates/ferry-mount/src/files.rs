@@ -23,6 +23,9 @@ use ferry_share::wire::SharePath;
 use crate::source::{Piece, Pieces, Source, SourceError};
 use crate::store::{Chunks, Store};
 
+/// The open files by path and version root (weak: they live as long as their handles).
+type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
+
 /// How reads go to the sharer.
 #[derive(Debug, Clone, Copy)]
 pub struct ReadConfig {
@@ -166,7 +169,7 @@ pub struct Reader<S: Source> {
     store: Arc<dyn Store>,
     config: ReadConfig,
     stats: Arc<Stats>,
-    open: Mutex<HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>>,
+    open: Mutex<OpenFiles>,
     /// Read requests in flight, all fetches together.
     slots: Slots,
 }

@@ -136,7 +136,7 @@ fn mounted_device(mountpoint: &Path) -> Option<String> {
             let point = fields.nth(1)?;
             (unescape(point) == wanted).then(|| String::from_utf8_lossy(device).into_owned())
         })
-        .last()
+        .next_back()
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) undone.
