@@ -53,6 +53,9 @@ pub struct MountArgs {
     /// How long a request may go unanswered before it fails (EIO) and the link counts as lost.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::transfer_cmd::parse_duration)]
     deadline: Duration,
+    /// Serve every read in the daemon, also of fully cached files (no FUSE passthrough; for comparisons).
+    #[arg(long, hide = true)]
+    no_passthrough: bool,
     /// Detach: return once mounted, leaving the mount served in the background.
     #[arg(long)]
     daemon: bool,
@@ -193,7 +196,10 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let notice = Arc::new(move |line: &str| {
         log.event("notice", json!({ "message": line }), || line.to_string())
     });
-    let fs = ShareFs::new(source, reader, notice);
+    let mut fs = ShareFs::new(source, reader, notice);
+    if args.no_passthrough {
+        fs = fs.without_passthrough();
+    }
     let _ = changes.set(fs.changes());
     let fsname = format!("ferry:{}:{share}", peer.name);
     let mounted = lifecycle::mount(fs, &mountpoint, &fsname)

@@ -238,6 +238,34 @@ fn a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough(
 }
 
 #[test]
+fn without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon() {
+    if !fuse_usable("without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon") {
+        return;
+    }
+    let w = World::new();
+    let content = pseudo_random(4 << 20, 6);
+    fs::write(w.src().join("f"), &content).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &["--no-passthrough"]);
+    assert_eq!(hash(&fs::read(m.path("f")).unwrap()), hash(&content));
+    let before = m.stats();
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_eq!(
+        hash(&fs::read(m.path("f")).unwrap()),
+        hash(&content),
+        "read again"
+    );
+    let after = m.stats();
+    assert_eq!(after["passthrough-opens"], 0, "{after:?}");
+    assert!(after["reads"] > before["reads"], "{after:?}");
+    assert!(
+        after["from-cache"] >= before["from-cache"] + content.len() as u64,
+        "{after:?}"
+    );
+    assert_eq!(after["from-peer"], before["from-peer"], "{after:?}");
+}
+
+#[test]
 fn changes_on_the_sharer_appear_in_the_mount() {
     if !fuse_usable("changes_on_the_sharer_appear_in_the_mount") {
         return;

@@ -66,6 +66,8 @@ struct Shared<S: Source> {
 /// A paired peer's share as a file system.
 pub struct ShareFs<S: Source> {
     shared: Arc<Shared<S>>,
+    /// Passthrough asked of the kernel at init (unless [`ShareFs::without_passthrough`]).
+    passthrough_wanted: bool,
 }
 
 /// Applies the sharer's change notifications to a mounted [`ShareFs`].
@@ -100,7 +102,14 @@ impl<S: Source> ShareFs<S> {
                 gid,
                 notice,
             }),
+            passthrough_wanted: true,
         }
+    }
+
+    /// Never opens with passthrough: every read reaches the daemon (for comparisons: `ferry bench mount`).
+    pub fn without_passthrough(mut self) -> Self {
+        self.passthrough_wanted = false;
+        self
     }
 
     /// Where change notifications go once mounted.
@@ -381,7 +390,9 @@ impl<S: Source> Filesystem for ShareFs<S> {
                 let _ = config.add_capabilities(wanted);
             }
         }
-        if caps.contains(InitFlags::FUSE_PASSTHROUGH)
+        if !self.passthrough_wanted {
+            (self.shared.notice)("passthrough is off: cached files are read through the daemon");
+        } else if caps.contains(InitFlags::FUSE_PASSTHROUGH)
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(2).is_ok()
         {
