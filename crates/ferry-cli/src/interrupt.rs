@@ -102,3 +102,37 @@ pub fn install(json: bool) {
         std::process::exit(i32::from(code.exit_status()));
     });
 }
+
+/// Reads SIGINT, SIGTERM, SIGHUP and SIGUSR1 on a thread of its own, so nothing unsafe runs in a handler
+/// (for the commands that stop cleanly by themselves: `share`, `mount`): `on_stop` runs at each of the first
+/// three, `on_stats` at each SIGUSR1. Registered before returning, so no signal from then on is missed.
+pub fn on_signals(
+    on_stats: impl Fn() + Send + 'static,
+    on_stop: impl Fn() + Send + 'static,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut int, mut term, mut hup, mut usr1) = runtime.block_on(async {
+        Ok::<_, std::io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::hangup())?,
+            signal(SignalKind::user_defined1())?,
+        ))
+    })?;
+    std::thread::spawn(move || {
+        runtime.block_on(async {
+            loop {
+                tokio::select! {
+                    _ = int.recv() => on_stop(),
+                    _ = term.recv() => on_stop(),
+                    _ = hup.recv() => on_stop(),
+                    _ = usr1.recv() => on_stats(),
+                }
+            }
+        })
+    });
+    Ok(())
+}

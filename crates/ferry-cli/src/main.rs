@@ -9,6 +9,7 @@ mod bench;
 mod failure;
 mod interrupt;
 mod ls_cmd;
+mod mount_cmd;
 mod pair_cmd;
 mod paired;
 mod peers_cmd;
@@ -49,6 +50,10 @@ enum Command {
     Ls(ls_cmd::LsArgs),
     /// Fetch a file or tree from a paired peer's share: NAME:PATH [DEST], verified.
     Pull(pull_cmd::PullArgs),
+    /// Mount a paired peer's share as a local directory: NAME[:SHARE] MOUNTPOINT (until unmounted).
+    Mount(mount_cmd::MountArgs),
+    /// Unmount what `ferry mount` mounted: MOUNTPOINT.
+    Unmount(mount_cmd::UnmountArgs),
     /// Run the rendezvous and relay server (sees only ciphertext).
     Relay(relay_cmd::RelayArgs),
     /// Run the layered benchmark suite.
@@ -78,11 +83,16 @@ fn main() -> ExitCode {
         Command::Share(a) => (a.json(), ""),
         Command::Ls(a) => (a.json(), ""),
         Command::Pull(a) => (a.json(), "pulled"),
+        Command::Mount(a) => (a.json(), ""),
+        Command::Unmount(a) => (a.json(), ""),
         _ => (false, ""),
     };
     let mut ui = ui::Ui::new(json, verb);
-    if !matches!(cli.command, Command::Relay(_) | Command::Share(_)) {
-        // The relay and the share handle SIGINT/SIGTERM themselves, to shut down cleanly.
+    if !matches!(
+        cli.command,
+        Command::Relay(_) | Command::Share(_) | Command::Mount(_)
+    ) {
+        // The relay, the share and the mount handle SIGINT/SIGTERM themselves, to shut down cleanly.
         interrupt::install(json);
     }
     let result = match cli.command {
@@ -94,6 +104,8 @@ fn main() -> ExitCode {
         Command::Share(args) => share_cmd::run(args, &mut ui),
         Command::Ls(args) => ls_cmd::run(args, &mut ui),
         Command::Pull(args) => pull_cmd::run(args, &mut ui),
+        Command::Mount(args) => mount_cmd::run(args, &mut ui),
+        Command::Unmount(args) => mount_cmd::unmount(args, &mut ui),
         Command::Relay(args) => relay_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Completions { shell } => {

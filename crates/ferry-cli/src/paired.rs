@@ -19,7 +19,7 @@ use ferry_channel::{Auth, IdentityKey, PUBLIC_KEY_LEN};
 use ferry_peers::meeting::{hashes_to_try, meeting_hash, window_of};
 use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore};
 use ferry_rendezvous::NameplateHash;
-use ferry_session::{HashSource, Meeting, MeetingAuth, PeerOptions};
+use ferry_session::{Connected, HashSource, Meeting, MeetingAuth, PeerOptions};
 use ferry_share::io::{Session, SessionError as ShareError};
 
 use crate::peers_cmd::{config, unix_now};
@@ -119,6 +119,39 @@ pub struct Reach<'a> {
     pub wait: Duration,
 }
 
+/// Reaches the share `share` of `peer` and returns the connection, before any hello: `ls` and `pull` open
+/// a session on it, and `mount` dials again with this whenever its link is lost (with `events` that print
+/// nothing).
+pub fn reach_share(
+    me: &Me,
+    peer: &Peer,
+    share: &str,
+    reach: &Reach<'_>,
+    events: &mut dyn ferry_session::Events,
+) -> anyhow::Result<Connected> {
+    let meeting = me.looking_for(peer, &share_purpose(share));
+    let connected = ferry_session::connect(&meeting, reach.opts, reach.peer, reach.wait, events)
+        .with_context(|| {
+            format!(
+                "cannot reach the share {share:?} of {} (is `ferry share` running there?)",
+                peer.name
+            )
+        })?;
+    if let Err(w) = me.seen(&peer.key, &connected.peer) {
+        events.warn(&w);
+    }
+    Ok(connected)
+}
+
+/// What to say when a sharer closed the connection before its hello.
+pub fn refused_before_hello(peer: &Peer) -> String {
+    format!(
+        "{} closed the connection before its share's hello: this machine is not paired there (or was \
+         removed), not in its --allow list, or the share serves as many clients as it takes",
+        peer.name
+    )
+}
+
 /// Reaches the share `share` of the paired peer `name` (`ls`, `pull`) and opens a session with at most
 /// `in_flight` requests in flight; returns it with the peer. A sharer that refuses this machine closes the
 /// connection before its hello: that is said in words.
@@ -131,27 +164,16 @@ pub fn open_share(
 ) -> anyhow::Result<(Session<TcpStream, TcpStream>, Peer)> {
     let me = Me::load()?;
     let peer = me.peer(name)?;
-    let meeting = me.looking_for(&peer, &share_purpose(share));
-    let connected = ferry_session::connect(&meeting, reach.opts, reach.peer, reach.wait, ui);
+    let connected = reach_share(&me, &peer, share, reach, ui);
     ui.waited();
-    let connected = connected.with_context(|| {
-        format!(
-            "cannot reach the share {share:?} of {} (is `ferry share` running there?)",
-            peer.name
-        )
-    })?;
+    let connected = connected?;
     crate::transfer_cmd::report_path(ui, &connected);
-    if let Err(w) = me.seen(&peer.key, &connected.peer) {
-        ui.warn(&w);
-    }
     let (reader, writer) = split_tcp(connected.stream, connected.established)?;
     match Session::open(reader, writer, in_flight) {
         Ok(session) => Ok((session, peer)),
-        Err(e @ (ShareError::Closed | ShareError::Channel(_))) => Err(anyhow::Error::new(e).context(format!(
-            "{} closed the connection before its share's hello: this machine is not paired there (or was \
-             removed), not in its --allow list, or the share serves as many clients as it takes",
-            peer.name
-        ))),
+        Err(e @ (ShareError::Closed | ShareError::Channel(_))) => {
+            Err(anyhow::Error::new(e).context(refused_before_hello(&peer)))
+        }
         Err(e) => Err(e.into()),
     }
 }

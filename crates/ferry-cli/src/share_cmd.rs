@@ -79,12 +79,13 @@ impl ShareArgs {
 
 /// What a share reports: JSON events on stdout, or one line each on stderr. Copied into every client's thread.
 #[derive(Clone, Copy)]
-struct Log {
-    json: bool,
+pub(crate) struct Log {
+    pub(crate) json: bool,
 }
 
 impl Log {
-    fn event(&self, event: &str, fields: Value, text: impl FnOnce() -> String) {
+    /// A JSON event with `fields`, or the line `text` makes (escaped) on stderr.
+    pub(crate) fn event(&self, event: &str, fields: Value, text: impl FnOnce() -> String) {
         if self.json {
             print_event(event, fields);
         } else {
@@ -158,7 +159,7 @@ impl Write for Counted {
 }
 
 /// A share name: 1 to 64 letters, digits, '.', '_' or '-' (it goes into the meeting's purpose and the hello).
-fn check_share_name(name: &str) -> Result<(), Usage> {
+pub(crate) fn check_share_name(name: &str) -> Result<(), Usage> {
     let ok = !name.is_empty()
         && name.len() <= MAX_SHARE_NAME
         && name
@@ -377,34 +378,15 @@ fn serve_client(
 /// SIGINT, SIGTERM and SIGHUP end the share (announcements withdrawn, sessions closed, exit 0); SIGUSR1
 /// prints the stats line. Signals are read on a thread of their own, so nothing unsafe runs in a handler.
 fn stop_on_signals(stats: Arc<Stats>, log: Log) -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    // Registered before returning, so no signal from now on is missed.
-    let (mut int, mut term, mut hup, mut usr1) = runtime.block_on(async {
-        Ok::<_, io::Error>((
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-            signal(SignalKind::hangup())?,
-            signal(SignalKind::user_defined1())?,
-        ))
-    })?;
-    std::thread::spawn(move || {
-        runtime.block_on(async {
-            loop {
-                tokio::select! {
-                    _ = int.recv() => break,
-                    _ = term.recv() => break,
-                    _ = hup.recv() => break,
-                    _ = usr1.recv() => stats.report(log),
-                }
-            }
-        });
-        crate::interrupt::release_kept();
-        stats.report(log);
-        log.event("stopped", json!({}), || "stopped".to_string());
-        std::process::exit(0);
-    });
+    let reported = Arc::clone(&stats);
+    crate::interrupt::on_signals(
+        move || reported.report(log),
+        move || {
+            crate::interrupt::release_kept();
+            stats.report(log);
+            log.event("stopped", json!({}), || "stopped".to_string());
+            std::process::exit(0);
+        },
+    )?;
     Ok(())
 }

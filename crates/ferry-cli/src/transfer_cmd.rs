@@ -584,7 +584,7 @@ pub fn check_send_paths(paths: &[PathBuf]) -> anyhow::Result<()> {
 }
 
 /// Parses a size such as `65536`, `64M` or `64MiB` (powers of 1024 either way).
-fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let digits = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (number, unit) = s.split_at(digits);

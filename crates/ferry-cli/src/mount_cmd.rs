@@ -1,0 +1,397 @@
+//! `ferry mount NAME[:SHARE] MOUNTPOINT`: a paired peer's share as a local, read-only directory, until
+//! unmounted (`ferry unmount`, Ctrl-C, SIGTERM); `ferry unmount MOUNTPOINT`.
+//!
+//! The mount reaches the share like `ls` and `pull` do, then keeps the link with [`Remote`] (redialled
+//! through [`paired::reach_share`] when lost). Files read are kept, verified, in the chunk cache under
+//! `$XDG_CACHE_HOME/ferry/mounts/PEER/SHARE/`, bounded by `--cache-size`; see `ferry_mount` for the layers.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use ferry_channel::blocking::split_tcp;
+use ferry_mount::files::{ReadConfig, Reader, Stats};
+use ferry_mount::fuse::{Changes, ShareFs};
+use ferry_mount::lifecycle::{self, Unmounted};
+use ferry_session::Connected;
+use ferry_share::remote::{Dial, LinkState, Remote, RemoteConfig};
+use serde_json::json;
+
+use crate::failure::Usage;
+use crate::paired::{self, Me};
+use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
+use crate::settings::cache_dir;
+use crate::share_cmd::Log;
+use crate::ui::{escape, Ui};
+
+/// Arguments of `ferry mount`.
+#[derive(Args, Debug)]
+#[command(
+    mut_arg("peer", |a| a.help(
+        "Connect straight to the sharer at this address (its `ferry share --listen` address)"
+    )),
+    mut_arg("json", |a| a.help(
+        "One JSON event per line on stdout: `connected`, `mounted`, `link` (lost, back), `notice`, `stats`, \
+         `unmounted`"
+    )),
+)]
+pub struct MountArgs {
+    /// The paired peer (`ferry peers`) and, after a colon, its share's name (default: `default`).
+    target: String,
+    /// An existing, empty directory to mount the share on.
+    mountpoint: PathBuf,
+    /// Mount read-only (writes fail with EROFS; today every mount is read-only).
+    #[arg(long)]
+    read_only: bool,
+    /// Most bytes the chunk cache keeps on disk (K, M, G), least recently used files evicted first.
+    #[arg(long, value_name = "SIZE", default_value = "10G", value_parser = crate::transfer_cmd::parse_size)]
+    cache_size: u64,
+    /// How long a request may go unanswered before it fails (EIO) and the link counts as lost.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = crate::transfer_cmd::parse_duration)]
+    deadline: Duration,
+    /// Serve every read in the daemon, also of fully cached files (no FUSE passthrough; for comparisons).
+    #[arg(long, hide = true)]
+    no_passthrough: bool,
+    /// Detach: return once mounted, leaving the mount served in the background.
+    #[arg(long)]
+    daemon: bool,
+    /// How long to look for the share at first (30s, 5m, or seconds; 0 tries once).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::transfer_cmd::parse_duration)]
+    wait: Duration,
+    #[command(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    peer: PeerArg,
+    #[command(flatten)]
+    relay: RelayArgs,
+}
+
+impl MountArgs {
+    /// `--json` given.
+    pub fn json(&self) -> bool {
+        self.common.json
+    }
+}
+
+/// Arguments of `ferry unmount`.
+#[derive(Args, Debug)]
+pub struct UnmountArgs {
+    /// The directory a `ferry mount` serves.
+    mountpoint: PathBuf,
+    /// One JSON event on stdout: `unmounted` (with `lazy`).
+    #[arg(long)]
+    json: bool,
+}
+
+impl UnmountArgs {
+    /// `--json` given.
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
+/// Set in the environment of the process `--daemon` starts: it serves the mount, its parent returns.
+const DAEMON_CHILD: &str = "FERRY_MOUNT_DAEMON_CHILD";
+
+/// Runs `ferry mount`.
+pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
+    let (name, share) = args
+        .target
+        .split_once(':')
+        .unwrap_or((&args.target, "default"));
+    if name.is_empty() {
+        return Err(Usage(format!(
+            "{:?}: give the paired peer's name first, as NAME or NAME:SHARE",
+            args.target
+        ))
+        .into());
+    }
+    crate::share_cmd::check_share_name(share)?;
+    let mountpoint = lifecycle::resolve(&args.mountpoint)
+        .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
+    if lifecycle::is_stale(&mountpoint) {
+        // The mount of a process that died: gone before mounting again.
+        lifecycle::unmount(&mountpoint)
+            .with_context(|| format!("{}: a stale mount is in the way", mountpoint.display()))?;
+        ui.warn(&format!(
+            "{}: unmounted a stale mount",
+            mountpoint.display()
+        ));
+    }
+    if !mountpoint.is_dir() {
+        return Err(Usage(format!("{}: not a directory", mountpoint.display())).into());
+    }
+    if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
+        return daemonize(&mountpoint, ui);
+    }
+    let opts = peer_options(&args.common, &args.relay)?;
+    let me = Arc::new(Me::load()?);
+    let peer = me.peer(name)?;
+    let log = Log {
+        json: args.common.json,
+    };
+
+    // The first connection, with the usual progress and errors; redials print nothing.
+    let reach = paired::Reach {
+        opts: &opts,
+        peer: args.peer.peer,
+        wait: args.wait,
+    };
+    let first = paired::reach_share(&me, &peer, share, &reach, ui);
+    ui.waited();
+    let first = first?;
+    crate::transfer_cmd::report_path(ui, &first);
+    let dial = dialler(first, Arc::clone(&me), peer.clone(), share, &opts, &args);
+
+    let changes: Arc<OnceLock<Changes<Remote>>> = Arc::new(OnceLock::new());
+    let on_change = {
+        let changes = Arc::clone(&changes);
+        Box::new(move |paths: Vec<ferry_share::wire::SharePath>| {
+            if let Some(c) = changes.get() {
+                c.apply(&paths);
+            }
+        })
+    };
+    let peer_name = peer.name.to_string();
+    let on_link = Box::new(move |state: LinkState| {
+        match state {
+        LinkState::Up => {}
+        LinkState::Lost(why) => log.event(
+            "link",
+            json!({ "state": "lost", "message": why }),
+            || format!("the link to {peer_name} is lost ({why}): cached files stay readable, reconnecting"),
+        ),
+        LinkState::Back => log.event("link", json!({ "state": "back" }), || {
+            format!("the link to {peer_name} is back")
+        }),
+    }
+    });
+    let config = RemoteConfig {
+        max_in_flight: 256,
+        deadline: args.deadline,
+        ..RemoteConfig::default()
+    };
+    let remote = Remote::connect(dial, config, on_change, on_link)
+        .map_err(|e| anyhow::Error::new(e).context(paired::refused_before_hello(&peer)))?;
+
+    let dir = cache_dir()
+        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
+        .join("mounts")
+        .join(peer.name.as_str())
+        .join(share);
+    let cache = ferry_cache::Cache::open(&dir, args.cache_size)
+        .with_context(|| format!("cannot open the cache {}", dir.display()))?;
+    let stats = Arc::new(Stats::default());
+    let source = Arc::new(remote);
+    let reader = Reader::new(
+        Arc::clone(&source),
+        Arc::new(cache),
+        ReadConfig::default(),
+        Arc::clone(&stats),
+    );
+    let notice = Arc::new(move |line: &str| {
+        log.event("notice", json!({ "message": line }), || line.to_string())
+    });
+    let mut fs = ShareFs::new(source, reader, notice);
+    if args.no_passthrough {
+        fs = fs.without_passthrough();
+    }
+    let _ = changes.set(fs.changes());
+    let fsname = format!("ferry:{}:{share}", peer.name);
+    let mounted = lifecycle::mount(fs, &mountpoint, &fsname)
+        .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
+    mounted.raise_readahead();
+
+    let reported = Arc::clone(&stats);
+    let stopping = mountpoint.clone();
+    let stops = Mutex::new(0u32);
+    crate::interrupt::on_signals(
+        move || {
+            let line = reported.line();
+            log.event("stats", json!({ "line": line }), || {
+                format!("stats: {line}")
+            })
+        },
+        move || {
+            let mut n = stops.lock().unwrap_or_else(|e| e.into_inner());
+            *n += 1;
+            if *n > 1 {
+                // A second signal while the first one's unmount waits: leave now, detached.
+                let _ = lifecycle::unmount_lazily(&stopping);
+                std::process::exit(130);
+            }
+            stop(&stopping, log);
+        },
+    )?;
+    log.event(
+        "mounted",
+        json!({ "mountpoint": mountpoint.to_string_lossy(), "peer": peer.name.as_str(), "share": share,
+                "cache": dir.to_string_lossy() }),
+        || {
+            format!(
+                "mounted {}:{share} on {} (Ctrl-C or `ferry unmount` unmounts)",
+                peer.name,
+                escape(&mountpoint.to_string_lossy())
+            )
+        },
+    );
+    let served = mounted.run();
+    unmounted(&mountpoint, log);
+    served.with_context(|| format!("serving {}", mountpoint.display()))
+}
+
+/// Unmounts on a signal: at once, or lazily (with a message) when something still uses the mount. A
+/// lazily detached mount would be served until its last user leaves: the process ends now instead (what
+/// is still open there fails with ENOTCONN).
+fn stop(mountpoint: &Path, log: Log) {
+    match lifecycle::unmount(mountpoint) {
+        Ok(Unmounted::Clean) => {}
+        Ok(Unmounted::Lazily) => {
+            busy_message(mountpoint, log, "files still open there fail from now on");
+            unmounted(mountpoint, log);
+            std::process::exit(0);
+        }
+        Err(e) => log.event(
+            "warning",
+            json!({ "message": format!("cannot unmount: {e}") }),
+            || format!("warning: cannot unmount {}: {e}", mountpoint.display()),
+        ),
+    }
+}
+
+fn unmounted(mountpoint: &Path, log: Log) {
+    log.event(
+        "unmounted",
+        json!({ "mountpoint": mountpoint.to_string_lossy() }),
+        || format!("unmounted {}", escape(&mountpoint.to_string_lossy())),
+    );
+}
+
+/// `then`: what becomes of what is still open there.
+fn busy_message(mountpoint: &Path, log: Log, then: &str) {
+    let m = mountpoint.to_string_lossy();
+    log.event(
+        "notice",
+        json!({ "message": "busy: detached lazily", "mountpoint": m }),
+        || {
+            format!(
+                "{} is busy (a shell or program is inside it): detached now, {then}",
+                escape(&m)
+            )
+        },
+    );
+}
+
+/// The `Dial` of the link: the first connection once, then a new reach each time the link is lost.
+fn dialler(
+    first: Connected,
+    me: Arc<Me>,
+    peer: ferry_peers::Peer,
+    share: &str,
+    opts: &ferry_session::PeerOptions,
+    args: &MountArgs,
+) -> Dial {
+    let first = Mutex::new(Some(first));
+    let share = share.to_string();
+    let opts = opts.clone();
+    let direct = args.peer.peer;
+    // A redial looks for as long as a request may wait; the link's supervisor tries again after that.
+    let wait = args.deadline;
+    Box::new(move || {
+        let taken = first.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let connected = match taken {
+            Some(c) => c,
+            None => {
+                let reach = paired::Reach {
+                    opts: &opts,
+                    peer: direct,
+                    wait,
+                };
+                paired::reach_share(&me, &peer, &share, &reach, &mut ())
+                    .map_err(|e| format!("{e:#}"))?
+            }
+        };
+        split_tcp(connected.stream, connected.established).map_err(|e| e.to_string())
+    })
+}
+
+/// `--daemon`: runs this command again in a new session with its output to a log file in the cache
+/// directory, and returns once the mount is up (or the child failed).
+fn daemonize(mountpoint: &Path, ui: &mut Ui) -> anyhow::Result<()> {
+    let logs = cache_dir()
+        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
+        .join("mounts");
+    std::fs::create_dir_all(&logs)?;
+    let log_path = logs.join("daemon.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env(DAEMON_CHILD, "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("cannot start the mount in the background")?;
+    let started = Instant::now();
+    loop {
+        if lifecycle::is_mounted(mountpoint) {
+            ui.event(
+                "mounted",
+                json!({ "mountpoint": mountpoint.to_string_lossy(), "pid": child.id(),
+                        "log": log_path.to_string_lossy() }),
+            );
+            ui.info(&format!(
+                "mounted {} in the background (pid {}, log {})",
+                mountpoint.display(),
+                child.id(),
+                log_path.display()
+            ));
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!(
+                "the background mount ended ({status}) before mounting: see {}",
+                log_path.display()
+            );
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            anyhow::bail!("the background mount did not mount within 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `ferry unmount`.
+pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
+    let mountpoint = lifecycle::resolve(&args.mountpoint)
+        .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
+    if !lifecycle::is_mounted(&mountpoint) {
+        return Err(Usage(format!(
+            "{}: nothing is mounted there",
+            mountpoint.display()
+        ))
+        .into());
+    }
+    let how = lifecycle::unmount(&mountpoint)
+        .with_context(|| format!("cannot unmount {}", mountpoint.display()))?;
+    let lazy = how == Unmounted::Lazily;
+    ui.event(
+        "unmounted",
+        json!({ "mountpoint": mountpoint.to_string_lossy(), "lazy": lazy }),
+    );
+    if lazy {
+        let then = "served until the last user leaves";
+        busy_message(&mountpoint, Log { json: ui.is_json() }, then);
+    } else {
+        ui.info(&format!("unmounted {}", mountpoint.display()));
+    }
+    Ok(())
+}

@@ -1,0 +1,551 @@
+//! `ferry mount` between installations paired with real `ferry pair` processes, over a real `ferry share`,
+//! through a real FUSE mount: listings and reads equal to the source, changes on the sharer seen, real
+//! programs (tar, git, sqlite3, python's mmap) on the mount, writes refused, a sharer killed mid-read, the
+//! chunk cache's passthrough and its detection of a corrupted cache file.
+//!
+//! Each test mounts under its own world and unmounts at the end, also when it fails ([`Mounted`]'s drop).
+//! Without /dev/fuse or root the tests are skipped with a printed reason (failed in CI).
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// Whether FUSE mounts can be made here; prints why not (and fails in CI) otherwise.
+fn fuse_usable(test: &str) -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        ferry_testkit::skip(test, "no /dev/fuse");
+        return false;
+    }
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        ferry_testkit::skip(test, "not root (the tests mount with mount(2))");
+        return false;
+    }
+    true
+}
+
+/// Whether `program` runs here; prints why not (and fails in CI) otherwise.
+fn have(test: &str, program: &str) -> bool {
+    let ok = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !ok {
+        ferry_testkit::skip(test, &format!("{program} is not installed"));
+    }
+    ok
+}
+
+/// A running `ferry mount` of `a`'s share at `b`; dropping it unmounts (SIGTERM, then lazily if needed).
+struct Mounted {
+    process: Option<Watched>,
+    dir: PathBuf,
+}
+
+impl Mounted {
+    fn start(w: &World, extra: &[&str]) -> Mounted {
+        let dir = w.path("mnt");
+        fs::create_dir_all(&dir).unwrap();
+        let child = w
+            .as_("b")
+            .args(["mount", "--json", "a"])
+            .arg(&dir)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn ferry mount");
+        let mut process = Watched::new(child);
+        process.wait_for(|e| e["event"] == "mounted");
+        Mounted {
+            process: Some(process),
+            dir,
+        }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.join(rel)
+    }
+
+    /// The mount's stats line (SIGUSR1), as counters by name.
+    fn stats(&mut self) -> std::collections::HashMap<String, u64> {
+        let p = self.process.as_mut().unwrap();
+        p.signal(libc::SIGUSR1);
+        let e = p.wait_for(|e| e["event"] == "stats");
+        let line = e["line"].as_str().unwrap().to_string();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        words
+            .chunks(2)
+            .map(|kv| (kv[0].to_string(), kv[1].parse().unwrap()))
+            .collect()
+    }
+
+    /// Waits for an event of the mount (a link lost or back).
+    fn wait_for(&mut self, stop: impl FnMut(&Value) -> bool) -> Value {
+        self.process.as_mut().unwrap().wait_for(stop)
+    }
+
+    /// Unmounts with SIGTERM and returns the process's output.
+    fn stop(mut self) -> std::process::Output {
+        let p = self.process.take().unwrap();
+        p.signal(libc::SIGTERM);
+        p.finish()
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Some(p) = self.process.take() {
+            p.signal(libc::SIGTERM);
+            let _ = p.finish();
+        }
+        // Whatever happened, no mount stays behind.
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Pairs `a` and `b`, and starts `a`'s share of the world's source.
+fn sharing(w: &World) -> Watched {
+    w.pair("a", "b");
+    w.share("a", &[]).0
+}
+
+fn hash(bytes: &[u8]) -> blake3::Hash {
+    blake3::hash(bytes)
+}
+
+/// Waits until `check` holds (the mount sees a change made on the sharer); fails after 20 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(Instant::now() < until, "{what}: not seen within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn a_tree(src: &Path) {
+    fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    fs::create_dir_all(src.join("empty-dir")).unwrap();
+    fs::write(src.join("small.txt"), b"hello, mount\n").unwrap();
+    fs::write(src.join("sub/data.bin"), pseudo_random(3_000_017, 5)).unwrap();
+    fs::write(src.join("sub/deeper/empty"), b"").unwrap();
+    std::os::unix::fs::symlink("../small.txt", src.join("sub/link")).unwrap();
+    set_mtime(&src.join("small.txt"), 1_600_000_000, 123_456_789);
+}
+
+#[test]
+fn listing_stat_and_random_reads_equal_the_source() {
+    if !fuse_usable("listing_stat_and_random_reads_equal_the_source") {
+        return;
+    }
+    let w = World::new();
+    a_tree(&w.src());
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &[]);
+    let mut names: Vec<_> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["empty-dir", "small.txt", "sub"]);
+    let src = fs::metadata(w.src().join("small.txt")).unwrap();
+    let got = fs::metadata(m.path("small.txt")).unwrap();
+    assert_eq!(got.len(), src.len());
+    assert_eq!(got.mode() & 0o7777, src.mode() & 0o7777);
+    assert_eq!(
+        (got.mtime(), got.mtime_nsec()),
+        (1_600_000_000, 123_456_789)
+    );
+    assert_eq!(
+        fs::read_link(m.path("sub/link")).unwrap(),
+        PathBuf::from("../small.txt")
+    );
+    assert_eq!(fs::read(m.path("sub/link")).unwrap(), b"hello, mount\n");
+    assert!(m.path("empty-dir").is_dir());
+    assert_eq!(fs::read(m.path("sub/deeper/empty")).unwrap(), b"");
+    // 1,000 random reads.
+    let source = fs::read(w.src().join("sub/data.bin")).unwrap();
+    let f = fs::File::open(m.path("sub/data.bin")).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = x % source.len() as u64;
+        let len = ((x >> 40) % 200_000) as usize;
+        let mut buf = vec![0; len];
+        let n = f.read_at(&mut buf, off).unwrap();
+        let end = (off as usize + len).min(source.len());
+        assert_eq!(&buf[..n], &source[off as usize..end], "read at {off}+{len}");
+    }
+    assert!(!fs::read_dir(&m.dir)
+        .unwrap()
+        .any(|e| e.unwrap().file_name() == "nope"));
+    assert_eq!(
+        fs::metadata(m.path("nope")).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    let out = m.stop();
+    assert_success("the mount stopped by SIGTERM", &out);
+    assert!(event(&events(&out.stdout), "unmounted").is_some());
+}
+
+#[test]
+fn a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough() {
+    if !fuse_usable("a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough")
+    {
+        return;
+    }
+    let w = World::new();
+    let big = pseudo_random(64 << 20, 9);
+    fs::write(w.src().join("big.bin"), &big).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &[]);
+    let got = fs::read(m.path("big.bin")).unwrap();
+    assert_eq!(hash(&got), hash(&big), "sequential read");
+    let before = m.stats();
+    assert!(before["from-peer"] >= big.len() as u64, "{before:?}");
+    // Fully cached now: opened with passthrough, the kernel reads the cache file, the daemon sees no read.
+    // (The kernel's page cache is dropped first, so the reads must go somewhere.)
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    let again = fs::read(m.path("big.bin")).unwrap();
+    assert_eq!(hash(&again), hash(&big), "read again");
+    let after = m.stats();
+    assert_eq!(
+        after["passthrough-opens"],
+        before["passthrough-opens"] + 1,
+        "{after:?}"
+    );
+    assert_eq!(
+        after["reads"], before["reads"],
+        "reads reached the daemon: {after:?}"
+    );
+    assert_eq!(after["from-peer"], before["from-peer"]);
+}
+
+#[test]
+fn without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon() {
+    if !fuse_usable("without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon") {
+        return;
+    }
+    let w = World::new();
+    let content = pseudo_random(4 << 20, 6);
+    fs::write(w.src().join("f"), &content).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &["--no-passthrough"]);
+    assert_eq!(hash(&fs::read(m.path("f")).unwrap()), hash(&content));
+    let before = m.stats();
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_eq!(
+        hash(&fs::read(m.path("f")).unwrap()),
+        hash(&content),
+        "read again"
+    );
+    let after = m.stats();
+    assert_eq!(after["passthrough-opens"], 0, "{after:?}");
+    assert!(after["reads"] > before["reads"], "{after:?}");
+    assert!(
+        after["from-cache"] >= before["from-cache"] + content.len() as u64,
+        "{after:?}"
+    );
+    assert_eq!(after["from-peer"], before["from-peer"], "{after:?}");
+}
+
+#[test]
+fn changes_on_the_sharer_appear_in_the_mount() {
+    if !fuse_usable("changes_on_the_sharer_appear_in_the_mount") {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("modified"), b"version one").unwrap();
+    fs::write(w.src().join("shrunk"), pseudo_random(100_000, 1)).unwrap();
+    fs::write(w.src().join("deleted"), b"bye").unwrap();
+    fs::write(w.src().join("held"), b"held, version one").unwrap();
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &[]);
+    assert_eq!(fs::read(m.path("modified")).unwrap(), b"version one");
+    assert_eq!(fs::read(m.path("shrunk")).unwrap().len(), 100_000);
+    assert_eq!(fs::read(m.path("deleted")).unwrap(), b"bye");
+    assert!(!m.path("new").exists());
+
+    fs::write(w.src().join("new"), b"fresh").unwrap();
+    fs::write(w.src().join("modified"), b"version two, longer").unwrap();
+    fs::write(w.src().join("shrunk"), b"tiny").unwrap();
+    fs::remove_file(w.src().join("deleted")).unwrap();
+    eventually("a new file", || {
+        fs::read(m.path("new")).ok().as_deref() == Some(b"fresh")
+    });
+    eventually("a modified file", || {
+        fs::read(m.path("modified")).ok().as_deref() == Some(b"version two, longer")
+    });
+    eventually("a shrunk file", || {
+        fs::read(m.path("shrunk")).ok().as_deref() == Some(b"tiny")
+    });
+    eventually("a deleted file", || !m.path("deleted").exists());
+    // A file held open while it shrinks, opened before it was cached (classic reads): it follows the
+    // change and never shows bytes past its new end.
+    let mut f = fs::File::open(m.path("held")).unwrap();
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).unwrap();
+    assert_eq!(buf, b"held, version one");
+    fs::write(w.src().join("held"), b"2").unwrap();
+    eventually("the open file's new version", || {
+        let mut buf = Vec::new();
+        f.seek(SeekFrom::Start(0)).unwrap();
+        f.read_to_end(&mut buf).unwrap();
+        assert!(buf == b"2" || buf == b"held, version one", "a mix: {buf:?}");
+        buf == b"2"
+    });
+    // Opened when fully cached (passthrough): it reads the version it opened, whole, after a change too.
+    let mut g = fs::File::open(m.path("modified")).unwrap();
+    fs::write(w.src().join("modified"), b"three").unwrap();
+    eventually("the new size", || {
+        fs::metadata(m.path("modified")).map(|m| m.len()).ok() == Some(5)
+    });
+    let mut buf = Vec::new();
+    g.read_to_end(&mut buf).unwrap();
+    assert!(
+        buf == b"version two, longer" || buf == b"three",
+        "a mix: {buf:?}"
+    );
+    // Opened while it is: the same version (the kernel takes one backing file per inode), whole.
+    let also = fs::read(m.path("modified")).unwrap();
+    assert!(also == buf, "{also:?} beside {buf:?}");
+    drop(g);
+    eventually(
+        "the new version once the old one's handles are closed",
+        || fs::read(m.path("modified")).ok().as_deref() == Some(b"three"),
+    );
+}
+
+#[test]
+fn real_programs_read_the_mount_as_the_source() {
+    let test = "real_programs_read_the_mount_as_the_source";
+    if !fuse_usable(test) {
+        return;
+    }
+    let tools = ["tar", "git", "sqlite3", "python3"];
+    if !tools.iter().all(|t| have(test, t)) {
+        return;
+    }
+    let w = World::new();
+    a_tree(&w.src());
+    let repo = w.src().join("repo");
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "-c",
+                "safe.directory=*",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        out.stdout
+    };
+    fs::create_dir_all(&repo).unwrap();
+    git(&["init", "-q"]);
+    fs::write(repo.join("a.txt"), "one\n").unwrap();
+    git(&["add", "."]);
+    git(&["commit", "-qm", "first"]);
+    fs::write(repo.join("a.txt"), "one\ntwo\n").unwrap();
+    git(&["commit", "-qam", "second"]);
+    let db = w.src().join("db.sqlite");
+    let sql = |db: &Path, q: &str| {
+        let out = Command::new("sqlite3").arg(db).arg(q).output().unwrap();
+        assert!(out.status.success(), "sqlite3 {q}: {out:?}");
+        out.stdout
+    };
+    sql(
+        &db,
+        "create table t(k integer primary key, v text); \
+         with recursive n(i) as (select 1 union all select i+1 from n where i < 5000) \
+         insert into t select i, hex(randomblob(64)) from n;",
+    );
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &[]);
+
+    let tar = |dir: &Path| {
+        let out = Command::new("tar")
+            .args(["c", "--sort=name", "--format=gnu", "-C"])
+            .arg(dir)
+            .arg(".")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "tar of {}: {out:?}", dir.display());
+        out.stdout
+    };
+    assert!(tar(&w.src()) == tar(&m.dir), "tar of the mount differs");
+
+    let mounted_git = |args: &[&str]| {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(m.path("repo"))
+            .args(["-c", "safe.directory=*", "--no-optional-locks"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?} in the mount: {out:?}");
+        out.stdout
+    };
+    let status = mounted_git(&["status", "--porcelain"]);
+    assert!(status.is_empty(), "{}", String::from_utf8_lossy(&status));
+    assert_eq!(mounted_git(&["log", "-p"]), git(&["log", "-p"]));
+
+    let q = "select count(*), sum(length(v)), max(k) from t;";
+    let mounted_db = format!("file:{}?immutable=1", m.path("db.sqlite").display());
+    assert_eq!(sql(Path::new(&mounted_db), q), sql(&db, q));
+
+    let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
+    let digest = |p: &Path| {
+        let out = Command::new("python3")
+            .args(["-c", py])
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "python mmap: {out:?}");
+        out.stdout
+    };
+    assert_eq!(
+        digest(&m.path("sub/data.bin")),
+        digest(&w.src().join("sub/data.bin"))
+    );
+}
+
+#[test]
+fn writes_into_the_mount_are_refused_read_only() {
+    if !fuse_usable("writes_into_the_mount_are_refused_read_only") {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &["--read-only"]);
+    let erofs = |r: std::io::Result<()>| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS));
+    };
+    erofs(fs::write(m.path("new"), b"x"));
+    erofs(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.path("f"))
+            .map(drop),
+    );
+    erofs(fs::create_dir(m.path("d")));
+    erofs(fs::remove_file(m.path("f")));
+    erofs(fs::rename(m.path("f"), m.path("g")));
+    assert_eq!(fs::read(w.src().join("f")).unwrap(), b"data");
+}
+
+#[test]
+fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable() {
+    if !fuse_usable(
+        "a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable",
+    ) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("cached"), pseudo_random(500_000, 3)).unwrap();
+    let big = pseudo_random(32 << 20, 4);
+    fs::write(w.src().join("big"), &big).unwrap();
+    let sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &["--deadline", "2s"]);
+    assert_eq!(
+        fs::read(m.path("cached")).unwrap(),
+        pseudo_random(500_000, 3)
+    );
+    let f = fs::File::open(m.path("big")).unwrap();
+    let mut buf = vec![0; 1 << 20];
+    assert_eq!(f.read_at(&mut buf, 0).unwrap(), 1 << 20);
+    sharer.signal(libc::SIGKILL);
+    let _ = sharer.finish();
+    // Uncached: EIO (never a hang, zeros or a short read). The deadline is 2 s; the bound here is only
+    // there so that a hang fails the test instead of stalling it.
+    let started = Instant::now();
+    let r = f.read_at(&mut buf, 20 << 20);
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
+    assert!(started.elapsed() < Duration::from_secs(60));
+    m.wait_for(|e| e["event"] == "link" && e["state"] == "lost");
+    // Cached: still readable, also opened anew.
+    assert_eq!(
+        fs::read(m.path("cached")).unwrap(),
+        pseudo_random(500_000, 3)
+    );
+    // The sharer is back: the mount reconnects by itself and the rest reads.
+    let _sharer = w.share("a", &[]).0;
+    m.wait_for(|e| e["event"] == "link" && e["state"] == "back");
+    eventually("reads after the sharer's return", || {
+        f.read_at(&mut buf, 20 << 20).is_ok()
+    });
+    assert!(buf[..] == big[20 << 20..21 << 20]);
+}
+
+#[test]
+fn a_corrupted_cache_file_is_detected_and_fetched_again() {
+    if !fuse_usable("a_corrupted_cache_file_is_detected_and_fetched_again") {
+        return;
+    }
+    let w = World::new();
+    let content = pseudo_random(2 << 20, 8);
+    fs::write(w.src().join("f"), &content).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &[]);
+    assert_eq!(hash(&fs::read(m.path("f")).unwrap()), hash(&content));
+    let before = m.stats();
+    // Flip a byte in every cache file of the mount (here: the one file's).
+    let cache = w.path("cache-b/ferry/mounts");
+    let mut flipped = 0;
+    for file in list_all(&cache) {
+        let Ok(meta) = fs::metadata(&file) else {
+            continue;
+        };
+        if meta.is_file() && meta.len() == content.len() as u64 {
+            let f = fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&file)
+                .unwrap();
+            let mut b = [0u8];
+            f.read_exact_at(&mut b, 1_000_000).unwrap();
+            f.write_all_at(&[b[0] ^ 0xff], 1_000_000).unwrap();
+            flipped += 1;
+        }
+    }
+    assert_eq!(
+        flipped,
+        1,
+        "one cache file of the version's size under {}",
+        cache.display()
+    );
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_eq!(
+        hash(&fs::read(m.path("f")).unwrap()),
+        hash(&content),
+        "read after the flip"
+    );
+    let after = m.stats();
+    assert!(
+        after["from-peer"] > before["from-peer"],
+        "the altered range was fetched again: {after:?}"
+    );
+}

@@ -1,0 +1,53 @@
+//! The on-disk chunk cache ([`ferry_cache::Cache`]) as the read path's [`Store`].
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use ferry_cache::{Cache, Entry};
+use ferry_share::tree::Version;
+
+use crate::store::{Chunks, Store, StoreError};
+
+fn failed(e: ferry_cache::CacheError) -> StoreError {
+    StoreError(e.to_string())
+}
+
+impl Chunks for Entry {
+    fn version(&self) -> Version {
+        Entry::version(self)
+    }
+
+    fn missing(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        Entry::missing(self, range)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError> {
+        Entry::read_at(self, buf, offset).map_err(failed)
+    }
+
+    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        match Entry::insert(self, offset, bytes).map_err(failed)? {
+            true => Ok(()),
+            // Every entry is pinned by an open file: a larger --cache-size is the way out.
+            false => Err(StoreError(
+                "the cache is full of files in use (raise --cache-size)".into(),
+            )),
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        Entry::is_complete(self)
+    }
+
+    fn backing(&self) -> Option<File> {
+        Entry::backing(self).ok().flatten()
+    }
+}
+
+impl Store for Cache {
+    fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError> {
+        let entry: Arc<Entry> = Cache::entry(self, version).map_err(failed)?;
+        Ok(entry)
+    }
+}

@@ -1,0 +1,553 @@
+//! The read path: open files pinned to one version, reads served from the chunk store, misses fetched from
+//! the sharer with several reads in flight, sequential access streamed ahead, one fetch per range however
+//! many readers wait for it.
+//!
+//! An open learns the file's current version (a zero-length read: one round trip) and pins that version's
+//! [`Chunks`]; every read then copies from the store once its range is present. A missing range is claimed
+//! in the file's in-flight list by the first reader that needs it and fetched by that reader, split into
+//! [`ReadConfig::piece`]-sized reads of which [`ReadConfig::window`] are in flight at once; other readers of
+//! that range wait on the file's condition variable. A read that follows the previous one streams ahead on
+//! a thread of its own, up to [`ReadConfig::ahead`] bytes past the reader. A file that changed on the
+//! sharer fails its fetch with [`SourceError::Changed`]: the handle opens the new version and the read
+//! starts over there, so no read mixes versions. A change notification marks open files stale (the next
+//! read learns the version again) and stops their streaming.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+
+use ferry_share::tree::Version;
+use ferry_share::wire::SharePath;
+
+use crate::source::{Piece, Pieces, Source, SourceError};
+use crate::store::{Chunks, Store};
+
+/// The open files by path and version root (weak: they live as long as their handles).
+type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
+
+/// How reads go to the sharer.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadConfig {
+    /// Bytes per read request.
+    pub piece: u64,
+    /// Read requests one fetch keeps in flight.
+    pub window: usize,
+    /// How far past a sequential reader the stream runs.
+    pub ahead: u64,
+    /// Read requests all fetches together keep in flight (below the share client's limit, so that stats
+    /// and listings always find room).
+    pub max_in_flight: u32,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        ReadConfig {
+            piece: 1 << 20,
+            window: 8,
+            ahead: 16 << 20,
+            max_in_flight: 192,
+        }
+    }
+}
+
+/// Counters for the stats line.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Read requests that reached the daemon.
+    pub reads: AtomicU64,
+    /// Bytes answered from the store without waiting for the sharer.
+    pub from_cache: AtomicU64,
+    /// Bytes fetched from the sharer.
+    pub from_peer: AtomicU64,
+    /// Opens handed to the kernel with passthrough.
+    pub passthrough_opens: AtomicU64,
+    /// Opens answered classically (reads come to the daemon).
+    pub classic_opens: AtomicU64,
+}
+
+impl Stats {
+    /// The stats as one line.
+    pub fn line(&self) -> String {
+        format!(
+            "reads {} from-cache {} from-peer {} passthrough-opens {} classic-opens {}",
+            self.reads.load(Ordering::Relaxed),
+            self.from_cache.load(Ordering::Relaxed),
+            self.from_peer.load(Ordering::Relaxed),
+            self.passthrough_opens.load(Ordering::Relaxed),
+            self.classic_opens.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// A failed read: the errno for the kernel and what happened.
+pub type ReadError = SourceError;
+
+#[derive(Debug, Default)]
+struct FileState {
+    /// Ranges claimed by a fetch.
+    in_flight: Vec<Range<u64>>,
+    /// Fetches that failed so far, and the last failure: a waiter whose range failed hears of it.
+    failures: u64,
+    last_failure: Option<SourceError>,
+    /// Where the last read ended: a read starting there is sequential.
+    next_sequential: u64,
+    /// How far streaming was started.
+    ahead_until: u64,
+}
+
+/// One version of one file, shared by all handles open on it.
+pub struct OpenFile {
+    path: SharePath,
+    chunks: Arc<dyn Chunks>,
+    state: Mutex<FileState>,
+    arrived: Condvar,
+    /// The path changed on the sharer: streaming stops and the next read learns the version again.
+    stale: AtomicBool,
+}
+
+impl OpenFile {
+    /// The version this file is pinned to.
+    pub fn version(&self) -> Version {
+        self.chunks.version()
+    }
+
+    /// The stored bytes.
+    pub fn chunks(&self) -> &Arc<dyn Chunks> {
+        &self.chunks
+    }
+
+    fn state(&self) -> MutexGuard<'_, FileState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Claims the parts of `range` that are neither present nor claimed; returns them.
+    fn claim(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let mut st = self.state();
+        let mine = unclaimed(&self.chunks.missing(range), &st.in_flight);
+        st.in_flight.extend(mine.iter().cloned());
+        mine
+    }
+
+    /// The fetch of the claimed `mine` ended with `result`: the claim goes, a failure is recorded for the
+    /// readers that waited for it, and they wake.
+    fn settle(&self, mine: &[Range<u64>], result: Result<(), SourceError>) {
+        let mut st = self.state();
+        for m in mine {
+            if let Some(i) = st.in_flight.iter().position(|r| r == m) {
+                st.in_flight.swap_remove(i);
+            }
+        }
+        if let Err(e) = result {
+            st.failures += 1;
+            st.last_failure = Some(e);
+        }
+        self.arrived.notify_all();
+    }
+}
+
+/// An open file handle: the version it reads, switched when the file changes.
+pub struct Handle {
+    path: SharePath,
+    file: Mutex<Arc<OpenFile>>,
+}
+
+impl Handle {
+    /// The file version this handle reads now.
+    pub fn file(&self) -> Arc<OpenFile> {
+        Arc::clone(&self.file.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    fn switch(&self, file: Arc<OpenFile>) {
+        *self.file.lock().unwrap_or_else(|e| e.into_inner()) = file;
+    }
+}
+
+/// Opens and reads files of one share.
+pub struct Reader<S: Source> {
+    source: Arc<S>,
+    store: Arc<dyn Store>,
+    config: ReadConfig,
+    stats: Arc<Stats>,
+    open: Mutex<OpenFiles>,
+    /// Read requests in flight, all fetches together.
+    slots: Slots,
+}
+
+/// A counting semaphore for read requests in flight. A fetch that holds requests and finds no free slot
+/// drains what it holds instead of waiting, so fetches never wait for each other in a circle.
+struct Slots {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+impl Slots {
+    fn take(&self, wait: bool) -> bool {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            if !wait {
+                return false;
+            }
+            free = self.freed.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+        true
+    }
+
+    fn give(&self) {
+        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.freed.notify_one();
+    }
+}
+
+/// A taken slot, given back when dropped.
+struct Slot<'a>(&'a Slots);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.give();
+    }
+}
+
+impl<S: Source> Reader<S> {
+    /// Reads from `source` through `store`.
+    pub fn new(
+        source: Arc<S>,
+        store: Arc<dyn Store>,
+        config: ReadConfig,
+        stats: Arc<Stats>,
+    ) -> Arc<Reader<S>> {
+        Arc::new(Reader {
+            source,
+            store,
+            config,
+            stats,
+            open: Mutex::new(HashMap::new()),
+            slots: Slots {
+                free: Mutex::new(config.max_in_flight.max(1)),
+                freed: Condvar::new(),
+            },
+        })
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Opens `path` at its current version; offline, at `known` (the version last opened there) if given.
+    pub fn open(&self, path: &SharePath, known: Option<Version>) -> Result<Handle, ReadError> {
+        let file = self.current(path, known)?;
+        Ok(Handle {
+            path: path.clone(),
+            file: Mutex::new(file),
+        })
+    }
+
+    /// Opens `path` at `version` (the version the kernel's other handles of it read).
+    pub fn open_at(&self, path: &SharePath, version: Version) -> Result<Handle, ReadError> {
+        let file = self.file_of(path, version)?;
+        Ok(Handle {
+            path: path.clone(),
+            file: Mutex::new(file),
+        })
+    }
+
+    /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
+    /// when the sharer cannot be reached.
+    fn current(
+        &self,
+        path: &SharePath,
+        known: Option<Version>,
+    ) -> Result<Arc<OpenFile>, ReadError> {
+        let version = match self.learn_version(path) {
+            Ok(v) => v,
+            Err(SourceError::Offline(why)) => known.ok_or(SourceError::Offline(why))?,
+            Err(e) => return Err(e),
+        };
+        self.file_of(path, version)
+    }
+
+    fn learn_version(&self, path: &SharePath) -> Result<Version, SourceError> {
+        let mut pieces = self.source.read(path, None, 0, 0)?;
+        match pieces.next_piece()? {
+            Some(Piece::Version(v)) => Ok(v),
+            _ => Err(SourceError::Failed {
+                errno: libc::EIO,
+                message: "the sharer answered a read without its version".into(),
+            }),
+        }
+    }
+
+    fn file_of(&self, path: &SharePath, version: Version) -> Result<Arc<OpenFile>, ReadError> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (path.clone(), version.root);
+        if let Some(f) = open.get(&key).and_then(Weak::upgrade) {
+            f.stale.store(false, Ordering::Relaxed);
+            return Ok(f);
+        }
+        let chunks = self.store.entry(version).map_err(|e| SourceError::Failed {
+            errno: libc::EIO,
+            message: e.to_string(),
+        })?;
+        let f = Arc::new(OpenFile {
+            path: path.clone(),
+            chunks,
+            state: Mutex::new(FileState::default()),
+            arrived: Condvar::new(),
+            stale: AtomicBool::new(false),
+        });
+        open.retain(|_, w| w.strong_count() > 0);
+        open.insert(key, Arc::downgrade(&f));
+        Ok(f)
+    }
+
+    /// `path` (or something under it) changed on the sharer: its open files go stale, streaming stops.
+    pub fn changed(&self, path: &SharePath) {
+        let prefix = path.as_bytes();
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        for ((p, _), f) in open.iter() {
+            let p = p.as_bytes();
+            let inside = path.is_root()
+                || p == prefix
+                || (p.starts_with(prefix) && p.get(prefix.len()) == Some(&b'/'));
+            if let Some(f) = inside.then(|| f.upgrade()).flatten() {
+                f.stale.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Reads up to `size` bytes at `offset` through `handle`: all from one version, cut at its end.
+    pub fn read(
+        self: &Arc<Self>,
+        handle: &Handle,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, ReadError> {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        // A file that changed again and again is given a few chances, then the read fails.
+        for _ in 0..4 {
+            let mut file = handle.file();
+            if file.stale.load(Ordering::Relaxed) {
+                file = self.current(&handle.path, Some(file.version()))?;
+                handle.switch(Arc::clone(&file));
+            }
+            match self.read_file(&file, offset, size) {
+                Err(SourceError::Changed) => {
+                    let again = self.current(&handle.path, None)?;
+                    handle.switch(again);
+                }
+                r => return r,
+            }
+        }
+        Err(SourceError::Failed {
+            errno: libc::EIO,
+            message: "the file kept changing on the sharer while it was read".into(),
+        })
+    }
+
+    fn read_file(
+        self: &Arc<Self>,
+        file: &Arc<OpenFile>,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, ReadError> {
+        let len = file.version().size;
+        let end = offset.saturating_add(u64::from(size)).min(len);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let want = offset..end;
+        self.stream_if_sequential(file, &want);
+        let mut fetched = false;
+        let mut buf = vec![0; (end - offset) as usize];
+        // A store that loses bytes between the check and the copy (evicted, or found altered) is
+        // filled again once.
+        for attempt in 0..2 {
+            fetched |= self.ensure(file, want.clone())?;
+            match file.chunks.read_at(&mut buf, offset) {
+                Ok(n) if n == buf.len() => break,
+                Ok(_) | Err(_) if attempt == 0 => continue,
+                Ok(n) => {
+                    return Err(SourceError::Failed {
+                        errno: libc::EIO,
+                        message: format!("cache returned {n} of {} bytes", buf.len()),
+                    })
+                }
+                Err(e) => {
+                    return Err(SourceError::Failed {
+                        errno: libc::EIO,
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+        if !fetched {
+            self.stats
+                .from_cache
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        }
+        Ok(buf)
+    }
+
+    /// A read starting where the last one ended streams ahead of the reader.
+    fn stream_if_sequential(self: &Arc<Self>, file: &Arc<OpenFile>, want: &Range<u64>) {
+        let size = file.version().size;
+        let start = {
+            let mut st = file.state();
+            let sequential = want.start == st.next_sequential && want.start > 0;
+            st.next_sequential = want.end;
+            if !sequential || file.stale.load(Ordering::Relaxed) {
+                return;
+            }
+            let target = want.end.saturating_add(self.config.ahead);
+            // Whole pieces: the sharer gets fewer, larger requests.
+            let target = target
+                .div_ceil(self.config.piece)
+                .saturating_mul(self.config.piece)
+                .min(size);
+            // Started again once the reader is half-way into what was streamed.
+            if st.ahead_until >= target || st.ahead_until > want.end + self.config.ahead / 2 {
+                return;
+            }
+            let from = st.ahead_until.max(want.end);
+            st.ahead_until = target;
+            from..target
+        };
+        // Claimed here, before the reader's next read can claim parts of it in small pieces.
+        let mine = file.claim(start);
+        if mine.is_empty() {
+            return;
+        }
+        let reader = Arc::clone(self);
+        let file = Arc::clone(file);
+        std::thread::spawn(move || {
+            // A failure reaches the readers that wait for these ranges; nobody else wants them.
+            let r = reader.fetch(&file, &mine, true);
+            file.settle(&mine, r);
+        });
+    }
+
+    /// Makes `range` present in the file's store: fetches what nobody fetches yet, waits for the rest;
+    /// returns whether this call had to wait for the sharer.
+    fn ensure(&self, file: &OpenFile, range: Range<u64>) -> Result<bool, ReadError> {
+        let mut st = file.state();
+        let failures_before = st.failures;
+        let mut waited = false;
+        loop {
+            let missing = file.chunks.missing(range.clone());
+            if missing.is_empty() {
+                return Ok(waited);
+            }
+            waited = true;
+            let mine = unclaimed(&missing, &st.in_flight);
+            if !mine.is_empty() {
+                st.in_flight.extend(mine.iter().cloned());
+                drop(st);
+                let r = self.fetch(file, &mine, false);
+                file.settle(&mine, r.clone());
+                r?;
+                st = file.state();
+                continue;
+            }
+            if st.failures > failures_before {
+                return Err(st.last_failure.clone().expect("set with failures"));
+            }
+            st = file.arrived.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Fetches `ranges` of the file's version with up to [`ReadConfig::window`] reads in flight, storing
+    /// each verified piece as it comes and waking the readers that wait.
+    fn fetch(
+        &self,
+        file: &OpenFile,
+        ranges: &[Range<u64>],
+        cancellable: bool,
+    ) -> Result<(), ReadError> {
+        let version = file.version();
+        let mut todo = ranges
+            .iter()
+            .flat_map(|r| split(r.clone(), self.config.piece));
+        let mut in_flight: std::collections::VecDeque<(Slot<'_>, Box<dyn Pieces>)> =
+            Default::default();
+        let mut next = todo.next();
+        loop {
+            while let Some(r) = next.clone() {
+                if in_flight.len() >= self.config.window.max(1)
+                    || !self.slots.take(in_flight.is_empty())
+                {
+                    break;
+                }
+                // Taken before the request: an error drops it, giving it back.
+                let slot = Slot(&self.slots);
+                let pieces =
+                    self.source
+                        .read(&file.path, Some(version.root), r.start, r.end - r.start)?;
+                in_flight.push_back((slot, pieces));
+                next = todo.next();
+            }
+            let Some(mut front) = in_flight.pop_front() else {
+                return Ok(());
+            };
+            let pieces = &mut front.1;
+            while let Some(piece) = pieces.next_piece()? {
+                if cancellable && file.stale.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                match piece {
+                    Piece::Version(v) if v != version => return Err(SourceError::Changed),
+                    Piece::Version(_) => {}
+                    Piece::Data { offset, bytes } => {
+                        file.chunks
+                            .insert(offset, &bytes)
+                            .map_err(|e| SourceError::Failed {
+                                errno: libc::EIO,
+                                message: e.to_string(),
+                            })?;
+                        self.stats
+                            .from_peer
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        file.arrived.notify_all();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The parts of `missing` that no range of `claimed` covers.
+fn unclaimed(missing: &[Range<u64>], claimed: &[Range<u64>]) -> Vec<Range<u64>> {
+    let mut out = Vec::new();
+    for m in missing {
+        let mut parts = vec![m.clone()];
+        for c in claimed {
+            parts = parts
+                .into_iter()
+                .flat_map(|p| {
+                    let mut left = Vec::new();
+                    if p.start < c.start {
+                        left.push(p.start..p.end.min(c.start));
+                    }
+                    if p.end > c.end {
+                        left.push(p.start.max(c.end)..p.end);
+                    }
+                    left.into_iter().filter(|r| !r.is_empty())
+                })
+                .collect();
+        }
+        out.extend(parts);
+    }
+    out
+}
+
+/// `range` cut into pieces of at most `piece` bytes.
+fn split(range: Range<u64>, piece: u64) -> impl Iterator<Item = Range<u64>> {
+    let piece = piece.max(1);
+    (range.start..range.end)
+        .step_by(piece as usize)
+        .map(move |s| s..(s + piece).min(range.end))
+}
+
+#[cfg(test)]
+mod tests;

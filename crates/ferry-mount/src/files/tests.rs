@@ -1,0 +1,290 @@
+//! The read path against an in-memory sharer and store: both sides in memory, no FUSE.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ferry_share::tree::{Version, GROUP};
+use ferry_share::wire::{Entry, SharePath};
+
+use super::{ReadConfig, Reader, Stats};
+use crate::source::{Piece, Pieces, Source, SourceError};
+use crate::store::{Chunks, Store, StoreError};
+
+/// Files by path, each with a generation standing in for its root hash.
+#[derive(Default)]
+struct FakeSharer {
+    files: Mutex<HashMap<SharePath, (Vec<u8>, u8)>>,
+    offline: AtomicBool,
+    reads: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl FakeSharer {
+    fn put(&self, path: &str, content: Vec<u8>) {
+        let mut files = self.files.lock().unwrap();
+        let generation = files.get(&p(path)).map_or(0, |f| f.1 + 1);
+        files.insert(p(path), (content, generation));
+    }
+}
+
+struct FakePieces(std::vec::IntoIter<Result<Piece, SourceError>>);
+
+impl Pieces for FakePieces {
+    fn next_piece(&mut self) -> Result<Option<Piece>, SourceError> {
+        self.0.next().transpose()
+    }
+}
+
+impl Source for FakeSharer {
+    fn stat(&self, _: &SharePath) -> Result<Entry, SourceError> {
+        unimplemented!("not used by the read path")
+    }
+    fn list(&self, _: &SharePath) -> Result<Vec<Entry>, SourceError> {
+        unimplemented!("not used by the read path")
+    }
+    fn read(
+        &self,
+        path: &SharePath,
+        version: Option<[u8; 32]>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Box<dyn Pieces>, SourceError> {
+        if self.offline.load(Ordering::Relaxed) {
+            return Err(SourceError::Offline("link lost".into()));
+        }
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let files = self.files.lock().unwrap();
+        let (content, generation) = files.get(path).ok_or(SourceError::Failed {
+            errno: libc::ENOENT,
+            message: "no such file".into(),
+        })?;
+        let v = Version {
+            size: content.len() as u64,
+            root: [*generation; 32],
+        };
+        let mut out = vec![Ok(Piece::Version(v))];
+        if version.is_some_and(|r| r != v.root) {
+            out.push(Err(SourceError::Changed));
+        } else {
+            let end = (offset + len).min(v.size);
+            let mut at = offset;
+            while at < end {
+                let n = (end - at).min(64 * 1024);
+                self.bytes.fetch_add(n, Ordering::Relaxed);
+                out.push(Ok(Piece::Data {
+                    offset: at,
+                    bytes: content[at as usize..(at + n) as usize].to_vec(),
+                }));
+                at += n;
+            }
+        }
+        Ok(Box::new(FakePieces(out.into_iter())))
+    }
+}
+
+struct MemChunks {
+    version: Version,
+    bytes: Mutex<(Vec<u8>, Vec<bool>)>,
+}
+
+impl Chunks for MemChunks {
+    fn version(&self) -> Version {
+        self.version
+    }
+    fn missing(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let present = &self.bytes.lock().unwrap().1;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        for g in range.start / GROUP..range.end.div_ceil(GROUP) {
+            if !present[g as usize] {
+                let r = g * GROUP..((g + 1) * GROUP).min(self.version.size);
+                match out.last_mut() {
+                    Some(last) if last.end == r.start => last.end = r.end,
+                    _ => out.push(r),
+                }
+            }
+        }
+        out
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError> {
+        if !self.missing(offset..offset + buf.len() as u64).is_empty() {
+            return Err(StoreError("missing".into()));
+        }
+        let b = self.bytes.lock().unwrap();
+        buf.copy_from_slice(&b.0[offset as usize..offset as usize + buf.len()]);
+        Ok(buf.len())
+    }
+    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+        let mut b = self.bytes.lock().unwrap();
+        b.0[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+        let end = offset + bytes.len() as u64;
+        for g in offset / GROUP..end.div_ceil(GROUP) {
+            if end >= ((g + 1) * GROUP).min(self.version.size) {
+                b.1[g as usize] = true;
+            }
+        }
+        Ok(())
+    }
+    fn is_complete(&self) -> bool {
+        self.bytes.lock().unwrap().1.iter().all(|&p| p)
+    }
+    fn backing(&self) -> Option<File> {
+        None
+    }
+}
+
+#[derive(Default)]
+struct MemStore(Mutex<HashMap<[u8; 32], Arc<MemChunks>>>);
+
+impl Store for MemStore {
+    fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError> {
+        let mut m = self.0.lock().unwrap();
+        let e = m.entry(version.root).or_insert_with(|| {
+            Arc::new(MemChunks {
+                version,
+                bytes: Mutex::new((
+                    vec![0; version.size as usize],
+                    vec![false; version.size.div_ceil(GROUP) as usize],
+                )),
+            })
+        });
+        Ok(Arc::clone(e) as Arc<dyn Chunks>)
+    }
+}
+
+fn p(s: &str) -> SharePath {
+    SharePath::new(s.as_bytes()).unwrap()
+}
+
+fn data(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3] ^ seed)
+        .collect()
+}
+
+fn setup() -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>) {
+    let sharer = Arc::new(FakeSharer::default());
+    let reader = Reader::new(
+        Arc::clone(&sharer),
+        Arc::new(MemStore::default()),
+        ReadConfig::default(),
+        Arc::new(Stats::default()),
+    );
+    (sharer, reader)
+}
+
+#[test]
+fn random_reads_equal_the_source_and_are_clamped_at_the_end() {
+    let (sharer, reader) = setup();
+    let content = data(3_000_017, 1);
+    sharer.put("f", content.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    let mut x = 7u64;
+    for _ in 0..300 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let off = x % (content.len() as u64 + 10);
+        let len = (x >> 32) % 300_000;
+        let got = reader.read(&h, off, len as u32).unwrap();
+        let s = (off as usize).min(content.len());
+        let e = (off + len).min(content.len() as u64) as usize;
+        assert_eq!(got, &content[s..e], "at {off} len {len}");
+    }
+}
+
+#[test]
+fn a_sequential_read_is_streamed_in_large_requests_and_fetched_once() {
+    let (sharer, reader) = setup();
+    let content = data(32 << 20, 2);
+    sharer.put("big", content.clone());
+    let h = reader.open(&p("big"), None).unwrap();
+    let mut got = Vec::new();
+    let mut off = 0;
+    while off < content.len() as u64 {
+        let piece = reader.read(&h, off, 128 * 1024).unwrap();
+        off += piece.len() as u64;
+        got.extend(piece);
+    }
+    assert!(got == content, "sequential read differs");
+    let reads = sharer.reads.load(Ordering::Relaxed);
+    // 256 FUSE reads of 128 KiB; the sharer sees about one request per MiB (plus the open).
+    assert!(reads <= 64, "{reads} requests for 32 MiB");
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), content.len() as u64);
+    // Read again: all from the store.
+    let before = sharer.bytes.load(Ordering::Relaxed);
+    assert_eq!(
+        reader.read(&h, 5 << 20, 1 << 20).unwrap(),
+        &content[5 << 20..6 << 20]
+    );
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), before);
+}
+
+#[test]
+fn concurrent_readers_of_one_file_share_its_fetches() {
+    let (sharer, reader) = setup();
+    let content = Arc::new(data(8 << 20, 3));
+    sharer.put("f", content.to_vec());
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let reader = Arc::clone(&reader);
+            let content = Arc::clone(&content);
+            std::thread::spawn(move || {
+                let h = reader.open(&p("f"), None).unwrap();
+                let mut off = 0u64;
+                while off < content.len() as u64 {
+                    let got = reader.read(&h, off, 256 * 1024).unwrap();
+                    assert!(got[..] == content[off as usize..off as usize + got.len()]);
+                    off += got.len() as u64;
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), content.len() as u64);
+}
+
+#[test]
+fn a_file_changed_on_the_sharer_is_read_whole_from_its_new_version() {
+    let (sharer, reader) = setup();
+    let old = data(1 << 20, 4);
+    sharer.put("f", old.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    assert_eq!(reader.read(&h, 0, 1000).unwrap(), &old[..1000]);
+    let new = data(300_000, 5);
+    sharer.put("f", new.clone());
+    // Not yet notified: the cached range still reads from the version opened...
+    assert_eq!(reader.read(&h, 0, 1000).unwrap(), &old[..1000]);
+    // ...but a range that needs the sharer finds the change and reads the new version, cut at its end.
+    assert_eq!(reader.read(&h, 200_000, 500_000).unwrap(), &new[200_000..]);
+    assert_eq!(reader.read(&h, 0, 1000).unwrap(), &new[..1000]);
+    // A notification makes the next read learn the version, even of cached ranges.
+    sharer.put("f", data(10, 6));
+    reader.changed(&p("f"));
+    assert_eq!(reader.read(&h, 0, 1000).unwrap(), data(10, 6));
+}
+
+#[test]
+fn offline_cached_ranges_read_and_missing_ones_fail_with_eio() {
+    let (sharer, reader) = setup();
+    let content = data(1 << 20, 7);
+    sharer.put("f", content.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    let known = h.file().version();
+    assert_eq!(reader.read(&h, 0, 100_000).unwrap(), &content[..100_000]);
+    sharer.offline.store(true, Ordering::Relaxed);
+    let h2 = reader.open(&p("f"), Some(known)).unwrap();
+    assert_eq!(reader.read(&h2, 0, 100_000).unwrap(), &content[..100_000]);
+    let e = reader.read(&h2, 500_000, 100_000).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert!(reader.open(&p("f"), None).is_err());
+    sharer.offline.store(false, Ordering::Relaxed);
+    assert_eq!(
+        reader.read(&h2, 500_000, 100_000).unwrap(),
+        &content[500_000..600_000]
+    );
+}

@@ -1,0 +1,438 @@
+//! The inode table: share paths <-> inode numbers, with what was last learned of each path (its entry, its
+//! listing, its version) so that a lost link still shows what was seen, and so that a change notification
+//! for a path can be turned into the kernel invalidations it needs.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use ferry_share::tree::Version;
+use ferry_share::wire::{Entry, Kind, SharePath};
+
+/// The root's inode number (FUSE's).
+pub const ROOT: u64 = 1;
+
+/// What is known of one path.
+#[derive(Debug)]
+struct Node {
+    path: SharePath,
+    parent: u64,
+    /// The kernel's lookup count: the node is forgotten when it reaches zero.
+    lookups: u64,
+    /// The last entry seen and when; `None` until stat or listed.
+    entry: Option<(Entry, Instant)>,
+    /// The last listing seen (directories) and when.
+    listing: Option<(Vec<Entry>, Instant)>,
+    /// The version last opened (files): open works offline from a cached version.
+    version: Option<Version>,
+    /// Set by a change notification: the next use asks the sharer again.
+    stale: bool,
+    /// Handles open for classic (daemon) reads: while there are any, the kernel holds the inode in
+    /// caching mode and answers a passthrough open of it with EIO.
+    classic_opens: u32,
+    /// Handles open with passthrough, and the version they read: while there are any, the kernel takes
+    /// only passthrough opens of that same backing file.
+    passthrough: (u32, Option<Version>),
+}
+
+/// The kernel-side caches to drop after a change: inodes (attributes and data) and directory entries.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Invalidations {
+    /// Inodes whose attributes and cached data are to be dropped.
+    pub inodes: Vec<u64>,
+    /// Directory entries `(parent inode, name)` to drop.
+    pub entries: Vec<(u64, Vec<u8>)>,
+}
+
+/// Paths and inode numbers, both ways.
+#[derive(Debug)]
+pub struct Inodes {
+    by_ino: HashMap<u64, Node>,
+    by_path: HashMap<SharePath, u64>,
+    next: u64,
+    fresh_for: Duration,
+    /// What was last seen of paths the kernel forgot (entry, version opened): offline, a file read before
+    /// is found and opened from the cache again. Bounded by [`REMEMBERED`].
+    remembered: HashMap<SharePath, (Entry, Option<Version>)>,
+}
+
+/// Most forgotten paths remembered for offline use (about 100 bytes each); beyond, the oldest half goes.
+pub const REMEMBERED: usize = 100_000;
+
+impl Inodes {
+    /// A table holding the root; entries and listings count as fresh for `fresh_for`.
+    pub fn new(fresh_for: Duration) -> Inodes {
+        let mut t = Inodes {
+            by_ino: HashMap::new(),
+            by_path: HashMap::new(),
+            next: ROOT + 1,
+            fresh_for,
+            remembered: HashMap::new(),
+        };
+        t.by_ino.insert(ROOT, node(SharePath::root(), ROOT));
+        t.by_path.insert(SharePath::root(), ROOT);
+        t
+    }
+
+    /// The path of inode `ino`.
+    pub fn path(&self, ino: u64) -> Option<SharePath> {
+        self.by_ino.get(&ino).map(|n| n.path.clone())
+    }
+
+    /// The inode of `path`, if the kernel knows it.
+    pub fn ino(&self, path: &SharePath) -> Option<u64> {
+        self.by_path.get(path).copied()
+    }
+
+    /// The inode for `path` (a new one if needed), with one more lookup counted, and `entry` remembered.
+    pub fn looked_up(&mut self, path: SharePath, parent: u64, entry: Entry) -> u64 {
+        let ino = self.ino_for(path, parent);
+        let n = self.by_ino.get_mut(&ino).expect("just made");
+        n.lookups += 1;
+        n.entry = Some((entry, Instant::now()));
+        n.stale = false;
+        ino
+    }
+
+    /// The inode for `path` without counting a lookup (readdir names inodes the kernel does not hold).
+    pub fn ino_for(&mut self, path: SharePath, parent: u64) -> u64 {
+        if let Some(&ino) = self.by_path.get(&path) {
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_path.insert(path.clone(), ino);
+        let mut n = node(path, parent);
+        if let Some((entry, version)) = self.remembered.remove(&n.path) {
+            // Old: asked again before any use online.
+            n.entry = Some((entry, Instant::now()));
+            n.stale = true;
+            n.version = version;
+        }
+        self.by_ino.insert(ino, n);
+        ino
+    }
+
+    /// The kernel dropped `n` lookups of `ino`; at zero the node goes (never the root).
+    pub fn forget(&mut self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let Some(node) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
+        node.lookups = node.lookups.saturating_sub(n);
+        if node.lookups == 0 {
+            let node = self.by_ino.remove(&ino).expect("present");
+            self.by_path.remove(&node.path);
+            if let Some((entry, _)) = node.entry {
+                if self.remembered.len() >= REMEMBERED {
+                    let drop: Vec<SharePath> = self
+                        .remembered
+                        .keys()
+                        .take(REMEMBERED / 2)
+                        .cloned()
+                        .collect();
+                    for p in drop {
+                        self.remembered.remove(&p);
+                    }
+                }
+                self.remembered.insert(node.path, (entry, node.version));
+            }
+        }
+    }
+
+    /// The entry of `ino` if still fresh (`fresh`) or whatever was last seen (`!fresh`, for offline use).
+    pub fn entry(&self, ino: u64, fresh: bool) -> Option<Entry> {
+        let n = self.by_ino.get(&ino)?;
+        let (e, at) = n.entry.as_ref()?;
+        (!fresh || (!n.stale && at.elapsed() < self.fresh_for)).then(|| e.clone())
+    }
+
+    /// Remembers the entry of `ino`, just learned.
+    pub fn set_entry(&mut self, ino: u64, entry: Entry) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.entry = Some((entry, Instant::now()));
+            n.stale = false;
+        }
+    }
+
+    /// The listing of directory `ino`, fresh or last seen, as for [`Inodes::entry`].
+    pub fn listing(&self, ino: u64, fresh: bool) -> Option<Vec<Entry>> {
+        let n = self.by_ino.get(&ino)?;
+        let (l, at) = n.listing.as_ref()?;
+        (!fresh || (!n.stale && at.elapsed() < self.fresh_for)).then(|| l.clone())
+    }
+
+    /// Remembers the listing of directory `ino`, and each child's entry for the inodes already known.
+    pub fn set_listing(&mut self, ino: u64, entries: Vec<Entry>) {
+        let Some(n) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
+        let dir = n.path.clone();
+        n.listing = Some((entries.clone(), Instant::now()));
+        n.stale = false;
+        let now = Instant::now();
+        for e in entries {
+            let Some(path) = child(&dir, &e.name) else {
+                continue;
+            };
+            if let Some(c) = self.by_path.get(&path).and_then(|i| self.by_ino.get_mut(i)) {
+                c.entry = Some((e, now));
+                c.stale = false;
+            }
+        }
+    }
+
+    /// The version last opened at `ino`.
+    pub fn version(&self, ino: u64) -> Option<Version> {
+        self.by_ino.get(&ino)?.version
+    }
+
+    /// Remembers the version opened at `ino`.
+    pub fn set_version(&mut self, ino: u64, version: Version) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.version = Some(version);
+        }
+    }
+
+    /// The entry last seen at `path`, also after the kernel forgot it (offline use).
+    pub fn last_seen(&self, path: &SharePath) -> Option<Entry> {
+        match self.by_path.get(path) {
+            Some(ino) => self.entry(*ino, false),
+            None => self.remembered.get(path).map(|(e, _)| e.clone()),
+        }
+    }
+
+    /// Whether `ino` may be opened with passthrough: no handle of it is open for classic reads.
+    pub fn may_pass_through(&self, ino: u64) -> bool {
+        self.by_ino.get(&ino).is_some_and(|n| n.classic_opens == 0)
+    }
+
+    /// The version `ino`'s open passthrough handles read, if any are open.
+    pub fn passing_through(&self, ino: u64) -> Option<Version> {
+        let n = self.by_ino.get(&ino)?;
+        (n.passthrough.0 > 0).then_some(n.passthrough.1).flatten()
+    }
+
+    /// A handle of `ino` opened with passthrough at `Some(version)`, or released (`None`).
+    pub fn passthrough_open(&mut self, ino: u64, opened: Option<Version>) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.passthrough = match opened {
+                Some(v) => (n.passthrough.0.saturating_add(1), Some(v)),
+                None => (n.passthrough.0.saturating_sub(1), n.passthrough.1),
+            };
+        }
+    }
+
+    /// A handle of `ino` opened (`true`) or released (`false`) for classic reads.
+    pub fn classic_open(&mut self, ino: u64, opened: bool) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.classic_opens = match opened {
+                true => n.classic_opens.saturating_add(1),
+                false => n.classic_opens.saturating_sub(1),
+            };
+        }
+    }
+
+    /// `path` changed on the sharer: its node, its parent's listing and its descendants go stale; returns
+    /// what the kernel must drop. The share's root means anything may have changed.
+    pub fn changed(&mut self, path: &SharePath) -> Invalidations {
+        let mut inv = Invalidations::default();
+        let prefix = path.as_bytes();
+        for (ino, n) in self.by_ino.iter_mut() {
+            let p = n.path.as_bytes();
+            let inside = path.is_root()
+                || p == prefix
+                || (p.len() > prefix.len() && p.starts_with(prefix) && p[prefix.len()] == b'/');
+            if !inside {
+                continue;
+            }
+            n.stale = true;
+            inv.inodes.push(*ino);
+            if *ino != ROOT {
+                inv.entries.push((n.parent, last_component(p).to_vec()));
+            }
+        }
+        // The parent's listing changed too (a new or deleted name), and a name the kernel cached as
+        // missing (a negative entry) must go.
+        if !path.is_root() {
+            let (parent_path, name) = split_parent(path);
+            if let Some(&pino) = self.by_path.get(&parent_path) {
+                let pn = self.by_ino.get_mut(&pino).expect("indexed");
+                pn.stale = true;
+                inv.inodes.push(pino);
+                if !inv.entries.iter().any(|(p, n)| *p == pino && n == name) {
+                    inv.entries.push((pino, name.to_vec()));
+                }
+            }
+        }
+        inv.inodes.sort_unstable();
+        inv.inodes.dedup();
+        inv
+    }
+}
+
+fn node(path: SharePath, parent: u64) -> Node {
+    Node {
+        path,
+        parent,
+        lookups: 0,
+        entry: None,
+        listing: None,
+        version: None,
+        stale: false,
+        classic_opens: 0,
+        passthrough: (0, None),
+    }
+}
+
+/// `dir/name`, or `None` when `name` is not a single safe component.
+pub fn child(dir: &SharePath, name: &[u8]) -> Option<SharePath> {
+    if name.is_empty() || name.contains(&b'/') || name == b"." || name == b".." {
+        return None;
+    }
+    let mut p = dir.as_bytes().to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    SharePath::new(&p).ok()
+}
+
+fn last_component(p: &[u8]) -> &[u8] {
+    p.rsplit(|&b| b == b'/').next().unwrap_or(p)
+}
+
+/// The parent of a non-root path, and its last component.
+fn split_parent(path: &SharePath) -> (SharePath, &[u8]) {
+    let p = path.as_bytes();
+    match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => (
+            SharePath::new(&p[..i]).expect("a prefix of a valid path"),
+            &p[i + 1..],
+        ),
+        None => (SharePath::root(), p),
+    }
+}
+
+/// Whether an entry is a directory.
+pub fn is_dir(e: &Entry) -> bool {
+    e.kind == Kind::Dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, size: u64) -> Entry {
+        Entry {
+            name: name.as_bytes().to_vec(),
+            kind: Kind::File,
+            size,
+            mode: 0o644,
+            mtime: 0,
+            mtime_nsec: 0,
+            target: Vec::new(),
+        }
+    }
+
+    fn p(s: &str) -> SharePath {
+        SharePath::new(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn children_are_single_components() {
+        assert_eq!(child(&SharePath::root(), b"a"), Some(p("a")));
+        assert_eq!(child(&p("a"), b"b"), Some(p("a/b")));
+        for bad in [&b""[..], b".", b"..", b"x/y"] {
+            assert_eq!(child(&p("a"), bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lookups_are_counted_and_forgotten() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        assert_eq!(t.looked_up(p("a"), ROOT, file("a", 2)), a);
+        assert_eq!(t.entry(a, true).unwrap().size, 2);
+        t.forget(a, 1);
+        assert_eq!(t.path(a), Some(p("a")));
+        t.forget(a, 1);
+        assert_eq!(t.path(a), None);
+        assert_eq!(t.ino(&p("a")), None);
+        t.forget(ROOT, 5);
+        assert_eq!(t.path(ROOT), Some(SharePath::root()));
+    }
+
+    #[test]
+    fn a_forgotten_path_is_remembered_with_its_version_for_offline_use() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 7));
+        let v = Version {
+            root: [3; 32],
+            size: 7,
+        };
+        t.set_version(a, v);
+        t.forget(a, 1);
+        assert_eq!(t.ino(&p("a")), None);
+        assert_eq!(t.last_seen(&p("a")).unwrap().size, 7);
+        let a = t.ino_for(p("a"), ROOT);
+        assert_eq!(t.version(a), Some(v));
+        assert_eq!(t.entry(a, true), None, "not fresh: asked again online");
+        assert_eq!(t.entry(a, false).unwrap().size, 7);
+    }
+
+    #[test]
+    fn an_open_classic_handle_bars_passthrough_until_released() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        assert!(t.may_pass_through(a));
+        t.classic_open(a, true);
+        t.classic_open(a, true);
+        t.classic_open(a, false);
+        assert!(!t.may_pass_through(a));
+        t.classic_open(a, false);
+        assert!(t.may_pass_through(a));
+        assert!(!t.may_pass_through(a + 1), "an unknown inode");
+        let v = Version {
+            root: [1; 32],
+            size: 1,
+        };
+        assert_eq!(t.passing_through(a), None);
+        t.passthrough_open(a, Some(v));
+        t.passthrough_open(a, Some(v));
+        t.passthrough_open(a, None);
+        assert_eq!(t.passing_through(a), Some(v));
+        t.passthrough_open(a, None);
+        assert_eq!(t.passing_through(a), None);
+    }
+
+    #[test]
+    fn a_change_invalidates_the_path_its_descendants_and_its_parent_but_keeps_what_was_seen() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let d = t.looked_up(p("d"), ROOT, file("d", 0));
+        let f = t.looked_up(p("d/f"), d, file("f", 5));
+        let g = t.looked_up(p("d/g"), d, file("g", 5));
+        let other = t.looked_up(p("dd"), ROOT, file("dd", 1));
+        let inv = t.changed(&p("d/f"));
+        assert_eq!(inv.inodes, vec![d, f]);
+        assert_eq!(inv.entries, vec![(d, b"f".to_vec())]);
+        assert!(t.entry(f, true).is_none(), "stale");
+        assert_eq!(t.entry(f, false).unwrap().size, 5, "kept for offline use");
+        assert!(t.entry(g, true).is_some());
+        let inv = t.changed(&p("d"));
+        assert!(inv.inodes.contains(&g) && !inv.inodes.contains(&other));
+        let all = t.changed(&SharePath::root());
+        assert_eq!(all.inodes.len(), 5);
+    }
+
+    #[test]
+    fn a_listing_refreshes_the_known_children() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let f = t.looked_up(p("f"), ROOT, file("f", 1));
+        t.changed(&p("f"));
+        t.set_listing(ROOT, vec![file("f", 9), file("new", 3)]);
+        assert_eq!(t.entry(f, true).unwrap().size, 9);
+        assert_eq!(t.listing(ROOT, true).unwrap().len(), 2);
+    }
+}

@@ -1,0 +1,18 @@
+//! `ferry mount`'s file system: a paired peer's share as a local, read-only directory.
+//!
+//! Layers, top to bottom: [`fuse`] is the only module that talks to the kernel (fuser); [`inodes`] maps
+//! share paths to inode numbers and keeps what was last seen of each; [`files`] is the read path (open
+//! files pinned to a version, a verified chunk store, pipelined fetches, streaming ahead); [`source`] and
+//! [`store`] are the traits the read path stands on: the share client and the chunk cache in the binary,
+//! in-memory fakes in tests. [`lifecycle`] mounts and unmounts (lazily when busy, so no stale mount stays).
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod files;
+pub mod fuse;
+pub mod inodes;
+pub mod lifecycle;
+pub mod remote;
+pub mod source;
+pub mod store;

@@ -1,0 +1,204 @@
+//! Mounting and unmounting: a multithreaded FUSE session at the mount point, and an unmount that never
+//! leaves a stale mount behind (a busy mount point is detached lazily: it goes as soon as the last user
+//! leaves it).
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use rustix::mount::{unmount as umount2, UnmountFlags};
+
+use crate::fuse::ShareFs;
+use crate::source::Source;
+
+/// Kernel requests served at once (each worker has its own `/dev/fuse` clone).
+pub const THREADS: usize = 8;
+/// The mount's readahead (KiB), set on its BDI after mounting: the kernel offers only 128 KiB at init.
+pub const READ_AHEAD_KIB: u32 = 8 * 1024;
+
+/// How the unmount went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmounted {
+    /// Unmounted at once.
+    Clean,
+    /// The mount point was busy: detached now, gone when its last user leaves.
+    Lazily,
+}
+
+/// A mounted share, not yet serving.
+pub struct Mounted<S: Source> {
+    session: Session<ShareFs<S>>,
+    mountpoint: PathBuf,
+}
+
+/// Mounts `fs` at `mountpoint` (read-only: writes are answered `EROFS` by the kernel), named
+/// `fsname` in the mount table.
+pub fn mount<S: Source>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::Result<Mounted<S>> {
+    let changes = fs.changes();
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(fsname.to_string()),
+        MountOption::Subtype("ferry".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = SessionACL::Owner;
+    config.n_threads = Some(THREADS);
+    config.clone_fd = true;
+    // The session needs the file system first; its notifier exists only afterwards.
+    let session = Session::new(fs, mountpoint, &config)?;
+    changes.set_notifier(session.notifier());
+    Ok(Mounted {
+        session,
+        mountpoint: mountpoint.to_path_buf(),
+    })
+}
+
+impl<S: Source> Mounted<S> {
+    /// Raises the mount's readahead on its BDI (best effort: it needs root); returns what was set.
+    /// (The device comes from the mount table: a stat of the mount point would wait for this very
+    /// process, which serves nothing yet.)
+    pub fn raise_readahead(&self) -> Option<u32> {
+        let device = mounted_device(&self.mountpoint)?;
+        let bdi = format!("/sys/class/bdi/{device}/read_ahead_kb");
+        std::fs::write(bdi, READ_AHEAD_KIB.to_string()).ok()?;
+        Some(READ_AHEAD_KIB)
+    }
+
+    /// Serves the kernel's requests until the file system is unmounted.
+    pub fn run(self) -> io::Result<()> {
+        self.session.run()
+    }
+}
+
+/// Unmounts `mountpoint`; a busy one is detached lazily. Without the privilege to unmount, `fusermount3`
+/// (or `fusermount`) does it.
+pub fn unmount(mountpoint: &Path) -> io::Result<Unmounted> {
+    match umount2(mountpoint, UnmountFlags::empty()) {
+        Ok(()) => Ok(Unmounted::Clean),
+        Err(rustix::io::Errno::BUSY) => {
+            umount2(mountpoint, UnmountFlags::DETACH)?;
+            Ok(Unmounted::Lazily)
+        }
+        Err(rustix::io::Errno::PERM) => {
+            if fusermount(mountpoint, false)? {
+                return Ok(Unmounted::Clean);
+            }
+            if fusermount(mountpoint, true)? {
+                return Ok(Unmounted::Lazily);
+            }
+            Err(io::Error::other(format!(
+                "fusermount3 could not unmount {}",
+                mountpoint.display()
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Detaches `mountpoint` at once, busy or not (the last resort of a second Ctrl-C).
+pub fn unmount_lazily(mountpoint: &Path) -> io::Result<()> {
+    match umount2(mountpoint, UnmountFlags::DETACH) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::PERM) => fusermount(mountpoint, true).map(|_| ()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `mountpoint` as the mount table names it: absolute, its parent's symbolic links resolved (the last
+/// component is not touched: a stat of a mount that is not served would wait).
+pub fn resolve(mountpoint: &Path) -> io::Result<PathBuf> {
+    let path = std::path::absolute(mountpoint)?;
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if name != ".." => Ok(parent.canonicalize()?.join(name)),
+        _ => path.canonicalize(),
+    }
+}
+
+/// Whether something is mounted on `mountpoint` (an absolute path), per `/proc/self/mountinfo`.
+pub fn is_mounted(mountpoint: &Path) -> bool {
+    mounted_device(mountpoint).is_some()
+}
+
+/// The device (`MAJOR:MINOR`) of the last mount on `mountpoint` (absolute, not canonicalized: that
+/// would stat a mount not served yet), per `/proc/self/mountinfo`.
+fn mounted_device(mountpoint: &Path) -> Option<String> {
+    let table = std::fs::read("/proc/self/mountinfo").ok()?;
+    let wanted = std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str());
+    table
+        .split(|&b| b == b'\n')
+        .filter_map(|line| {
+            let mut fields = line.split(|&b| b == b' ');
+            let device = fields.nth(2)?;
+            let point = fields.nth(1)?;
+            (unescape(point) == wanted).then(|| String::from_utf8_lossy(device).into_owned())
+        })
+        .next_back()
+}
+
+/// A mountinfo field with its octal escapes (`\040` for a space) undone.
+fn unescape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    let mut i = 0;
+    while i < field.len() {
+        let octal = field
+            .get(i + 1..i + 4)
+            .filter(|d| field[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(field[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+fn fusermount(mountpoint: &Path, lazy: bool) -> io::Result<bool> {
+    let mut last = None;
+    for bin in ["fusermount3", "fusermount"] {
+        let mut c = Command::new(bin);
+        c.arg(if lazy { "-uz" } else { "-u" })
+            .arg("--")
+            .arg(mountpoint);
+        match c.output() {
+            Ok(out) => return Ok(out.status.success()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("tried"))
+}
+
+/// Whether `mountpoint` is a mount whose daemon is gone (`ENOTCONN`): such a mount is unmounted before
+/// mounting there again.
+pub fn is_stale(mountpoint: &Path) -> bool {
+    matches!(
+        std::fs::metadata(mountpoint),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(super::unescape(b"/mnt/a\\040b\\134c"), b"/mnt/a b\\c");
+        assert_eq!(super::unescape(b"/x\\0"), b"/x\\0");
+    }
+
+    #[test]
+    fn the_root_is_mounted_and_a_plain_directory_is_not() {
+        assert!(super::is_mounted(std::path::Path::new("/")));
+        let dir = std::env::temp_dir().join(format!("ferry-mount-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!super::is_mounted(&dir));
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}

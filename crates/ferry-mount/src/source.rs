@@ -1,0 +1,74 @@
+//! What the mount asks of the sharer, as a trait: the share client (`ferry_share::remote::Remote`) in the
+//! binary, an in-memory fake in tests. Everything it returns came from the peer and is treated as hostile by
+//! the callers: names are single components (the wire checks them), sizes are clamped by the version.
+
+use ferry_share::tree::Version;
+use ferry_share::wire::{Entry, SharePath};
+
+/// Why a request to the sharer failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The file is no longer the version the read named: open it again.
+    #[error("the file changed on the sharer")]
+    Changed,
+    /// The sharer cannot be reached (link lost, deadline passed): cached data may stand in.
+    #[error("{0}")]
+    Offline(String),
+    /// Any other failure, with the errno the file system answers.
+    #[error("{message}")]
+    Failed {
+        /// The errno for the kernel (`ENOENT`, `EIO`, ...).
+        errno: i32,
+        /// What happened, for the log.
+        message: String,
+    },
+}
+
+impl SourceError {
+    /// The errno a file system request that met this failure answers.
+    pub fn errno(&self) -> i32 {
+        match self {
+            SourceError::Changed => libc::ESTALE,
+            SourceError::Offline(_) => libc::EIO,
+            SourceError::Failed { errno, .. } => *errno,
+        }
+    }
+}
+
+/// One piece of a read, in order: the version first, then the data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// The version the read is served from.
+    Version(Version),
+    /// Verified bytes from `offset`.
+    Data {
+        /// Offset of the first byte.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+}
+
+/// A read in progress; dropping it cancels the rest.
+pub trait Pieces: Send {
+    /// The next piece, `None` after the last.
+    fn next_piece(&mut self) -> Result<Option<Piece>, SourceError>;
+}
+
+/// A paired peer's share, as the mount reads it.
+pub trait Source: Send + Sync + 'static {
+    /// The attributes of `path`.
+    fn stat(&self, path: &SharePath) -> Result<Entry, SourceError>;
+    /// The entries of the directory `path`.
+    fn list(&self, path: &SharePath) -> Result<Vec<Entry>, SourceError>;
+    /// Starts a read of `len` bytes at `offset` of `path` (of `version`, when given: another version fails
+    /// with [`SourceError::Changed`] after announcing itself). The request is on its way when this returns,
+    /// so several reads started one after the other are in flight together.
+    fn read(
+        &self,
+        path: &SharePath,
+        version: Option<[u8; 32]>,
+        offset: u64,
+        len: u64,
+    ) -> Result<Box<dyn Pieces>, SourceError>;
+}

@@ -1,0 +1,36 @@
+//! Where verified bytes of file versions are kept, as traits: the on-disk chunk cache (`ferry_cache`) in the
+//! binary, memory in tests. A version's [`Chunks`] take only bytes the share client verified against that
+//! version, and say which ranges are still missing.
+
+use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
+
+use ferry_share::tree::Version;
+
+/// A failure of the store (a full disk, a cache file altered behind its back).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cache: {0}")]
+pub struct StoreError(pub String);
+
+/// The verified bytes of one file version; held while a file is open (an entry in use is not evicted).
+pub trait Chunks: Send + Sync {
+    /// The version.
+    fn version(&self) -> Version;
+    /// The parts of `range` not present, aligned outwards to the store's groups.
+    fn missing(&self, range: Range<u64>) -> Vec<Range<u64>>;
+    /// Copies present bytes at `offset` into `buf`; fails if any of them is missing (or no longer verifies).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError>;
+    /// Stores verified bytes at `offset`.
+    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Whether every byte is present.
+    fn is_complete(&self) -> bool;
+    /// A file holding exactly the version's bytes, when complete and verified (for FUSE passthrough).
+    fn backing(&self) -> Option<File>;
+}
+
+/// The chunk stores of all versions.
+pub trait Store: Send + Sync + 'static {
+    /// The entry of `version` (created empty if new).
+    fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError>;
+}
