@@ -17,3 +17,4 @@ pub mod subtree;
 pub mod tree;
 pub mod watch;
 pub mod wire;
+pub mod write;
