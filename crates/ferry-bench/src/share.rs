@@ -39,6 +39,7 @@ use ferry_share::client::Event;
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes, Session};
 use ferry_share::server::ServerConfig;
+use ferry_share::tree::GROUP;
 use ferry_share::wire::SharePath;
 
 use crate::report::{
@@ -386,20 +387,15 @@ fn reads(opts: &Options, s: &Scratch, path: &SharePath, report: &mut Report) -> 
     ));
     let f = floor(&s.0.join("share"), path, opts.file_bytes)?;
     let now = f.pread_group + f.aead_group + f.blake3_group + f.tcp_group;
-    // A piece of 4 KiB and its proof inside the group: the sharer still reads the whole group and hashes
-    // the other 12 KiB, the client hashes 4 KiB.
-    let small = f.pread_group + f.blake3_group + f.aead_4k + f.tcp_4k;
+    let (g, p) = (GROUP >> 10, (GROUP >> 10) + 1);
     for (what, us) in [
-        ("  floor per read: pread 16 KiB + AES-GCM 17 KiB both ends + BLAKE3 16 KiB + TCP 17 KiB", now),
-        ("  floor per read if a piece were 4 KiB + in-group proof", small),
-        ("    pread of a random 16 KiB group", f.pread_group),
-        ("    pread of a random 4 KiB", f.pread_4k),
-        ("    AES-256-GCM seal + open of 17 KiB", f.aead_group),
-        ("    AES-256-GCM seal + open of 5 KiB", f.aead_4k),
-        ("    BLAKE3 of 16 KiB", f.blake3_group),
-        ("    loopback TCP write + read of 17 KiB", f.tcp_group),
-        ("    loopback TCP write + read of 5 KiB", f.tcp_4k),
-        ("  not in the floor: the sharer's open, identity checks, close", f.open_close),
+        (format!("  floor per read: pread {g} KiB + AES-GCM {p} KiB both ends + BLAKE3 {g} KiB + TCP {p} KiB"), now),
+        (format!("    pread of a random {g} KiB group"), f.pread_group),
+        ("    pread of a random 4 KiB".to_string(), f.pread_4k),
+        (format!("    AES-256-GCM seal + open of {p} KiB (the group and its proof)"), f.aead_group),
+        (format!("    BLAKE3 of {g} KiB (the client's check of the group)"), f.blake3_group),
+        (format!("    loopback TCP write + read of {p} KiB"), f.tcp_group),
+        ("  not in the floor: the sharer's open, identity checks, close".to_string(), f.open_close),
     ] {
         report.push(Row::new(BENCH, what, us, "µs"));
     }
@@ -574,21 +570,17 @@ pub fn serve_if_child() {
 /// CPU µs per operation of what one random 4 KiB read must do at least, each alone on this thread, on the
 /// file of the read case: a floor to hold the measured CPU per read against.
 struct Floor {
-    /// `pread` of a 16 KiB group at a random place of the file (cold in the CPU's caches).
+    /// `pread` of a group at a random place of the file (cold in the CPU's caches).
     pread_group: f64,
     /// `pread` of 4 KiB at a random place.
     pread_4k: f64,
-    /// AES-256-GCM seal and open of a piece of 16 KiB + 1 KiB of proof (the channel's sealing, both ends).
+    /// AES-256-GCM seal and open of a piece of a group + 1 KiB of proof (the channel's sealing, both ends).
     aead_group: f64,
-    /// The same for 4 KiB + 1 KiB.
-    aead_4k: f64,
-    /// BLAKE3 of 16 KiB (the client's check of a group).
+    /// BLAKE3 of a group (the client's check).
     blake3_group: f64,
-    /// Writing 17 KiB into a loopback TCP socket and reading it back (kernel copies and the TCP stack,
-    /// no wake-up).
+    /// Writing a group + 1 KiB into a loopback TCP socket and reading it back (kernel copies and the TCP
+    /// stack, no wake-up).
     tcp_group: f64,
-    /// The same for 5 KiB.
-    tcp_4k: f64,
     /// What the sharer does per read besides the piece (not in the floor): the path resolved and opened,
     /// its identity checked against the cached outboard, checked again before the piece, closed.
     open_close: f64,
@@ -609,14 +601,15 @@ fn floor(share: &Path, path: &SharePath, size: u64) -> io::Result<Floor> {
     const N: usize = 50_000;
     let f = fs::File::open(file)?;
     let mut seed = 0x5eed_u64;
-    let mut buf = vec![0u8; 17 << 10];
+    let group = GROUP as usize;
+    let mut buf = vec![0u8; group + 1024];
     let mut pread = |len: usize| {
         cpu_per_op(N, |_| {
-            let at = (xorshift(&mut seed) % (size / 16384)) * 16384;
+            let at = (xorshift(&mut seed) % (size / GROUP)) * GROUP;
             let _ = f.read_exact_at(&mut buf[..len], at);
         })
     };
-    let (pread_group, pread_4k) = (pread(16 << 10), pread(4 << 10));
+    let (pread_group, pread_4k) = (pread(group), pread(4 << 10));
     let key = LessSafeKey::new(UnboundKey::new(&AES_256_GCM, &[7u8; 32]).map_err(other)?);
     let aead = |len: usize| {
         let mut data = vec![0u8; len];
@@ -639,10 +632,10 @@ fn floor(share: &Path, path: &SharePath, size: u64) -> io::Result<Floor> {
             data = sealed;
         })
     };
-    let (aead_group, aead_4k) = (aead(17 << 10), aead(5 << 10));
-    let group = vec![7u8; 16 << 10];
+    let aead_group = aead(group + 1024);
+    let group_bytes = vec![7u8; group];
     let blake3_group = cpu_per_op(N, |_| {
-        std::hint::black_box(blake3::hash(std::hint::black_box(&group)));
+        std::hint::black_box(blake3::hash(std::hint::black_box(&group_bytes)));
     });
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let mut tx = TcpStream::connect(listener.local_addr()?)?;
@@ -659,7 +652,7 @@ fn floor(share: &Path, path: &SharePath, size: u64) -> io::Result<Floor> {
         });
         r.map(|()| us)
     };
-    let (tcp_group, tcp_4k) = (tcp(17 << 10)?, tcp(5 << 10)?);
+    let tcp_group = tcp(group + 1024)?;
     let root = ShareRoot::open(share)?;
     let cache = OutboardCache::new(share.with_file_name("cache-floor"));
     // Hashed once before: the read case's tree is held too.
@@ -682,10 +675,8 @@ fn floor(share: &Path, path: &SharePath, size: u64) -> io::Result<Floor> {
         pread_group,
         pread_4k,
         aead_group,
-        aead_4k,
         blake3_group,
         tcp_group,
-        tcp_4k,
     })
 }
 

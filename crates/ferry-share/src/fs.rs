@@ -269,7 +269,7 @@ impl FileId {
 }
 
 /// The cache file's first bytes.
-const CACHE_MAGIC: &[u8; 16] = b"ferry outboard 2";
+const CACHE_MAGIC: &[u8; 16] = b"ferry outboard 3";
 /// Magic, identity, size, root, checksum; the outboard follows.
 const HEADER: u64 = 16 + 56 + 8 + 32 + 32;
 
@@ -399,7 +399,7 @@ impl OutboardCache {
         }
         state.building.insert(id);
         let want = outboard_len(id.size());
-        let in_memory = want <= self.inner.limits.memory / 8 && self.reserve(&mut state, want);
+        let in_memory = want <= self.inner.limits.memory / 4 && self.reserve(&mut state, want);
         drop(state);
         let got = self.load_or_build(file, id, in_memory);
         let mut state = self.lock();

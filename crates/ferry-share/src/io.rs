@@ -176,7 +176,6 @@ where
     let mut server = Server::new(config);
     let mut files = Files::new(root, cache);
     files.publish_to(changes.clone());
-    let mut small = Vec::new();
     loop {
         // Answers first, then one piece; block for input only when there is nothing to send.
         while let Some(out) = server.poll_transmit() {
@@ -185,11 +184,11 @@ where
         let idle = match server.next_piece() {
             Some(piece) => {
                 let sent = if piece.range.end - piece.range.start < SMALL_PIECE {
-                    // A small piece joins the answers waiting to go out in one write; a large one is
-                    // sealed where it was built.
-                    small.resize(SMALL_PIECE as usize + GROUP as usize, 0);
-                    match files.build_piece(&piece, &mut small) {
-                        Ok(len) => writer.send(&small[..len]).map(|()| true),
+                    // A small piece is built in place among the answers waiting to go out in one
+                    // write; a large one is sealed where it was built.
+                    let room = SMALL_PIECE as usize + GROUP as usize;
+                    match writer.send_built(room, |buf| files.build_piece(&piece, buf))? {
+                        Ok(()) => Ok(true),
                         Err(e) => Ok(fail(&mut server, &piece, e)),
                     }
                 } else {
@@ -201,12 +200,12 @@ where
                 };
                 if sent? {
                     server.piece_sent(&piece);
+                    files.forget_if_done(&server, piece.id);
                 }
                 false
             }
             None => true,
         };
-        files.forget_done(&server);
         let next = if idle {
             writer.flush()?;
             rx.recv().ok()
@@ -226,6 +225,11 @@ where
             server.changed(&[SharePath::root()]);
         }
         files.run_all(&mut server);
+        // Reads that ended by their last piece were forgotten above; failed and cancelled ones (and puts)
+        // here.
+        if files.open.len() + files.uploads.len() > server.in_flight() {
+            files.forget_done(&server);
+        }
         while let Some(refusal) = server.next_refusal() {
             log(&format!("refused: {refusal}"));
         }
@@ -512,6 +516,13 @@ impl<'a> Files<'a> {
         )
         .map_err(io_error)?;
         Ok(header.len() + body)
+    }
+
+    /// Closes the file of the read `id` if it ended (its last piece went out).
+    pub fn forget_if_done(&mut self, server: &Server, id: RequestId) {
+        if !server.is_reading(id) {
+            self.open.remove(&id);
+        }
     }
 
     /// Closes the files of reads that ended, and removes the temp files of puts that failed or were

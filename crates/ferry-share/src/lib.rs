@@ -12,6 +12,7 @@ pub mod client;
 pub mod fs;
 pub mod io;
 pub mod pull;
+pub mod remote;
 pub mod server;
 pub mod subtree;
 pub mod tree;

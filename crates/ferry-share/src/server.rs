@@ -26,9 +26,11 @@ use crate::wire::{
     PROTOCOL_VERSION,
 };
 
-/// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in one
-/// group.
-pub const DEFAULT_PIECE: u64 = (1 << 20) - GROUP;
+/// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in the
+/// 16 KiB left (the parents inside the piece, 64 bytes per group: 7.9 KiB with 8 KiB groups, and those on
+/// its path from the root, at most 4 KiB).
+pub const DEFAULT_PIECE: u64 = (1 << 20) - (16 << 10);
+const _: () = assert!(DEFAULT_PIECE.is_multiple_of(GROUP));
 
 /// Settings of a share's sessions.
 #[derive(Debug, Clone)]

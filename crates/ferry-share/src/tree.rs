@@ -1,9 +1,9 @@
 //! Verified ranges: each file version is identified by its BLAKE3 root hash (the same hash as `b3sum` and as
 //! ferry's transfers), and every piece of a read carries the proof that ties its bytes to that root.
 //!
-//! The tree is BLAKE3's own, with the lower levels pruned into groups of [`GROUP`] bytes (16 KiB, bao-tree's
+//! The tree is BLAKE3's own, with the lower levels pruned into groups of [`GROUP`] bytes (8 KiB, bao-tree's
 //! chunk groups): the sharer keeps an outboard of the tree's parent hashes above the groups (64 bytes per
-//! group, 0.39 % of the file), and a piece is a group-aligned range: the parent hashes from the root down
+//! group, 0.78 % of the file), and a piece is a group-aligned range: the parent hashes from the root down
 //! to it, in pre-order, then its data (bao's encoding). A client that knows a version's root verifies a
 //! piece without any other state, so pieces can arrive in any order and interleaved with other requests.
 //!
@@ -22,8 +22,9 @@ use bao_tree::io::BaoContentItem;
 use bao_tree::iter::BaoChunk;
 use bao_tree::{BaoTree, BlockSize, ChunkNum, ChunkRanges, TreeNode};
 
-/// log2 of the chunks (1 KiB) in a group.
-pub const GROUP_CHUNK_LOG: u8 = 4;
+/// log2 of the chunks (1 KiB) in a group: 8 KiB groups, chosen by measurement (docs/ARCHITECTURE.md,
+/// "Verified ranges").
+pub const GROUP_CHUNK_LOG: u8 = 3;
 /// Bytes in a group: the smallest verifiable unit.
 pub const GROUP: u64 = 1024 << GROUP_CHUNK_LOG;
 /// Bytes of one parent node (two hashes) in an outboard and in a piece.

@@ -157,6 +157,39 @@ fn decoys_are_dropped_by_the_receiver() {
     assert!(reader.recv().unwrap().is_none(), "only the close remains");
 }
 
+/// Packets built in place (`send_built`) arrive in order with the others, a failed build sends nothing,
+/// and a build larger than a packet may carry is refused.
+#[test]
+fn packets_built_in_place_arrive_in_order_and_failed_builds_send_nothing() {
+    let (a, b) = establish(
+        initiator(aes_config(), code()),
+        responder(aes_config(), code()),
+    );
+    let mut writer = SecureWriter::new(Vec::new(), a.sealer);
+    let first = payload(1, 17_000);
+    writer.send(&payload(2, 10)).unwrap();
+    let built = writer.send_built(20_000, |buf| {
+        buf[..first.len()].copy_from_slice(&first);
+        Ok::<_, ()>(first.len())
+    });
+    assert_eq!(built.unwrap(), Ok(()));
+    let failed = writer.send_built(4096, |buf| {
+        buf.fill(0xEE);
+        Err("no")
+    });
+    assert_eq!(failed.unwrap(), Err("no"));
+    assert!(writer
+        .send_built(DEFAULT_MAX_PAYLOAD + 1, |_| Ok::<_, ()>(0))
+        .is_err());
+    writer.send(&payload(3, 5)).unwrap();
+    let wire = writer.close().unwrap();
+    let mut reader = SecureReader::new(&wire[..], b.opener);
+    for p in [payload(2, 10), first, payload(3, 5)] {
+        assert_eq!(reader.recv().unwrap().map(|d| d.to_vec()), Some(p));
+    }
+    assert!(reader.recv().unwrap().is_none(), "only the close remains");
+}
+
 /// The handshake keeps application bytes that arrive in the same read as its last message.
 #[test]
 fn data_arriving_with_the_last_handshake_message_is_kept() {

@@ -1,0 +1,471 @@
+//! One version's entry: its sparse cache file, its present groups, their checks, its record.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use ferry_share::tree::{Version, GROUP};
+
+use crate::disk::{base_name, open_data, remove_if_present, Stamp};
+use crate::groups::{Cv, Groups};
+use crate::verify::{combines_to_root, group_count, group_cv, hash_again, present_bytes, span};
+use crate::{lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES};
+
+/// The state of one loaded version, shared by its handles.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) version: Version,
+    pub(crate) id: u64,
+    pub(crate) data_path: PathBuf,
+    pub(crate) record_path: PathBuf,
+    pub(crate) state: RwLock<State>,
+    /// Held while a record is written or the entry is discarded (before `state`).
+    pub(crate) writing_record: Mutex<()>,
+    pub(crate) last_use: AtomicU64,
+    /// Handles alive; changed only with the index locked (up) or by a handle's drop (down).
+    pub(crate) pins: AtomicU64,
+}
+
+#[derive(Debug)]
+pub(crate) struct State {
+    /// Open while pinned.
+    pub(crate) file: Option<File>,
+    pub(crate) groups: Groups,
+    /// The cache file's identity when this process last verified or wrote it.
+    pub(crate) seen: Option<Stamp>,
+    /// Every group present and their values combine to the root.
+    pub(crate) complete: bool,
+    /// Evicted or removed: the handles left see an empty entry and store nothing.
+    pub(crate) removed: bool,
+    /// Present bytes changed since the record was written.
+    pub(crate) dirty: u64,
+    /// Anything (also drops) not yet in the record.
+    pub(crate) changed: bool,
+    pub(crate) recorded_use: u64,
+    pub(crate) last_record: Instant,
+}
+
+impl Inner {
+    /// The state of `version` in cache directory `dir`, with the groups its record lists (not checked yet).
+    pub(crate) fn new(
+        version: Version,
+        id: u64,
+        dir: &Path,
+        groups: Groups,
+        last_use: u64,
+    ) -> Inner {
+        let base = dir.join(base_name(&version));
+        Inner {
+            version,
+            id,
+            data_path: base.with_extension("data"),
+            record_path: base.with_extension("record"),
+            state: RwLock::new(State {
+                file: None,
+                groups,
+                seen: None,
+                complete: false,
+                removed: false,
+                dirty: 0,
+                changed: false,
+                recorded_use: last_use,
+                last_record: Instant::now(),
+            }),
+            writing_record: Mutex::new(()),
+            last_use: AtomicU64::new(last_use),
+            pins: AtomicU64::new(0),
+        }
+    }
+
+    /// Hashes the present groups again if the cache file is not the one this process last saw; returns the
+    /// bytes dropped.
+    pub(crate) fn check(&self) -> Result<u64, CacheError> {
+        {
+            let st = read(&self.state);
+            if st.removed || (st.seen.is_some() && st.seen == Stamp::at(&self.data_path)) {
+                return Ok(0);
+            }
+        }
+        let mut st = write(&self.state);
+        if st.removed || (st.seen.is_some() && st.seen == Stamp::at(&self.data_path)) {
+            return Ok(0);
+        }
+        self.revalidate(&mut st)
+    }
+
+    fn revalidate(&self, st: &mut State) -> Result<u64, CacheError> {
+        let size = self.version.size;
+        let now = fs::symlink_metadata(&self.data_path).ok();
+        let ours = match (&st.file, &now) {
+            (Some(f), Some(m)) if m.is_file() => {
+                let f = f.metadata()?;
+                f.dev() == m.dev() && f.ino() == m.ino()
+            }
+            _ => false,
+        };
+        if !ours {
+            // Replaced, deleted or never opened: whatever is at the path now is what gets checked.
+            st.file = None;
+            if now.as_ref().is_some_and(|m| !m.is_file()) {
+                remove_if_present(&self.data_path);
+            }
+            st.file = Some(open_data(&self.data_path, size)?);
+        }
+        let file = st.file.as_ref().expect("opened");
+        if file.metadata()?.len() != size {
+            file.set_len(size)?;
+        }
+        let bad = hash_again(file, size, &st.groups)?;
+        let mut dropped = 0;
+        if !bad.is_empty() {
+            let mut next = bad.iter().peekable();
+            st.groups.retain(|g, _| {
+                if next.peek() == Some(&&g) {
+                    next.next();
+                    false
+                } else {
+                    true
+                }
+            });
+            dropped = bad.iter().map(|g| span(size, *g..*g + 1)).sum();
+            st.changed = true;
+        }
+        st.complete = st
+            .groups
+            .whole(group_count(size))
+            .is_some_and(|cvs| combines_to_root(&self.version, cvs))
+            || (size == 0 && combines_to_root(&self.version, &[]));
+        if !st.complete && st.groups.count() == group_count(size) && size > 0 {
+            // Every group hashes to its value, yet they do not make the root: no group can be trusted.
+            dropped += present_bytes(&self.version, &st.groups);
+            self.clear(st)?;
+        }
+        st.seen = Stamp::at(&self.data_path);
+        Ok(dropped)
+    }
+
+    /// Drops every group and frees the file's blocks.
+    fn clear(&self, st: &mut State) -> io::Result<()> {
+        st.groups.clear();
+        st.complete = false;
+        st.changed = true;
+        if let Some(f) = &st.file {
+            f.set_len(0)?;
+            f.set_len(self.version.size)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the record now if anything changed since the last write.
+    pub(crate) fn write_record(&self) -> Result<(), CacheError> {
+        let _writing = lock(&self.writing_record);
+        let bytes = {
+            let mut st = write(&self.state);
+            let last_use = self.last_use.load(Ordering::Relaxed);
+            if st.removed || (!st.changed && st.recorded_use == last_use) {
+                return Ok(());
+            }
+            st.changed = false;
+            st.dirty = 0;
+            st.recorded_use = last_use;
+            st.last_record = Instant::now();
+            record::encode(&self.version, &st.groups, last_use)
+        };
+        let tmp = self.record_path.with_extension("record.tmp");
+        let written = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            fs::rename(&tmp, &self.record_path)
+        })();
+        if let Err(e) = written {
+            remove_if_present(&tmp);
+            write(&self.state).changed = true;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+/// What one insert changed.
+struct Stored {
+    /// Bytes newly present.
+    added: u64,
+    /// Bytes no longer present: found altered on disk, or all of them when the entry did not make its root.
+    dropped: u64,
+    /// The inserted bytes completed the entry and it did not make its root.
+    mismatch: bool,
+}
+
+/// One version's part of the cache: a handle that pins it while alive (`Arc<Entry>`, shared by threads).
+#[derive(Debug)]
+pub struct Entry {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl Entry {
+    /// The version it caches.
+    pub fn version(&self) -> Version {
+        self.inner.version
+    }
+
+    pub(crate) fn touch(&self) {
+        let now = self.shared.clock.fetch_add(1, Ordering::Relaxed);
+        self.inner.last_use.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn check(&self) -> Result<(), CacheError> {
+        let dropped = self.inner.check()?;
+        self.shared.release(&self.inner, dropped);
+        Ok(())
+    }
+
+    /// Group-aligned sub-ranges of `range` (clamped to the size) that are not present, in order, merged.
+    pub fn missing(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let size = self.inner.version.size;
+        let range = range.start.min(size)..range.end.min(size);
+        if range.is_empty() {
+            return Vec::new();
+        }
+        let groups = range.start / GROUP..range.end.div_ceil(GROUP);
+        if self.check().is_err() {
+            // The file cannot be checked: nothing of it is served.
+            let whole = groups.start * GROUP..span(size, 0..groups.end);
+            return vec![whole];
+        }
+        read(&self.inner.state)
+            .groups
+            .gaps(groups)
+            .into_iter()
+            .map(|g| g.start * GROUP..span(size, 0..g.end))
+            .collect()
+    }
+
+    /// Copies present bytes at `offset` into `buf` (clamped to the size); `Err(Missing)` if any byte of the
+    /// range is absent. Never returns bytes that are not verified.
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, CacheError> {
+        let size = self.inner.version.size;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - offset);
+        let groups = offset / GROUP..(offset + len).div_ceil(GROUP);
+        // The file is checked before and after the copy: a change on disk while copying is seen after it
+        // (ctime), and the bytes are then refused and the entry checked again.
+        for _ in 0..2 {
+            self.check()?;
+            let st = read(&self.inner.state);
+            let file = match &st.file {
+                Some(f) if st.groups.contains(groups.clone()) => f,
+                _ => return Err(CacheError::Missing),
+            };
+            match file.read_exact_at(&mut buf[..len as usize], offset) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+                Err(e) => return Err(e.into()),
+            }
+            if Stamp::of(&file.metadata()?) == st.seen {
+                drop(st);
+                self.touch();
+                return Ok(len as usize);
+            }
+            drop(st);
+            write(&self.inner.state).seen = None;
+        }
+        Err(CacheError::Missing)
+    }
+
+    /// Stores verified bytes: `offset` group-aligned, `bytes` whole groups (a short one only at the end of
+    /// the file). Returns false if they were not stored because the cache is full of pinned entries (or the
+    /// entry was removed): the caller serves them from memory. Evicts least recently used unpinned entries
+    /// as needed. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
+    /// nothing of the entry is kept.
+    pub fn insert(&self, offset: u64, bytes: &[u8]) -> Result<bool, CacheError> {
+        let size = self.inner.version.size;
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .ok_or(CacheError::Range)?;
+        if !offset.is_multiple_of(GROUP)
+            || end > size
+            || !(end.is_multiple_of(GROUP) || end == size)
+        {
+            return Err(CacheError::Range);
+        }
+        if bytes.is_empty() {
+            return Ok(true);
+        }
+        self.check()?;
+        let groups = offset / GROUP..end.div_ceil(GROUP);
+        let need: u64 = {
+            let st = read(&self.inner.state);
+            if st.removed {
+                return Ok(false);
+            }
+            st.groups
+                .gaps(groups.clone())
+                .into_iter()
+                .map(|g| span(size, g))
+                .sum()
+        };
+        self.touch();
+        if need == 0 {
+            return Ok(true);
+        }
+        let cvs: Vec<Cv> = bytes
+            .chunks(GROUP as usize)
+            .zip(groups.clone())
+            .map(|(b, g)| group_cv(size, g, b))
+            .collect();
+        if !self.shared.reserve(&self.inner, need) {
+            return Ok(false);
+        }
+        let stored = self.store(groups, offset, bytes, &cvs);
+        let (added, dropped) = match &stored {
+            Ok(Some(s)) => (s.added, s.dropped),
+            Ok(None) | Err(_) => (0, 0),
+        };
+        // Groups dropped by a check of another thread since `need` was counted can make `added` larger.
+        self.shared.account(&self.inner, added, need + dropped);
+        let (complete, dirty, present, since) = {
+            let st = read(&self.inner.state);
+            (
+                st.complete,
+                st.dirty,
+                st.groups.count() * GROUP,
+                st.last_record.elapsed(),
+            )
+        };
+        match stored? {
+            None => Ok(false),
+            Some(Stored { mismatch: true, .. }) => {
+                self.inner.write_record()?;
+                Err(CacheError::Mismatch)
+            }
+            Some(_) => {
+                if complete || dirty >= FLUSH_BYTES.max(present / 4) || since >= FLUSH_AFTER {
+                    self.inner.write_record()?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// Writes the groups of `groups` not present yet (`None` when the entry was removed).
+    fn store(
+        &self,
+        groups: Range<u64>,
+        offset: u64,
+        bytes: &[u8],
+        cvs: &[Cv],
+    ) -> Result<Option<Stored>, CacheError> {
+        let inner = &self.inner;
+        let size = inner.version.size;
+        let mut st = write(&inner.state);
+        if st.removed {
+            return Ok(None);
+        }
+        // A change on disk since the caller's check is found before this write's own change hides it.
+        let mut dropped = 0;
+        if st.seen.is_none() || st.seen != Stamp::at(&inner.data_path) {
+            dropped = inner.revalidate(&mut st)?;
+        }
+        let file = st.file.as_ref().ok_or(CacheError::Missing)?;
+        let gaps = st.groups.gaps(groups.clone());
+        for gap in &gaps {
+            let from = (gap.start * GROUP - offset) as usize;
+            let to = (span(size, 0..gap.end) - offset) as usize;
+            file.write_all_at(&bytes[from..to], gap.start * GROUP)?;
+        }
+        let mut added = 0;
+        for gap in gaps {
+            let at = (gap.start - groups.start) as usize;
+            st.groups
+                .insert(gap.start, &cvs[at..at + (gap.end - gap.start) as usize]);
+            added += span(size, gap);
+        }
+        st.dirty += added;
+        st.changed = true;
+        st.seen = Stamp::at(&inner.data_path);
+        let n = group_count(size);
+        if st.groups.count() == n {
+            if combines_to_root(&inner.version, st.groups.whole(n).expect("all present")) {
+                st.complete = true;
+            } else {
+                dropped += present_bytes(&inner.version, &st.groups);
+                inner.clear(&mut st)?;
+                st.seen = Stamp::at(&inner.data_path);
+                return Ok(Some(Stored {
+                    added,
+                    dropped,
+                    mismatch: true,
+                }));
+            }
+        }
+        Ok(Some(Stored {
+            added,
+            dropped,
+            mismatch: false,
+        }))
+    }
+
+    /// Whether every byte is present and the whole makes the version's root.
+    pub fn is_complete(&self) -> bool {
+        let st = read(&self.inner.state);
+        st.complete && !st.removed
+    }
+
+    /// A read-only descriptor of the cache file when the entry is complete and its content verified (hashed
+    /// again first if the file changed since this process last saw it) — for FUSE passthrough.
+    pub fn backing(&self) -> Result<Option<File>, CacheError> {
+        self.check()?;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&self.inner.data_path);
+        let file = match file {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        // The descriptor handed out must be the file just checked, unchanged since.
+        let stamp = Stamp::of(&file.metadata()?);
+        let st = read(&self.inner.state);
+        if !st.complete || st.removed || stamp.is_none() || stamp != st.seen {
+            return Ok(None);
+        }
+        drop(st);
+        self.touch();
+        Ok(Some(file))
+    }
+
+    /// Writes the record now (also done by itself: in batches, when the entry completes, and when the last
+    /// handle of the entry drops).
+    pub fn flush(&self) -> Result<(), CacheError> {
+        self.inner.write_record()
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if self.inner.pins.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        // Errors cannot be reported from a drop: the record stays as last written (data fetched again).
+        let _ = self.inner.write_record();
+        let mut st = write(&self.inner.state);
+        if self.inner.pins.load(Ordering::Acquire) == 0 {
+            st.file = None;
+        }
+    }
+}
