@@ -445,7 +445,7 @@ impl<'a> Files<'a> {
                 Err((code, message)) => server.fail(id, code, &message),
             },
             Job::PutData { id, offset, bytes } => {
-                let Some(upload) = self.uploads.get(&id) else {
+                let Some(upload) = self.uploads.get_mut(&id) else {
                     return;
                 };
                 if let Err((code, message)) = upload.write(offset, &bytes) {

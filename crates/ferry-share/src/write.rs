@@ -184,12 +184,15 @@ impl ShareRoot {
             ));
         }
         let (file, temp) = create_temp(&dir).map_err(|e| write_error(e, path))?;
+        // A put from no base usually arrives in order from its start: hashed as it comes.
+        let hashed = (!put.from_base).then(|| (blake3::Hasher::new(), 0));
         let upload = Upload {
             dir,
             name,
             temp,
             file,
             put,
+            hashed,
             landed: false,
         };
         if let Some(base) = base_file {
@@ -426,9 +429,13 @@ fn copy_range(from: &File, to: &File, len: u64) -> io::Result<()> {
 
 /// BLAKE3 of the first `len` bytes of `file`: the root reads verify against.
 pub(crate) fn hash(file: &File, len: u64) -> io::Result<[u8; 32]> {
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; (len.min(1 << 20)) as usize];
-    let mut at = 0;
+    hash_rest(file, blake3::Hasher::new(), 0, len)
+}
+
+/// Feeds bytes `from..len` of `file` to `hasher` and gives the root.
+fn hash_rest(file: &File, mut hasher: blake3::Hasher, from: u64, len: u64) -> io::Result<[u8; 32]> {
+    let mut buf = vec![0u8; (len - from.min(len)).min(1 << 20) as usize];
+    let mut at = from;
     while at < len {
         let n = (len - at).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], at)?;
@@ -446,6 +453,8 @@ pub struct Upload {
     temp: Vec<u8>,
     file: File,
     put: PutStart,
+    /// The content hashed so far and where it ends, while the data arrived in order from the start.
+    hashed: Option<(blake3::Hasher, u64)>,
     landed: bool,
 }
 
@@ -461,17 +470,31 @@ impl Upload {
     }
 
     /// Writes `bytes` at `offset` of the new content (the server checked the range).
-    pub fn write(&self, offset: u64, bytes: &[u8]) -> Result<(), FsError> {
+    pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<(), FsError> {
         self.file
             .write_all_at(bytes, offset)
-            .map_err(|e| io_error(e, &self.put.path))
+            .map_err(|e| io_error(e, &self.put.path))?;
+        match &mut self.hashed {
+            Some((hasher, at)) if *at == offset => {
+                hasher.update(bytes);
+                *at += bytes.len() as u64;
+            }
+            // Out of order: the end hashes the file.
+            _ => self.hashed = None,
+        }
+        Ok(())
     }
 
     /// Verifies the content against its root, then lands it by the conflict rule (see the module).
     pub fn finish(mut self, cache: &OutboardCache, peer: &str) -> Result<PutOutcome, FsError> {
         let path = self.put.path.clone();
         self.file.sync_data().map_err(|e| io_error(e, &path))?;
-        let root = hash(&self.file, self.put.size).map_err(|e| io_error(e, &path))?;
+        let root = match self.hashed.take() {
+            // Holes after the last range are read back (zeros).
+            Some((hasher, at)) => hash_rest(&self.file, hasher, at, self.put.size),
+            None => hash(&self.file, self.put.size),
+        }
+        .map_err(|e| io_error(e, &path))?;
         if root != self.put.root {
             return Err((
                 ErrorCode::Integrity,

@@ -204,6 +204,39 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
 }
 
 #[test]
+fn data_in_any_order_with_holes_lands_as_sent() {
+    let disk = Disk::new();
+    let mut pair = Pair::new(&disk, writable());
+    // In order but ending early (a zero tail), and out of order with a hole in the middle.
+    let mut tail = pseudo_random(300_000, 3);
+    tail[200_000..].fill(0);
+    let mut holed = pseudo_random(300_000, 4);
+    holed[100_000..150_000].fill(0);
+    let sends: [(&str, &Vec<u8>, Vec<std::ops::Range<usize>>); 2] = [
+        ("tail", &tail, vec![0..100_000, 100_000..200_000]),
+        ("holed", &holed, vec![150_000..300_000, 0..100_000]),
+    ];
+    for (name, data, ranges) in sends {
+        let size = data.len() as u64;
+        let id = pair
+            .client
+            .put(p(name), None, false, size, root_of(data), 0o644, None)
+            .unwrap();
+        for r in ranges {
+            pair.client.put_data(id, r.start as u64, &data[r]).unwrap();
+        }
+        pair.client.put_end(id).unwrap();
+        pair.pump();
+        assert!(matches!(pair.outcome(id), Event::Done { .. }), "{name}");
+        assert_eq!(
+            &std::fs::read(disk.share().join(name)).unwrap(),
+            data,
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
     let disk = Disk::new();
     let mut pair = Pair::new(&disk, ServerConfig::default());
