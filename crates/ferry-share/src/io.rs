@@ -679,7 +679,9 @@ impl<R: Read, W: Write> Session<R, W> {
         mtime: Option<Time>,
     ) -> Result<PutOutcome, SessionError> {
         let size = file.metadata()?.len();
-        self.put(path, base, false, file, &[0..size], mode, mtime)
+        let whole = 0..size;
+        let ranges = std::slice::from_ref(&whole);
+        self.put(path, base, false, file, ranges, mode, mtime)
     }
 
     /// Writes `file`'s content to `path` by sending only `ranges` of it: the sharer starts from the version

@@ -519,13 +519,13 @@ impl Remote {
         let size = file.metadata().map_err(local)?.len();
         let root = crate::write::hash(file, size).map_err(local)?;
         let version = Version { size, root };
-        let whole = [0..size];
+        let whole = 0..size;
         let mut from_base = ranges.is_some() && base.is_some();
         let mut progress = Instant::now();
         loop {
             let sent = match ranges {
                 Some(ranges) if from_base => ranges,
-                _ => &whole[..],
+                _ => std::slice::from_ref(&whole),
             };
             let mut ended = false;
             let attempt = (|| {

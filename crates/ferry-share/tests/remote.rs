@@ -793,7 +793,8 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
 
     // The sharer changed it meanwhile: a whole put and a partial one both keep the two versions.
     std::fs::write(world.share().join("docs/new.bin"), b"the sharer's").unwrap();
-    for ranges in [None, Some(&[0..3][..])] {
+    let first = 0..3;
+    for ranges in [None, Some(std::slice::from_ref(&first))] {
         let file = local(&world, "v4", b"the client's");
         let out = r.put(
             &p("docs/new.bin"),
