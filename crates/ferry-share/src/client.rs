@@ -14,8 +14,8 @@ use std::ops::Range;
 
 use crate::tree::{covering, verify_piece, Version};
 use crate::wire::{
-    self, DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath, Time,
-    PROTOCOL_VERSION,
+    self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
+    Time, PROTOCOL_VERSION,
 };
 
 /// How a request failed.
@@ -240,31 +240,18 @@ impl Client {
         self.send(Pending::Pull, |id| Request::Pull { id, path })
     }
 
-    /// Starts writing the file `path` (see [`Request::Put`]); its data follows with [`Client::put_data`], then
+    /// Starts writing a file (see [`Request::Put`]); its data follows with [`Client::put_data`], then
     /// [`Client::put_end`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn put(
-        &mut self,
-        path: SharePath,
-        base: Option<[u8; 32]>,
-        from_base: bool,
-        size: u64,
-        root: [u8; 32],
-        mode: u32,
-        mtime: Option<Time>,
-    ) -> Result<RequestId, Busy> {
-        let from_base = from_base && base.is_some();
-        let pending = Pending::Put { size, ended: false };
-        self.send(pending, |id| Request::Put {
-            id,
-            path,
-            base,
-            from_base,
-            size,
-            root,
-            mode,
-            mtime,
-        })
+    pub fn put(&mut self, put: PutHeader) -> Result<RequestId, Busy> {
+        let put = PutHeader {
+            from_base: put.from_base && put.base.is_some(),
+            ..put
+        };
+        let pending = Pending::Put {
+            size: put.size,
+            ended: false,
+        };
+        self.send(pending, |id| Request::Put { id, put })
     }
 
     /// Checks a range of the put `id` and gives the header of its [`wire::PUT_DATA`] packet, for a packet

@@ -716,7 +716,15 @@ impl<R: Read, W: Write> Session<R, W> {
         let root = crate::write::hash(file, size)?;
         let id = self
             .client
-            .put(path, base, from_base, size, root, mode, mtime)
+            .put(wire::PutHeader {
+                path,
+                base,
+                from_base,
+                size,
+                root,
+                mode,
+                mtime,
+            })
             .map_err(|_| busy())?;
         while let Some(p) = self.client.poll_transmit() {
             self.writer.send(&p)?;

@@ -34,7 +34,7 @@ use std::os::unix::fs::FileExt;
 use crate::client::{Busy, Client, Event, Failure, PutError};
 use crate::tree::Version;
 use crate::wire::{
-    Entry, ErrorCode, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
+    Entry, ErrorCode, PutHeader, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
     PUT_DATA_HEADER_LEN,
 };
 
@@ -530,7 +530,15 @@ impl Remote {
             let mut ended = false;
             let attempt = (|| {
                 let request = s.issue(progress, END, |c| {
-                    c.put(path.clone(), base, from_base, size, root, mode, mtime)
+                    c.put(PutHeader {
+                        path: path.clone(),
+                        base,
+                        from_base,
+                        size,
+                        root,
+                        mode,
+                        mtime,
+                    })
                 })?;
                 let chunk = s.put_chunk();
                 let mut buf = Vec::new();
@@ -720,6 +728,14 @@ fn unexpected(event: Option<Event>) -> RemoteError {
     }
 }
 
+/// The link of connection `generation`, or why it is down.
+fn link_of(st: &mut State, generation: u64) -> Result<&mut Link, RemoteError> {
+    match st.link.as_ref().is_some_and(|l| l.generation == generation) {
+        true => Ok(st.link.as_mut().expect("checked")),
+        false => Err(RemoteError::Disconnected(st.why_down())),
+    }
+}
+
 /// Dials and greets: the sharer's hello within the deadline, then the subscription queued.
 fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     let (mut reader, mut writer) = dial()?;
@@ -819,14 +835,7 @@ impl Shared {
         let mut w = lock(&self.writer);
         let packets: Vec<Vec<u8>> = {
             let mut st = lock(&self.state);
-            let why = st.why_down();
-            let Some(link) = st
-                .link
-                .as_mut()
-                .filter(|l| l.generation == request.generation)
-            else {
-                return Err(RemoteError::Disconnected(why));
-            };
+            let link = link_of(&mut st, request.generation)?;
             match link.client.put_data(request.id, offset, bytes) {
                 Ok(()) => {}
                 Err(PutError::NoPut(_)) => return Ok(false),
@@ -863,14 +872,7 @@ impl Shared {
     fn put_end(&self, request: &Issued) -> Result<bool, RemoteError> {
         {
             let mut st = lock(&self.state);
-            let why = st.why_down();
-            let Some(link) = st
-                .link
-                .as_mut()
-                .filter(|l| l.generation == request.generation)
-            else {
-                return Err(RemoteError::Disconnected(why));
-            };
+            let link = link_of(&mut st, request.generation)?;
             if link.client.put_end(request.id).is_err() {
                 return Ok(false);
             }

@@ -22,8 +22,8 @@ use std::ops::Range;
 
 use crate::tree::{covering, Version, GROUP};
 use crate::wire::{
-    self, DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath, Time,
-    PROTOCOL_VERSION,
+    self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
+    Time, PROTOCOL_VERSION,
 };
 
 /// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in the
@@ -133,25 +133,6 @@ pub enum PutOutcome {
     Conflicted(Vec<u8>),
 }
 
-/// A put, as the file-system layer needs it to start: [`Job::Put`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PutStart {
-    /// The file.
-    pub path: SharePath,
-    /// The root of the version the client's copy derives from (`None`: it believes there is none).
-    pub base: Option<[u8; 32]>,
-    /// Start from the base's content.
-    pub from_base: bool,
-    /// The new content's size.
-    pub size: u64,
-    /// The new content's root.
-    pub root: [u8; 32],
-    /// Permission bits.
-    pub mode: u32,
-    /// Modification time.
-    pub mtime: Option<Time>,
-}
-
 /// Work for the file-system layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
@@ -194,7 +175,7 @@ pub enum Job {
         /// The request.
         id: RequestId,
         /// What to write.
-        put: PutStart,
+        put: PutHeader,
     },
     /// Write bytes of a put's content (the range lies inside the put's size).
     PutData {
@@ -420,29 +401,11 @@ impl Server {
             Request::Pull { id, path } => (id, Some(Job::Pull { id, path }), InFlight::Pulling),
             Request::PutData { id, offset, bytes } => return self.put_data(id, offset, &bytes),
             Request::PutEnd { id } => return self.put_end(id),
-            Request::Put {
-                id,
-                path,
-                base,
-                from_base,
-                size,
-                root,
-                mode,
-                mtime,
-            } => {
+            Request::Put { id, put } => {
                 let state = InFlight::Putting {
-                    path: path.clone(),
-                    size,
+                    path: put.path.clone(),
+                    size: put.size,
                     ended: false,
-                };
-                let put = PutStart {
-                    path,
-                    base,
-                    from_base,
-                    size,
-                    root,
-                    mode,
-                    mtime,
                 };
                 (id, Some(Job::Put { id, put }), state)
             }

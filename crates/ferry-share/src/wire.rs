@@ -413,22 +413,8 @@ pub enum Request {
     Put {
         /// Request id.
         id: RequestId,
-        /// The file.
-        path: SharePath,
-        /// The root of the sharer's version the client's copy derives from; `None`: the client believes the
-        /// path does not exist.
-        base: Option<[u8; 32]>,
-        /// Start from the base's content (cut or zero-extended to `size`) and apply only the ranges sent;
-        /// otherwise the content is exactly the ranges sent, holes are zeros.
-        from_base: bool,
-        /// The new content's size.
-        size: u64,
-        /// The BLAKE3 root of the new content, checked before anything becomes visible.
-        root: [u8; 32],
-        /// Permission bits of the new file.
-        mode: u32,
-        /// Its modification time (`None`: the time it lands).
-        mtime: Option<Time>,
+        /// What it writes.
+        put: PutHeader,
     },
     /// A range of a put's content.
     PutData {
@@ -501,6 +487,27 @@ pub enum Request {
         /// Its target, stored as given: relative, and never leading out of the share.
         target: Vec<u8>,
     },
+}
+
+/// What a [`Request::Put`] writes, all but its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutHeader {
+    /// The file.
+    pub path: SharePath,
+    /// The root of the sharer's version the client's copy derives from; `None`: the client believes the path
+    /// does not exist.
+    pub base: Option<[u8; 32]>,
+    /// Start from the base's content (cut or zero-extended to `size`) and apply only the ranges sent;
+    /// otherwise the content is exactly the ranges sent, holes are zeros.
+    pub from_base: bool,
+    /// The new content's size.
+    pub size: u64,
+    /// The BLAKE3 root of the new content, checked before anything becomes visible.
+    pub root: [u8; 32],
+    /// Permission bits of the new file.
+    pub mode: u32,
+    /// Its modification time (`None`: the time it lands).
+    pub mtime: Option<Time>,
 }
 
 /// A modification time.
@@ -682,25 +689,16 @@ impl Request {
                 out.put_u32(*id);
                 path.encode(out);
             }
-            Request::Put {
-                id,
-                path,
-                base,
-                from_base,
-                size,
-                root,
-                mode,
-                mtime,
-            } => {
+            Request::Put { id, put } => {
                 out.put_u8(PUT);
                 out.put_u32(*id);
-                path.encode(out);
-                put_root(out, base);
-                out.put_u8(u8::from(*from_base));
-                out.put_u64(*size);
-                out.put(root);
-                out.put_u32(*mode);
-                put_time(out, mtime);
+                put.path.encode(out);
+                put_root(out, &put.base);
+                out.put_u8(u8::from(put.from_base));
+                out.put_u64(put.size);
+                out.put(&put.root);
+                out.put_u32(put.mode);
+                put_time(out, &put.mtime);
             }
             Request::PutData { id, offset, bytes } => {
                 out.put(&put_data_header(*id, *offset));
@@ -826,8 +824,7 @@ impl Request {
                 if from_base && base.is_none() {
                     return Err(WireError::Invalid("a put from no base").into());
                 }
-                Request::Put {
-                    id,
+                let put = PutHeader {
                     path,
                     base,
                     from_base,
@@ -835,7 +832,8 @@ impl Request {
                     root,
                     mode,
                     mtime,
-                }
+                };
+                Request::Put { id, put }
             }
             PUT_DATA => {
                 let (id, offset, bytes) = put_data(packet)?;
@@ -1203,26 +1201,30 @@ mod tests {
             },
             Request::Put {
                 id: 7,
-                path: SharePath::new(b"a/b.txt").unwrap(),
-                base: Some([3; 32]),
-                from_base: true,
-                size: 1 << 33,
-                root: [4; 32],
-                mode: 0o640,
-                mtime: Some(Time {
-                    secs: -5,
-                    nanos: 999_999_999,
-                }),
+                put: PutHeader {
+                    path: SharePath::new(b"a/b.txt").unwrap(),
+                    base: Some([3; 32]),
+                    from_base: true,
+                    size: 1 << 33,
+                    root: [4; 32],
+                    mode: 0o640,
+                    mtime: Some(Time {
+                        secs: -5,
+                        nanos: 999_999_999,
+                    }),
+                },
             },
             Request::Put {
                 id: 8,
-                path: SharePath::new(b"new").unwrap(),
-                base: None,
-                from_base: false,
-                size: 0,
-                root: [0; 32],
-                mode: 0o600,
-                mtime: None,
+                put: PutHeader {
+                    path: SharePath::new(b"new").unwrap(),
+                    base: None,
+                    from_base: false,
+                    size: 0,
+                    root: [0; 32],
+                    mode: 0o600,
+                    mtime: None,
+                },
             },
             Request::PutData {
                 id: 7,
@@ -1451,13 +1453,15 @@ mod tests {
         let mut buf = Vec::new();
         Request::Put {
             id: 1,
-            path: SharePath::new(b"f").unwrap(),
-            base: Some([0; 32]),
-            from_base: true,
-            size: 0,
-            root: [0; 32],
-            mode: 0,
-            mtime: None,
+            put: PutHeader {
+                path: SharePath::new(b"f").unwrap(),
+                base: Some([0; 32]),
+                from_base: true,
+                size: 0,
+                root: [0; 32],
+                mode: 0,
+                mtime: None,
+            },
         }
         .encode(&mut buf);
         let flag = 1 + 4 + 2 + 1;

@@ -25,8 +25,8 @@ use rustix::fs::{
 use rustix::io::Errno;
 
 use crate::fs::{FsError, OutboardCache, ShareRoot};
-use crate::server::{PutOutcome, PutStart, WriteOp};
-use crate::wire::{ErrorCode, SharePath, Time};
+use crate::server::{PutOutcome, WriteOp};
+use crate::wire::{ErrorCode, PutHeader, SharePath, Time};
 
 /// Names of put temp files start with this; listings leave them out and writes may not name them.
 pub const TEMP_PREFIX: &[u8] = b".ferry-put-";
@@ -149,7 +149,7 @@ impl ShareRoot {
     }
 
     /// Starts a put: its temp file beside the target, holding the base's content when it starts from it.
-    pub fn begin_put(&self, cache: &OutboardCache, put: PutStart) -> Result<Upload, FsError> {
+    pub fn begin_put(&self, cache: &OutboardCache, put: PutHeader) -> Result<Upload, FsError> {
         let path = &put.path.clone();
         let (dir, name) = self.parent_of(path)?;
         let base_file = match (put.from_base, put.base) {
@@ -452,7 +452,7 @@ pub struct Upload {
     name: Vec<u8>,
     temp: Vec<u8>,
     file: File,
-    put: PutStart,
+    put: PutHeader,
     /// The content hashed so far and where it ends, while the data arrived in order from the start.
     hashed: Option<(blake3::Hasher, u64)>,
     landed: bool,
@@ -606,6 +606,12 @@ pub fn utc_stamp(t: SystemTime) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_secs() as i64;
+    let [year, month, day, hour, minute, second] = utc_parts(secs);
+    format!("{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}")
+}
+
+/// `secs` since the epoch in UTC: year, month, day, hour, minute, second.
+pub fn utc_parts(secs: i64) -> [i64; 6] {
     let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Days to a civil date (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -617,12 +623,7 @@ pub fn utc_stamp(t: SystemTime) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rest / 3600,
-        rest % 3600 / 60,
-        rest % 60
-    )
+    [year, month, day, rest / 3600, rest % 3600 / 60, rest % 60]
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use ferry_share::client::{Client, Event, Failure};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{Changes, Files, Session, SessionError};
 use ferry_share::server::{PutOutcome, Server, ServerConfig};
-use ferry_share::wire::{self, ErrorCode, Request, Response, SharePath, Time};
+use ferry_share::wire::{self, ErrorCode, PutHeader, Request, Response, SharePath, Time};
 use ferry_testkit::pseudo_random;
 
 fn p(s: &str) -> SharePath {
@@ -22,6 +22,19 @@ fn p(s: &str) -> SharePath {
 
 fn root_of(data: &[u8]) -> [u8; 32] {
     *blake3::hash(data).as_bytes()
+}
+
+/// A put of a whole file (mode 0640, no time given).
+fn header(path: &str, base: Option<[u8; 32]>, size: u64, root: [u8; 32]) -> PutHeader {
+    PutHeader {
+        path: p(path),
+        base,
+        from_base: false,
+        size,
+        root,
+        mode: 0o640,
+        mtime: None,
+    }
 }
 
 fn writable() -> ServerConfig {
@@ -142,10 +155,7 @@ impl<'a> Pair<'a> {
     /// Starts a put of `data` (whole) to `path`.
     fn put(&mut self, path: &str, base: Option<[u8; 32]>, data: &[u8], root: [u8; 32]) -> u32 {
         let size = data.len() as u64;
-        let id = self
-            .client
-            .put(p(path), base, false, size, root, 0o640, None)
-            .unwrap();
+        let id = self.client.put(header(path, base, size, root)).unwrap();
         for (i, chunk) in data.chunks(100_000).enumerate() {
             self.client
                 .put_data(id, (i * 100_000) as u64, chunk)
@@ -221,7 +231,7 @@ fn data_in_any_order_with_holes_lands_as_sent() {
         let size = data.len() as u64;
         let id = pair
             .client
-            .put(p(name), None, false, size, root_of(data), 0o644, None)
+            .put(header(name, None, size, root_of(data)))
             .unwrap();
         for r in ranges {
             pair.client.put_data(id, r.start as u64, &data[r]).unwrap();
@@ -276,10 +286,7 @@ fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
 fn data_outside_the_size_fails_the_put_and_a_cancel_removes_its_temp_file() {
     let disk = Disk::new();
     let mut pair = Pair::new(&disk, writable());
-    let id = pair
-        .client
-        .put(p("f"), None, false, 10, [0; 32], 0o644, None)
-        .unwrap();
+    let id = pair.client.put(header("f", None, 10, [0; 32])).unwrap();
     pair.pump();
     assert_eq!(temps(&disk.share()).len(), 1);
     // The client checks ranges; a hostile one does not.
@@ -298,10 +305,7 @@ fn data_outside_the_size_fails_the_put_and_a_cancel_removes_its_temp_file() {
     });
     pair.raw(Request::PutEnd { id });
 
-    let id = pair
-        .client
-        .put(p("f"), None, false, 10, [0; 32], 0o644, None)
-        .unwrap();
+    let id = pair.client.put(header("f", None, 10, [0; 32])).unwrap();
     pair.client.put_data(id, 0, b"12345").unwrap();
     pair.pump();
     assert_eq!(temps(&disk.share()).len(), 1);
@@ -711,15 +715,7 @@ fn a_connection_dropped_mid_put_leaves_no_temp_file_and_stale_ones_are_swept() {
         let mut session = s.connect(&key);
         let client = session.client();
         let id = client
-            .put(
-                p("docs/half.bin"),
-                None,
-                false,
-                1 << 20,
-                [0; 32],
-                0o644,
-                None,
-            )
+            .put(header("docs/half.bin", None, 1 << 20, [0; 32]))
             .unwrap();
         client.put_data(id, 0, &[5; 1000]).unwrap();
         // A stat answered after the put's start and data: its temp file exists.
