@@ -41,6 +41,14 @@ fn resolve() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
 }
 
+/// A put's temp file is not there for reads (it is no entry until it lands under its name).
+fn hide_temp(path: &SharePath) -> Result<(), FsError> {
+    match crate::write::is_temp(ferry_tree::path::split_parent(path.as_bytes()).1) {
+        true => Err(fs_error(Errno::NOENT, path)),
+        false => Ok(()),
+    }
+}
+
 pub(crate) fn fs_error(e: Errno, path: &SharePath) -> FsError {
     let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
     let code = match e {
@@ -106,6 +114,7 @@ impl ShareRoot {
 
     /// Opens `path` beneath the share (symlinks followed only while they stay inside).
     pub(crate) fn open_at(&self, path: &SharePath, flags: OFlags) -> Result<OwnedFd, FsError> {
+        hide_temp(path)?;
         let rel: &[u8] = if path.is_root() {
             b"."
         } else {
@@ -123,6 +132,7 @@ impl ShareRoot {
 
     /// The attributes of `path`; a symlink is described, not followed.
     pub fn stat(&self, path: &SharePath) -> Result<Entry, FsError> {
+        hide_temp(path)?;
         let (parent, name) = ferry_tree::path::split_parent(path.as_bytes());
         let (st, target) = if path.is_root() {
             (

@@ -181,6 +181,17 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
         Some(Event::Entries { id, entries, .. }) if id == list => assert!(entries.is_empty()),
         other => panic!("{other:?}"),
     }
+    // Nor can it be read, or pulled with its directory.
+    let temp = format!("sub/{}", temps(&disk.share().join("sub"))[0]);
+    let stat = pair.client.stat(p(&temp)).unwrap();
+    let read = pair.client.read(p(&temp), None, 0, 10).unwrap();
+    pair.pump();
+    assert_eq!(
+        (pair.code(stat), pair.code(read)),
+        (ErrorCode::NotFound, ErrorCode::NotFound)
+    );
+    let walk = ferry_share::subtree::Subtree::resolve(&disk.root, &p("sub")).unwrap();
+    assert_eq!(walk.walk().manifest.entries.len(), 1, "the directory alone");
     pair.client.put_end(id).unwrap();
     pair.pump();
     assert!(matches!(pair.outcome(id), Event::Done { .. }));
