@@ -143,6 +143,9 @@ impl Changes {
     }
 }
 
+/// Packets read ahead of the session (and taken at once before the jobs run).
+const INPUT_QUEUE: usize = 64;
+
 /// Serves `root` to one client until it hangs up. Requests that try to leave the share are refused with
 /// `unsafe-path` and reported to `log` (`refused: ...`), as are puts that ended in a conflict
 /// (`conflict: ...`). Writes (when [`ServerConfig::writable`]) are announced on `changes`.
@@ -159,7 +162,7 @@ where
     R: Read + Send + 'static,
     W: Write,
 {
-    let (tx, rx) = mpsc::sync_channel::<Input>(64);
+    let (tx, rx) = mpsc::sync_channel::<Input>(INPUT_QUEUE);
     let missed = Arc::new(AtomicBool::new(false));
     changes.register((tx.clone(), Arc::clone(&missed)));
     std::thread::spawn(move || loop {
@@ -213,13 +216,20 @@ where
             rx.try_recv().ok()
         };
         let mut next = next;
+        // At most a channel's worth of packets before their jobs run: a put's data (up to 1 MiB a packet)
+        // never piles up in memory faster than it is written.
+        let mut taken = 0;
         while let Some(input) = next {
             match input {
                 Input::Packet(p) => server.handle(&p?)?,
                 Input::Closed => return Ok(()),
                 Input::Changed(paths) => server.changed(&paths),
             }
-            next = rx.try_recv().ok();
+            taken += 1;
+            next = match taken < INPUT_QUEUE {
+                true => rx.try_recv().ok(),
+                false => None,
+            };
         }
         if missed.swap(false, Ordering::Relaxed) {
             server.changed(&[SharePath::root()]);

@@ -1033,14 +1033,6 @@ pub fn request_path(packet: &[u8]) -> Option<(RequestId, &[u8])> {
     }
 }
 
-/// Whether a packet is a write request (one a share that is not writable refuses).
-pub fn is_write(packet: &[u8]) -> bool {
-    matches!(
-        packet.first(),
-        Some(&(PUT | PUT_DATA | PUT_END | MKDIR | RMDIR | UNLINK | RENAME | SETATTR | SYMLINK))
-    )
-}
-
 /// Writes the header of a [`DATA`] message; the encoded piece follows.
 pub fn data_header(out: &mut impl Put, id: RequestId, offset: u64, len: u32) {
     out.put(&data_header_bytes(id, offset, len));
