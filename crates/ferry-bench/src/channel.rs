@@ -100,35 +100,7 @@ fn in_memory(opts: &Options, suite: Suite, size: usize, report: &mut Report) {
         Suite::Aes256Gcm => &aead::AES_256_GCM,
         Suite::ChaCha20Poly1305 => &aead::CHACHA20_POLY1305,
     };
-    let raw = LessSafeKey::new(UnboundKey::new(raw_alg, &[7u8; 32]).expect("key"));
-    let mut raw_buf = vec![0x5au8; size + 16];
-    let mut raw_counter = 0u64;
-
-    let raw_run = || {
-        let (_, t) = timed(|| {
-            for _ in 0..count {
-                let mut nonce = [0u8; 12];
-                nonce[4..].copy_from_slice(&raw_counter.to_le_bytes());
-                raw_counter += 1;
-                let (body, tag_out) = raw_buf.split_at_mut(size);
-                let tag = raw
-                    .seal_in_place_separate_tag(
-                        Nonce::assume_unique_for_key(nonce),
-                        Aad::empty(),
-                        body,
-                    )
-                    .expect("seal");
-                tag_out.copy_from_slice(tag.as_ref());
-                raw.open_in_place(
-                    Nonce::assume_unique_for_key(nonce),
-                    Aad::empty(),
-                    &mut raw_buf,
-                )
-                .expect("open");
-            }
-        });
-        gbps(count * size as u64, t)
-    };
+    let raw_run = || gbps(count * size as u64, aead_seal_open(raw_alg, size, count));
     let channel_run = || seal_open_in_place(&mut tx.sealer, &mut rx.opener, size, count);
     let (base, chan) = interleave(opts.runs, raw_run, channel_run);
     report.push(
@@ -140,6 +112,27 @@ fn in_memory(opts: &Options, suite: Suite, size: usize, report: &mut Report) {
         )
         .with_baseline(base),
     );
+}
+
+/// `count` packets of `size` bytes sealed in place and opened with `alg` straight from aws-lc-rs, no framing
+/// and no network: the AEAD's CPU ceiling on one thread. The time it took.
+pub fn aead_seal_open(alg: &'static aead::Algorithm, size: usize, count: u64) -> Duration {
+    let key = LessSafeKey::new(UnboundKey::new(alg, &[7u8; 32]).expect("key"));
+    let mut buf = vec![0x5au8; size + 16];
+    timed(|| {
+        for counter in 0..count {
+            let mut nonce = [0u8; 12];
+            nonce[4..].copy_from_slice(&counter.to_le_bytes());
+            let (body, tag_out) = buf.split_at_mut(size);
+            let tag = key
+                .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), body)
+                .expect("seal");
+            tag_out.copy_from_slice(tag.as_ref());
+            key.open_in_place(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut buf)
+                .expect("open");
+        }
+    })
+    .1
 }
 
 /// One sample of the channel in memory: `count` packets of `size` bytes sealed in place and opened, in GB/s of
@@ -216,37 +209,78 @@ pub fn channel_tcp_with(bytes: u64, config: Config, auth: fn() -> Auth) -> f64 {
 
 /// [`channel_tcp_with`], also returning the CPU seconds of both threads.
 fn channel_tcp_measured(bytes: u64, config: Config, auth: fn() -> Auth) -> (f64, f64) {
-    let (mut client, mut server) = tcp_pair();
+    let (client, server) = tcp_pair();
     let start = Instant::now();
-    let client_config = config.clone();
+    let copy = channel_copy(client, server, bytes, config, auth).expect("channel copy");
+    assert_eq!(copy.bytes, bytes);
+    (gbps(bytes, copy.end - start), copy.cpu)
+}
+
+/// What one [`channel_copy`] saw at its receiving end.
+#[derive(Clone, Copy, Debug)]
+pub struct ChannelCopy {
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// When the receiver's handshake (with its authentication) completed.
+    pub established: Instant,
+    /// When the first payload arrived (`None`: none did).
+    pub first: Option<Instant>,
+    /// When the channel's close arrived.
+    pub end: Instant,
+    /// CPU seconds of both threads.
+    pub cpu: f64,
+}
+
+/// `bytes` through one channel with `config` and `auth` on both sides, from `tx` (on a thread, the
+/// initiator) to `rx` (here): handshake, packets of the largest size `config` allows sealed in place, then a
+/// close.
+pub fn channel_copy(
+    mut tx: TcpStream,
+    mut rx: TcpStream,
+    bytes: u64,
+    config: Config,
+    auth: fn() -> Auth,
+) -> std::io::Result<ChannelCopy> {
+    let fail = |e: ferry_channel::ChannelError| std::io::Error::other(e.to_string());
+    let tx_config = config.clone();
     let sender = std::thread::spawn(move || {
         let cpu = thread_cpu();
-        let hs = Handshake::new(Role::Initiator, client_config, auth());
-        let est = blocking::handshake(&mut client, hs).expect("handshake");
-        let mut w = SecureWriter::new(client, est.sealer);
+        let hs = Handshake::new(Role::Initiator, tx_config, auth());
+        let est = blocking::handshake(&mut tx, hs).map_err(fail)?;
+        let mut w = SecureWriter::new(tx, est.sealer);
         let max = w.max_payload();
         let mut left = bytes;
         while left > 0 {
             let n = left.min(max as u64) as usize;
-            w.payload_buf(n).expect("buf");
-            w.send_payload_buf(n).expect("send");
+            w.payload_buf(n).map_err(fail)?;
+            w.send_payload_buf(n).map_err(fail)?;
             left -= n as u64;
         }
-        w.close().expect("close");
-        thread_cpu() - cpu
+        w.close().map_err(fail)?;
+        Ok::<f64, std::io::Error>(thread_cpu() - cpu)
     });
     let cpu = thread_cpu();
     let hs = Handshake::new(Role::Responder, config, auth());
-    let est = blocking::handshake(&mut server, hs).expect("handshake");
-    let mut r = SecureReader::new(server, est.opener);
-    let mut got = 0u64;
-    while let Some(p) = r.recv().expect("recv") {
+    let est = blocking::handshake(&mut rx, hs).map_err(fail)?;
+    let established = Instant::now();
+    let mut r = SecureReader::new(rx, est.opener);
+    let (mut got, mut first) = (0u64, None);
+    while let Some(p) = r.recv().map_err(fail)? {
+        first.get_or_insert_with(Instant::now);
         got += p.len() as u64;
     }
-    assert_eq!(got, bytes);
+    let end = Instant::now();
     let recv_cpu = thread_cpu() - cpu;
-    let send_cpu = sender.join().expect("sender");
-    (gbps(bytes, start.elapsed()), send_cpu + recv_cpu)
+    let send_cpu = sender
+        .join()
+        .map_err(|_| std::io::Error::other("the channel's sender panicked"))??;
+    Ok(ChannelCopy {
+        bytes: got,
+        established,
+        first,
+        end,
+        cpu: send_cpu + recv_cpu,
+    })
 }
 
 fn loopback_tcp(opts: &Options, report: &mut Report) {

@@ -29,7 +29,10 @@ use ferry_lab::{Lab, Netns, Path, PATHS};
 
 use crate::report::{median, write_random_file};
 
+mod layers;
+mod peers;
 mod plot;
+mod pull;
 use crate::transfer::{size_name, write_small_tree};
 
 /// What to run and how big.
@@ -39,6 +42,12 @@ pub struct Options {
     pub file_bytes: u64,
     /// Number of small files.
     pub small_files: usize,
+    /// Number of small files the peers (scp, rsync, croc) move: fewer, as scp and croc pay a round trip
+    /// or more per file.
+    pub peer_files: usize,
+    /// Whether scp and croc move their small files on paths with an RTT above 1 ms too (off in a short
+    /// run).
+    pub peer_files_everywhere: bool,
     /// Samples per cell; medians are reported.
     pub runs: usize,
     /// The paths to measure, in order.
@@ -52,6 +61,8 @@ impl Default for Options {
         Options {
             file_bytes: 1 << 30,
             small_files: 10_000,
+            peer_files: 1_000,
+            peer_files_everywhere: true,
             runs: 1,
             paths: PATHS.to_vec(),
             scratch: PathBuf::from("/dev/shm"),
@@ -60,11 +71,14 @@ impl Default for Options {
 }
 
 impl Options {
-    /// A short run (64 MiB, 1,000 files) for CI and smoke tests.
+    /// A short run (64 MiB, 1,000 files; the peers 100 files, scp's and croc's only on paths of 1 ms or
+    /// less) for CI and smoke tests.
     pub fn quick() -> Self {
         Options {
             file_bytes: 64 << 20,
             small_files: 1_000,
+            peer_files: 100,
+            peer_files_everywhere: false,
             ..Options::default()
         }
     }
@@ -85,10 +99,11 @@ pub struct Cell {
     pub seconds: f64,
     /// The configured wire in bytes per second; `None` on loopback.
     pub wire: Option<f64>,
-    /// Seconds to the receiving side's connection: authenticated channel, or TCP (median).
-    pub connected: f64,
-    /// Seconds to the first byte of payload at the receiving side (median).
-    pub first_byte: f64,
+    /// Seconds to the receiving side's connection: authenticated channel, or TCP (median); `None` where
+    /// it is not seen (the AEAD in memory, the peers).
+    pub connected: Option<f64>,
+    /// Seconds to the first byte of payload at the receiving side (median); `None` where it is not seen.
+    pub first_byte: Option<f64>,
     /// Whether every received file matched its source (`None`: no files, as in raw TCP).
     pub verified: Option<bool>,
 }
@@ -108,7 +123,7 @@ impl Cell {
     pub fn to_json(&self) -> String {
         let opt = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.6}"));
         format!(
-            "{{\"bench\":\"matrix\",\"path\":\"{}\",\"layer\":\"{}\",\"size\":\"{}\",\"bytes\":{},\"seconds\":{:.6},\"rate_mb_s\":{:.6},\"wire_mb_s\":{},\"ratio\":{},\"connected_ms\":{:.3},\"first_byte_ms\":{:.3},\"verified\":{}}}",
+            "{{\"bench\":\"matrix\",\"path\":\"{}\",\"layer\":\"{}\",\"size\":\"{}\",\"bytes\":{},\"seconds\":{:.6},\"rate_mb_s\":{:.6},\"wire_mb_s\":{},\"ratio\":{},\"connected_ms\":{},\"first_byte_ms\":{},\"verified\":{}}}",
             self.path,
             self.layer,
             self.size,
@@ -117,8 +132,8 @@ impl Cell {
             self.rate() / 1e6,
             opt(self.wire.map(|w| w / 1e6)),
             opt(self.ratio()),
-            self.connected * 1e3,
-            self.first_byte * 1e3,
+            opt(self.connected.map(|v| v * 1e3)),
+            opt(self.first_byte.map(|v| v * 1e3)),
             self.verified.map_or("null".to_string(), |v| v.to_string()),
         )
     }
@@ -134,7 +149,7 @@ impl Printer {
     pub fn new(json: bool) -> Printer {
         if !json {
             crate::report::out_line(format_args!(
-                "{:<10} {:<11} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9} {:<8}",
+                "{:<10} {:<18} {:<13} {:>9} {:>10} {:>9} {:>6} {:>9} {:>9} {:<8}",
                 "path",
                 "layer",
                 "size",
@@ -156,8 +171,9 @@ impl Printer {
             return;
         }
         let opt = |v: Option<f64>, prec: usize| v.map_or(String::new(), |v| format!("{v:.prec$}"));
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.1}ms", v * 1e3));
         crate::report::out_line(format_args!(
-            "{:<10} {:<11} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>7.1}ms {:>7.1}ms {:<8}",
+            "{:<10} {:<18} {:<13} {:>9.3} {:>10.1} {:>9} {:>6} {:>9} {:>9} {:<8}",
             c.path,
             c.layer,
             c.size,
@@ -165,8 +181,8 @@ impl Printer {
             c.rate() / 1e6,
             opt(c.wire.map(|w| w / 1e6), 1),
             opt(c.ratio(), 3),
-            c.connected * 1e3,
-            c.first_byte * 1e3,
+            ms(c.connected),
+            ms(c.first_byte),
             c.verified.map_or("-", |v| if v { "yes" } else { "NO" }),
         ));
     }
@@ -200,6 +216,9 @@ impl Matrix {
     }
 }
 
+/// The paths that get the socket-buffer rows (issue 12, item 7).
+const BUFFER_PATHS: [&str; 2] = ["wan", "high-bdp"];
+
 /// Runs the matrix with `ferry` (normally the running binary), printing each cell as it is measured.
 pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> {
     let scratch = Scratch::new(&opts.scratch)?;
@@ -207,11 +226,75 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
     write_random_file(&big, opts.file_bytes, 0x11ab)?;
     let tree = scratch.0.join("src/tree");
     let tree_bytes = write_small_tree(&tree, opts.small_files)?;
-    let sources = [
-        (big.clone(), digests(&big)?),
-        (tree.clone(), digests(&tree)?),
+    // What each row of files moves: (size, payload bytes, the source, its digests).
+    let cases = [
+        Case::new(
+            format!("{} file", size_name(opts.file_bytes)),
+            opts.file_bytes,
+            big.clone(),
+        )?,
+        Case::new(
+            format!("{} files", opts.small_files),
+            tree_bytes,
+            tree.clone(),
+        )?,
     ];
+    // The peers' small files: a tree of its own, smaller (scp and croc pay a round trip or more per file).
+    let peer_tree = scratch.0.join("peer-src/tree");
+    let peer_tree_bytes = write_small_tree(&peer_tree, opts.peer_files)?;
+    let peer_cases = [
+        cases[0].clone(),
+        Case::new(
+            format!("{} files", opts.peer_files),
+            peer_tree_bytes,
+            peer_tree,
+        )?,
+    ];
+    let runs = opts.runs.max(1);
     let mut m = Matrix::default();
+    let push = |m: &mut Matrix, c: Cell| {
+        out.cell(&c);
+        m.cells.push(c);
+    };
+    let cell = |path, layer, size: String, bytes, wire, samples: &[Sample], verified| {
+        let med = |f: fn(&Sample) -> f64| {
+            let v = median(&mut samples.iter().map(f).collect::<Vec<_>>());
+            Some(v).filter(|v| v.is_finite())
+        };
+        Cell {
+            path,
+            layer,
+            size,
+            bytes,
+            seconds: med(|s| s.secs).unwrap_or(f64::NAN),
+            wire,
+            connected: med(|s| s.connected),
+            first_byte: med(|s| s.first_byte),
+            verified,
+        }
+    };
+
+    // The AEAD in memory: the CPU ceiling, once per run.
+    let aead: Vec<Sample> = (0..runs)
+        .map(|_| layers::aead_in_memory(opts.file_bytes))
+        .collect();
+    let c = cell(
+        "memory",
+        "AEAD",
+        size_name(opts.file_bytes),
+        opts.file_bytes,
+        None,
+        &aead,
+        None,
+    );
+    push(&mut m, c);
+
+    // The pairing of the pull rows, on loopback before any path.
+    let loopback = Ends::new(&PATHS[0], None, ferry)?;
+    let paired = pull::Paired::new(&loopback, &scratch, &[&big, &tree])?;
+    drop(loopback);
+    let croc = peers::installed("croc");
+
     for path in &opts.paths {
         let lab = match path.link {
             None => None,
@@ -226,48 +309,152 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         };
         let ends = Ends::new(path, lab.as_ref(), ferry)?;
         let wire = path.wire_bytes_per_sec();
-        let mut push = |layer, size: String, bytes, samples: &mut Vec<Sample>, verified| {
-            let c = Cell {
-                path: path.name,
+        // A row of memory moved across the path (no files): raw TCP, the channel.
+        let memory_row = |m: &mut Matrix,
+                          layer: &'static str,
+                          f: &mut dyn FnMut() -> io::Result<Sample>|
+         -> io::Result<()> {
+            let samples = (0..runs).map(|_| f()).collect::<io::Result<Vec<_>>>()?;
+            let size = size_name(opts.file_bytes);
+            let c = cell(
+                path.name,
                 layer,
                 size,
-                bytes,
-                seconds: median(&mut samples.iter().map(|s| s.secs).collect::<Vec<_>>()),
-                wire,
-                connected: median(&mut samples.iter().map(|s| s.connected).collect::<Vec<_>>()),
-                first_byte: median(&mut samples.iter().map(|s| s.first_byte).collect::<Vec<_>>()),
-                verified,
-            };
-            out.cell(&c);
-            m.cells.push(c);
-        };
-        let runs = opts.runs.max(1);
-        let mut raw = (0..runs)
-            .map(|_| ends.raw_copy(opts.file_bytes))
-            .collect::<io::Result<Vec<_>>>()?;
-        push(
-            "raw TCP",
-            size_name(opts.file_bytes),
-            opts.file_bytes,
-            &mut raw,
-            None,
-        );
-        let cases = [
-            (
-                format!("{} file", size_name(opts.file_bytes)),
                 opts.file_bytes,
-            ),
-            (format!("{} files", opts.small_files), tree_bytes),
-        ];
-        for ((size, bytes), (src, digest)) in cases.into_iter().zip(&sources) {
-            let mut samples = Vec::new();
-            let mut verified = true;
-            for _ in 0..runs {
-                let received = scratch.fresh("out")?;
-                samples.push(ends.ferry_send(src, &received, &scratch)?);
-                verified &= digests(&received.join(src.file_name().expect("a name")))? == *digest;
+                wire,
+                &samples,
+                None,
+            );
+            push(m, c);
+            Ok(())
+        };
+        memory_row(&mut m, "raw TCP", &mut || {
+            ends.raw_copy(opts.file_bytes, layers::Tune::Default)
+        })?;
+        memory_row(&mut m, "channel", &mut || {
+            ends.channel_copy(opts.file_bytes)
+        })?;
+
+        // A row of files: `copy` moves `src` into a fresh directory, whose copy of `src` is verified.
+        let files_row = |m: &mut Matrix,
+                         layer: &'static str,
+                         cases: &[Case],
+                         copy: &mut dyn FnMut(&FsPath, &FsPath) -> io::Result<Sample>|
+         -> io::Result<()> {
+            for Case {
+                size,
+                bytes,
+                src,
+                digest,
+            } in cases
+            {
+                let mut samples = Vec::new();
+                let mut verified = true;
+                for _ in 0..runs {
+                    let received = scratch.fresh("out")?;
+                    samples.push(copy(src, &received)?);
+                    verified &=
+                        digests(&received.join(src.file_name().expect("a name")))? == *digest;
+                }
+                let c = cell(
+                    path.name,
+                    layer,
+                    size.clone(),
+                    *bytes,
+                    wire,
+                    &samples,
+                    Some(verified),
+                );
+                push(m, c);
             }
-            push("ferry send", size, bytes, &mut samples, Some(verified));
+            Ok(())
+        };
+        files_row(&mut m, "ferry send", &cases, &mut |src, dst| {
+            ends.ferry_send(src, dst, &scratch)
+        })?;
+        let share = paired.share(&ends, &scratch.0.join("src"))?;
+        files_row(&mut m, "ferry pull", &cases, &mut |src, dst| {
+            paired.pull(&ends, &share, src, dst)
+        })?;
+        drop(share);
+
+        // scp and croc pay a round trip or more per file: in a short run, their small files only where
+        // the RTT is at most 1 ms.
+        let slow_path = path.link.is_some_and(|l| l.rtt > Duration::from_millis(1));
+        let per_file_cases = if slow_path && !opts.peer_files_everywhere {
+            out.note(
+                path.name,
+                "scp, croc: small files skipped in this short run (a round trip or more per file)",
+            );
+            &peer_cases[..1]
+        } else {
+            &peer_cases[..]
+        };
+        // A peer that fails gives a note and the matrix goes on (a row that did not verify still fails it).
+        let failed = |peer: &str, r: io::Result<()>| {
+            if let Err(e) = r {
+                out.note(path.name, &format!("{peer}: failed: {e}"));
+            }
+        };
+        if ends.relay_addrs().is_some() {
+            out.note(
+                path.name,
+                "scp, rsync: no rows on a relay path (ssh has no relay)",
+            );
+        } else if peers::installed("scp").is_none() {
+            out.note(
+                path.name,
+                "scp, rsync: not installed (apt-get install openssh-client)",
+            );
+        } else if !peers::is_root() {
+            out.note(
+                path.name,
+                "scp, rsync: no rows without root (the bench's sshd needs it)",
+            );
+        } else {
+            match peers::sshd(&ends, &scratch) {
+                // Not installed, or it cannot run here: the reason says which.
+                Err(e) => out.note(path.name, &format!("scp, rsync: no rows: {e}")),
+                Ok(sshd) => {
+                    let r = files_row(&mut m, "scp", per_file_cases, &mut |src, dst| {
+                        peers::ssh_copy(&ends, &sshd, false, src, dst)
+                    });
+                    failed("scp", r);
+                    if peers::installed("rsync").is_some() {
+                        let r = files_row(&mut m, "rsync", &peer_cases, &mut |src, dst| {
+                            peers::ssh_copy(&ends, &sshd, true, src, dst)
+                        });
+                        failed("rsync", r);
+                    } else {
+                        out.note(path.name, "rsync: not installed (apt-get install rsync)");
+                    }
+                }
+            }
+        }
+        match (&croc, lab.as_ref().map_or(ferry_lab::missing_prerequisite(), |_| None)) {
+            (None, _) => out.note(path.name, "croc: not installed (see .ci/run)"),
+            (Some(_), Some(reason)) => out.note(
+                path.name,
+                &format!("croc: no rows here ({reason}; croc runs in a namespace of its own on loopback)"),
+            ),
+            (Some(exe), None) => {
+                let r = peers::CrocLab::start(exe.clone(), &ends, &scratch).and_then(|mut lab| {
+                    files_row(&mut m, "croc", per_file_cases, &mut |src, dst| lab.copy(src, dst))
+                });
+                failed("croc", r);
+            }
+        }
+
+        if BUFFER_PATHS.contains(&path.name) {
+            out.note(path.name, &layers::buffer_limits(&ends));
+            for (tune, layer) in layers::Tune::ROWS {
+                memory_row(&mut m, layer, &mut || ends.raw_copy(opts.file_bytes, tune))?;
+            }
+            layers::with_send_buffer(&ends, || {
+                files_row(&mut m, "ferry send sndbuf", &cases[..1], &mut |src, dst| {
+                    ends.ferry_send(src, dst, &scratch)
+                })
+            })??;
         }
         drop(ends);
         if let Some(lab) = &lab {
@@ -283,6 +470,31 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         }
     }
     Ok(m)
+}
+
+/// What one row of files moves.
+#[derive(Clone)]
+struct Case {
+    /// Its size as the table says it.
+    size: String,
+    /// Payload bytes.
+    bytes: u64,
+    /// The file or directory moved.
+    src: PathBuf,
+    /// BLAKE3 of every file in it.
+    digest: BTreeMap<PathBuf, [u8; 32]>,
+}
+
+impl Case {
+    fn new(size: String, bytes: u64, src: PathBuf) -> io::Result<Case> {
+        let digest = digests(&src)?;
+        Ok(Case {
+            size,
+            bytes,
+            src,
+            digest,
+        })
+    }
 }
 
 /// One timed run.
@@ -340,9 +552,10 @@ impl<'a> Ends<'a> {
         Some(((c, RELAY_PORT).into(), (s, RELAY_PORT).into()))
     }
 
-    /// A plaintext copy of `bytes` from the server's side to the client's.
-    fn raw_copy(&self, bytes: u64) -> io::Result<Sample> {
-        let (tx, rx, t0) = match self.relay_addrs() {
+    /// One TCP connection across the path, server side first (through `ferry relay` on a relay path,
+    /// paired by its client), and the instant the client side started connecting.
+    fn tcp_pair(&self) -> io::Result<(TcpStream, TcpStream, Instant)> {
+        match self.relay_addrs() {
             Some((via_client, via_server)) => {
                 let hash = [0x4d; 32];
                 let wait = Duration::from_secs(30);
@@ -363,7 +576,7 @@ impl<'a> Ends<'a> {
                         .join()
                         .map_err(|_| io::Error::other("relay connect panicked"))??;
                     Ok::<_, io::Error>((tx, rx, t0))
-                })?
+                })
             }
             None => {
                 let listener = in_ns(self.server(), || TcpListener::bind((self.server_ip(), 0)))?;
@@ -372,9 +585,15 @@ impl<'a> Ends<'a> {
                     let t0 = Instant::now();
                     TcpStream::connect(addr).map(|s| (s, t0))
                 })?;
-                (listener.accept()?.0, rx, t0)
+                Ok((listener.accept()?.0, rx, t0))
             }
-        };
+        }
+    }
+
+    /// A plaintext copy of `bytes` from the server's side to the client's, its sockets tuned by `tune`.
+    fn raw_copy(&self, bytes: u64, tune: layers::Tune) -> io::Result<Sample> {
+        let (tx, rx, t0) = self.tcp_pair()?;
+        tune.apply(&tx, &rx)?;
         let connected = t0.elapsed().as_secs_f64();
         let sender = std::thread::spawn(move || pump(tx, bytes));
         let (got, first) = drain(rx, t0)?;
@@ -435,19 +654,28 @@ impl<'a> Ends<'a> {
                 receiver.stderr()
             )));
         }
-        let (connected, first) = events
-            .join()
-            .map_err(|_| io::Error::other("reader panicked"))?;
-        let since = |t: Option<Instant>, what| {
-            t.map(|t| t.duration_since(t0).as_secs_f64())
-                .ok_or_else(|| io::Error::other(format!("the receiver reported no {what}")))
-        };
-        Ok(Sample {
-            secs,
-            connected: since(connected, "connection")?,
-            first_byte: since(first, "data")?,
-        })
+        event_times(events, t0, secs)
     }
+}
+
+/// A sample from a receiving `ferry`'s event times (see [`Spawned::first_events`]), started at `t0`.
+fn event_times(
+    events: std::thread::JoinHandle<(Option<Instant>, Option<Instant>)>,
+    t0: Instant,
+    secs: f64,
+) -> io::Result<Sample> {
+    let (connected, first) = events
+        .join()
+        .map_err(|_| io::Error::other("reader panicked"))?;
+    let since = |t: Option<Instant>, what| {
+        t.map(|t| t.duration_since(t0).as_secs_f64())
+            .ok_or_else(|| io::Error::other(format!("the receiver reported no {what}")))
+    };
+    Ok(Sample {
+        secs,
+        connected: since(connected, "connection")?,
+        first_byte: since(first, "data")?,
+    })
 }
 
 /// Runs `f` inside `ns` (on a thread there), or here.
@@ -506,20 +734,26 @@ impl Spawned {
 
     /// Reads events until `code`; its `listen` address. The rest is drained on a thread.
     fn wait_for_code(&mut self) -> io::Result<Option<String>> {
+        let v = self.wait_for_event("code")?;
+        Ok(v["listen"].as_str().map(str::to_string))
+    }
+
+    /// Reads events until the first `event`, which it returns. The rest is drained on a thread.
+    fn wait_for_event(&mut self, event: &str) -> io::Result<serde_json::Value> {
         let mut lines = self.lines.take().expect("stdout");
         let mut line = String::new();
         loop {
             line.clear();
             if lines.read_line(&mut line)? == 0 {
                 return Err(io::Error::other(format!(
-                    "ferry send ended before its code: {}",
+                    "ferry ended before its {event} event: {}",
                     self.stderr()
                 )));
             }
             let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-            if v["event"] == "code" {
+            if v["event"] == event {
                 std::thread::spawn(move || io::copy(&mut lines, &mut io::sink()));
-                return Ok(v["listen"].as_str().map(str::to_string));
+                return Ok(v);
             }
         }
     }

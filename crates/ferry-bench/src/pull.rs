@@ -14,7 +14,7 @@ use std::time::Instant;
 use ferry_share::wire::SharePath;
 use ferry_transfer::ReceiveOptions;
 
-use crate::report::{median, write_random_file, Report, Row};
+use crate::report::{median, rusage_cpu, write_random_file, Report, Row};
 use crate::share::{channel, other, start_sharer, Options};
 use crate::transfer::{engine_run, write_small_tree};
 
@@ -49,12 +49,15 @@ pub fn run(opts: &Options, scratch: &Path, report: &mut Report) -> io::Result<()
     let addr = start_sharer(&share, &scratch.join("pull-cache"))?;
     let (out, partial) = (scratch.join("pull-out"), scratch.join("pull-partial"));
     let size = crate::channel::size_name(opts.file_bytes as usize);
-    let cases: [(&str, String, f64, &str); 2] = [
+    // (name, case, amount, unit, CPU unit, CPU per amount in that unit)
+    let cases: [(&str, String, f64, &str, &str, f64); 2] = [
         (
             "file.bin",
             format!("pull of a {size} file vs send+receive"),
             opts.file_bytes as f64 / 1e9,
             "GB/s",
+            "s/GB",
+            1.0,
         ),
         (
             "tree",
@@ -64,22 +67,40 @@ pub fn run(opts: &Options, scratch: &Path, report: &mut Report) -> io::Result<()
             ),
             opts.small_files as f64,
             "files/s",
+            "µs/file",
+            1e6,
         ),
     ];
-    for (name, case, amount, unit) in cases {
+    for (name, case, amount, unit, cpu_unit, cpu_scale) in cases {
         let path = SharePath::new(name.as_bytes()).map_err(other)?;
         let source: PathBuf = share.join(name);
         let (mut pulled, mut sent) = (Vec::new(), Vec::new());
+        let (mut pulled_cpu, mut sent_cpu) = (Vec::new(), Vec::new());
         for _ in 0..opts.runs {
             fresh(&out)?;
             fresh(&partial)?;
+            let cpu = rusage_cpu(libc::RUSAGE_SELF);
             sent.push(amount / engine_run(std::slice::from_ref(&source), &out, &partial, true)?);
+            sent_cpu.push((rusage_cpu(libc::RUSAGE_SELF) - cpu) * cpu_scale / amount);
             fresh(&out)?;
             fresh(&partial)?;
+            let cpu = rusage_cpu(libc::RUSAGE_SELF);
             pulled.push(amount / pull_run(addr, &path, &out, &partial)?);
+            pulled_cpu.push((rusage_cpu(libc::RUSAGE_SELF) - cpu) * cpu_scale / amount);
         }
         report.push(
             Row::new(BENCH, case, median(&mut pulled), unit).with_baseline(median(&mut sent)),
+        );
+        // Both ends run in this process: its CPU time is the work of both, which the machine's
+        // other tenants do not change as much as they change the rate (lower is better here).
+        report.push(
+            Row::new(
+                BENCH,
+                "  CPU of both ends (lower is better)",
+                median(&mut pulled_cpu),
+                cpu_unit,
+            )
+            .with_baseline(median(&mut sent_cpu)),
         );
     }
     for dir in [&share, &out, &partial, &scratch.join("pull-cache")] {

@@ -7,10 +7,12 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use ferry_lab::Netns;
 
 use crate::share::other;
 
@@ -40,8 +42,14 @@ fn run(cmd: &mut Command) -> io::Result<()> {
 }
 
 impl Sshd {
-    /// Starts one in `base` (a fresh directory is made there); fails with the reason when it cannot.
+    /// Starts one on 127.0.0.1 in `base` (a fresh directory is made there); fails with the reason when it
+    /// cannot.
     pub fn start(base: &Path) -> io::Result<Sshd> {
+        Sshd::start_in(base, None, Ipv4Addr::LOCALHOST)
+    }
+
+    /// Starts one listening on `ip` (port 2222 inside `ns`, a free port here), in `base`.
+    pub fn start_in(base: &Path, ns: Option<&Netns>, ip: Ipv4Addr) -> io::Result<Sshd> {
         for exe in [SSHD, SFTP_SERVER] {
             if !Path::new(exe).exists() {
                 return Err(other(format!(
@@ -49,7 +57,7 @@ impl Sshd {
                 )));
             }
         }
-        let dir = base.join(format!("ferry-bench-sshd-{}", std::process::id()));
+        let dir = base.join(format!("ferry-bench-sshd-{}-{ip}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir)?;
         // sshd's privilege separation needs this directory.
@@ -60,12 +68,16 @@ impl Sshd {
                 .arg(dir.join(key)))?;
         }
         fs::copy(dir.join("id.pub"), dir.join("authorized_keys"))?;
-        // A free port: bound, read, released (a race with another process is unlikely and only fails the row).
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        // A free port: bound, read, released (a race with another process is unlikely and only fails the row);
+        // a namespace of the lab has nothing else listening.
+        let port = match ns {
+            Some(_) => 2222,
+            None => TcpListener::bind((ip, 0))?.local_addr()?.port(),
+        };
+        let addr = SocketAddr::from((ip, port));
         let user = command_output(Command::new("id").arg("-un"))?;
         let config = format!(
-            "ListenAddress 127.0.0.1:{port}\n\
+            "ListenAddress {addr}\n\
              HostKey {dir}/host\n\
              PidFile {dir}/sshd.pid\n\
              AuthorizedKeysFile {dir}/authorized_keys\n\
@@ -81,7 +93,11 @@ impl Sshd {
             dir = dir.display()
         );
         fs::write(dir.join("sshd_config"), config)?;
-        let child = Command::new(SSHD)
+        let mut cmd = Command::new(SSHD);
+        if let Some(ns) = ns {
+            ns.inside(&mut cmd);
+        }
+        let child = cmd
             .args(["-D", "-e", "-f"])
             .arg(dir.join("sshd_config"))
             .stdin(Stdio::null())
@@ -90,7 +106,11 @@ impl Sshd {
             .spawn()?;
         let mut sshd = Sshd { dir, addr, child };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
+        let connect = || match ns {
+            Some(ns) => ns.enter(|| TcpStream::connect(addr)),
+            None => TcpStream::connect(addr),
+        };
+        while connect().is_err() {
             if let Some(status) = sshd.child.try_wait()? {
                 let log = fs::read_to_string(sshd.dir.join("sshd.log")).unwrap_or_default();
                 return Err(other(format!("sshd exited ({status}): {}", log.trim())));
@@ -103,18 +123,37 @@ impl Sshd {
         Ok(sshd)
     }
 
+    /// The options of an ssh client of this server (no config, the cipher, its key, no host-key checks);
+    /// the port goes separately (`-p` for ssh, `-P` for scp).
+    pub fn client_options(&self) -> Vec<String> {
+        let mut o: Vec<String> = ["-F", "/dev/null", "-q", "-c", CIPHER]
+            .into_iter()
+            .chain(["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes"])
+            .chain(["-o", "StrictHostKeyChecking=no"])
+            .chain(["-o", "UserKnownHostsFile=/dev/null", "-i"])
+            .map(str::to_string)
+            .collect();
+        o.push(self.dir.join("id").display().to_string());
+        o
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `user@ip` of the current user at this server.
+    pub fn login(&self) -> io::Result<String> {
+        let user = command_output(Command::new("id").arg("-un"))?;
+        Ok(format!("{user}@{}", self.addr.ip()))
+    }
+
     /// An SFTP session through `ssh -c aes128-gcm@openssh.com ... -s sftp`.
     pub fn sftp(&self) -> io::Result<Sftp> {
-        let user = command_output(Command::new("id").arg("-un"))?;
         let mut child = Command::new("ssh")
-            .args(["-F", "/dev/null", "-q", "-c", CIPHER])
-            .args(["-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes"])
-            .args(["-o", "StrictHostKeyChecking=no"])
-            .args(["-o", "UserKnownHostsFile=/dev/null"])
-            .arg("-i")
-            .arg(self.dir.join("id"))
+            .args(self.client_options())
             .args(["-p", &self.addr.port().to_string()])
-            .arg(format!("{user}@127.0.0.1"))
+            .arg(self.login()?)
             .args(["-s", "sftp"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

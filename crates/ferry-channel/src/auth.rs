@@ -296,6 +296,16 @@ impl AuthState {
         )
     }
 
+    /// Our SPAKE2 message, before the transcript is fixed (it needs only the session id), to send in our
+    /// version packet; `None` for the other kinds of authentication, whose first message covers the
+    /// transcript. Afterwards [`AuthState::start`] sends nothing more.
+    pub(crate) fn start_early(&mut self, role: Role, session_id: &[u8; 32]) -> Option<Vec<u8>> {
+        match self {
+            AuthState::Spake { .. } => self.start(role, session_id, &[0; 32]).pop(),
+            AuthState::Done | AuthState::Identity { .. } => None,
+        }
+    }
+
     /// The first messages we send, once the transcript is fixed.
     pub(crate) fn start(
         &mut self,

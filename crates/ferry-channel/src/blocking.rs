@@ -9,6 +9,7 @@ use crate::handshake::{Established, Handshake};
 use crate::packet::{
     frame_len, Opener, Ready, Sealer, CONTENTS_OFFSET, HEADER_CLOSE, HEADER_DECOY,
 };
+use crate::sizing::PacketSizing;
 
 /// Small packets are coalesced until this many bytes are waiting, then written at once.
 const COALESCE_LIMIT: usize = 256 << 10;
@@ -120,23 +121,33 @@ pub struct SecureWriter<W: Write> {
     sealer: Sealer,
     pending: Vec<u8>,
     frame: Vec<u8>,
+    sizing: PacketSizing,
 }
 
 impl<W: Write> SecureWriter<W> {
     /// A writer sealing with `sealer`.
     pub fn new(inner: W, sealer: Sealer) -> Self {
         let frame = vec![0u8; frame_len(sealer.max_payload())];
+        let sizing = PacketSizing::new(sealer.max_payload());
         SecureWriter {
             inner,
             sealer,
             pending: Vec::with_capacity(COALESCE_LIMIT + (64 << 10)),
             frame,
+            sizing,
         }
     }
 
     /// The largest contents one packet may carry.
     pub fn max_payload(&self) -> usize {
         self.sealer.max_payload()
+    }
+
+    /// How large the next packet should be for its bytes to be opened early: small at the start of the
+    /// stream and after a pause, growing to [`Self::max_payload`] (see [`PacketSizing`]). Advice for
+    /// senders of bulk data; any size up to the maximum is still accepted.
+    pub fn packet_limit(&self) -> usize {
+        self.sizing.limit(Instant::now())
     }
 
     /// Sends one packet. Small packets wait in a buffer until [`SecureWriter::flush`] or until enough gathered.
@@ -211,12 +222,14 @@ impl<W: Write> SecureWriter<W> {
         let frame = &mut self.frame[..frame_len(len)];
         self.sealer.seal_frame(frame, 0)?;
         self.inner.write_all(frame)?;
+        self.sizing.wrote(frame.len(), Instant::now());
         Ok(())
     }
 
     fn write_pending(&mut self) -> Result<(), ChannelError> {
         if !self.pending.is_empty() {
             self.inner.write_all(&self.pending)?;
+            self.sizing.wrote(self.pending.len(), Instant::now());
             self.pending.clear();
         }
         Ok(())

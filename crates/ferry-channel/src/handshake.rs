@@ -21,8 +21,9 @@ pub const MAX_GARBAGE: usize = 4095;
 pub const FERRY_MAGIC: [u8; 4] = *b"fery";
 /// Bitcoin mainnet's network magic.
 pub const BITCOIN_MAINNET_MAGIC: [u8; 4] = [0xf9, 0xbe, 0xb4, 0xd9];
-/// ferry's protocol version, carried in the version packet.
-pub const PROTOCOL_VERSION: u8 = 1;
+/// ferry's protocol version, carried in the version packet. Version 2 carries the SPAKE2 message in the
+/// version packet (one round trip less than version 1, which sent it after the version packets crossed).
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Handshake packets (version, authentication) are small; anything larger is hostile.
 const MAX_HANDSHAKE_PACKET: usize = 4096;
 
@@ -88,12 +89,16 @@ struct Offer {
     aes_hardware: bool,
 }
 
-fn parse_offer(contents: &[u8]) -> Result<Offer, ChannelError> {
+/// The offer of a version packet, and what follows it: the sender's first authentication message, if any.
+fn parse_offer(contents: &[u8]) -> Result<(Offer, &[u8]), ChannelError> {
     match contents {
-        [PROTOCOL_VERSION, suites, hw, ..] => Ok(Offer {
-            suites: *suites,
-            aes_hardware: *hw == 1,
-        }),
+        [PROTOCOL_VERSION, suites, hw, rest @ ..] => Ok((
+            Offer {
+                suites: *suites,
+                aes_hardware: *hw == 1,
+            },
+            rest,
+        )),
         // Our version, but cut short: not something a ferry of this version sends.
         [PROTOCOL_VERSION, ..] => Err(ChannelError::AuthProtocol("truncated version packet")),
         [v, ..] => Err(ChannelError::VersionMismatch {
@@ -171,6 +176,10 @@ pub struct Handshake {
     transcript: [u8; 32],
     auth: AuthState,
     peer_identity: Option<[u8; 32]>,
+    /// The contents of the version packet we sent (the offer, then in ferry mode our SPAKE2 message).
+    version: Vec<u8>,
+    /// Our first authentication message rode in our version packet, so the peer's rides in its own.
+    auth_in_version: bool,
 }
 
 impl Handshake {
@@ -217,6 +226,8 @@ impl Handshake {
             transcript: [0; 32],
             auth: AuthState::new(auth),
             peer_identity: None,
+            version: Vec::new(),
+            auth_in_version: false,
         }
     }
 
@@ -329,8 +340,18 @@ impl Handshake {
                 .seal_into(&mut self.out, HEADER_DECOY, &decoy)
                 .expect("decoy fits a handshake packet");
         }
+        // In ferry mode a SPAKE2 message, which needs only the session id, rides in the version packet:
+        // it reaches the peer a round trip sooner than in a packet of its own after the version packets
+        // crossed. The transcript, and so both confirmations, cover it.
+        self.version = self.config.version_contents();
+        if self.config.ferry {
+            if let Some(first) = self.auth.start_early(self.role, &keys.session_id) {
+                self.version.extend_from_slice(&first);
+                self.auth_in_version = true;
+            }
+        }
         sealer
-            .seal_into(&mut self.out, 0, &self.config.version_contents())
+            .seal_into(&mut self.out, 0, &self.version)
             .expect("version fits a handshake packet");
         self.sealer = Some(sealer);
         self.keys = Some(keys);
@@ -387,7 +408,7 @@ impl Handshake {
     }
 
     fn on_version(&mut self, contents: &[u8]) -> Result<(), ChannelError> {
-        let ours = self.config.version_contents();
+        let ours = std::mem::take(&mut self.version);
         let (init_v, resp_v, init_k, resp_k) = match self.role {
             Role::Initiator => (&ours[..], contents, self.key.encoded(), &self.theirs),
             Role::Responder => (contents, &ours[..], &self.theirs, self.key.encoded()),
@@ -405,9 +426,11 @@ impl Handshake {
         }
         self.transcript.copy_from_slice(ctx.finish().as_ref());
 
+        let mut peer_first: &[u8] = &[];
         if self.config.ferry {
-            let theirs = parse_offer(contents)?;
-            let mine = parse_offer(&ours)?;
+            let (theirs, first) = parse_offer(contents)?;
+            let (mine, _) = parse_offer(&ours)?;
+            peer_first = first;
             let suite = choose_suite(mine, theirs)?;
             // Switch to keys bound to the transcript: an edited offer gives the two sides different keys.
             // Authentication packets stay bounded by MAX_HANDSHAKE_PACKET; `finish` lifts the bound.
@@ -421,13 +444,25 @@ impl Handshake {
             ));
         }
         let session_id = keys.session_id;
+        self.phase = Phase::Auth;
+        if self.auth_in_version {
+            if peer_first.is_empty() {
+                return Err(ChannelError::AuthProtocol(
+                    "version packet without the PAKE message",
+                ));
+            }
+            return self.on_auth(peer_first);
+        }
+        if !peer_first.is_empty() {
+            return Err(ChannelError::AuthProtocol(
+                "unexpected authentication message in the version packet",
+            ));
+        }
         let messages = self.auth.start(self.role, &session_id, &self.transcript);
         self.send_handshake_messages(messages)?;
-        self.phase = if matches!(self.auth, AuthState::Done) {
-            Phase::Done
-        } else {
-            Phase::Auth
-        };
+        if matches!(self.auth, AuthState::Done) {
+            self.phase = Phase::Done;
+        }
         Ok(())
     }
 

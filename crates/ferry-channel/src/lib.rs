@@ -35,6 +35,7 @@ mod fschacha;
 mod handshake;
 pub mod keys;
 mod packet;
+pub mod sizing;
 mod suite;
 #[cfg(feature = "tokio")]
 pub mod tokio_io;

@@ -234,6 +234,17 @@ pub struct Opener {
 }
 
 impl Opener {
+    /// An opener for packets sealed under `keys` with `suite` by a [`Sealer`] made with the same `first_aad`
+    /// and `max_payload` (for protocols that run the key schedule themselves, and tests).
+    pub fn with_keys(
+        keys: &DirectionKeys,
+        suite: Suite,
+        first_aad: Vec<u8>,
+        max_payload: usize,
+    ) -> Self {
+        Opener::new(PacketReader::new(keys, suite, first_aad, max_payload), &[])
+    }
+
     pub(crate) fn new(reader: PacketReader, leftover: &[u8]) -> Self {
         // Start small; the buffer grows once, to one largest frame plus slack, when a large packet comes.
         // (Zeroing a 1 MiB buffer that small-packet sessions never use costs more than the whole key

@@ -36,10 +36,18 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
     } else {
         vec!["loopback"]
     };
+    let aead: Vec<&Value> = lines.iter().filter(|l| l["layer"] == "AEAD").collect();
+    assert_eq!(aead.len(), 1, "one AEAD row per run: {aead:?}");
+    assert!(aead[0]["rate_mb_s"].as_f64().is_some_and(|r| r > 0.0));
     for path in &expected {
         let cells: Vec<&Value> = lines
             .iter()
             .filter(|l| l["path"] == *path && l.get("layer").is_some())
+            .collect();
+        let notes: Vec<&str> = lines
+            .iter()
+            .filter(|l| l["path"] == *path)
+            .filter_map(|l| l["note"].as_str())
             .collect();
         let layers: Vec<String> = cells
             .iter()
@@ -52,18 +60,57 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
             })
             .collect();
         assert_eq!(
-            layers,
+            layers[..6],
             [
                 "raw TCP 64 MiB",
+                "channel 64 MiB",
                 "ferry send 64 MiB file",
-                "ferry send 1000 files"
+                "ferry send 1000 files",
+                "ferry pull 64 MiB file",
+                "ferry pull 1000 files",
             ],
             "the rows of {path}"
         );
+        // Each peer has its rows, or a note says why not (not installed; ssh has no relay path).
+        for peer in ["scp", "rsync", "croc"] {
+            let rows = layers
+                .iter()
+                .filter(|l| l.starts_with(&format!("{peer} ")))
+                .count();
+            let why = notes.iter().any(|n| {
+                n.contains(peer) && (n.contains("not installed") || n.contains("no rows"))
+            });
+            assert!(
+                rows >= 1 || why,
+                "{path}: {peer} has neither a row nor a note saying why: {layers:?} {notes:?}"
+            );
+        }
+        if ["wan", "high-bdp"].contains(path) {
+            for tuned in [
+                "raw TCP sndbuf",
+                "raw TCP snd+rcvbuf",
+                "raw TCP lowat",
+                "ferry send sndbuf",
+            ] {
+                assert!(
+                    layers.iter().any(|l| l.starts_with(tuned)),
+                    "{path}: no {tuned} row in {layers:?}"
+                );
+            }
+            assert!(
+                notes.iter().any(|n| n.contains("net.core.wmem_max")),
+                "{path}: the socket-buffer limits are reported: {notes:?}"
+            );
+        }
         for c in cells {
-            for field in ["seconds", "rate_mb_s", "first_byte_ms"] {
+            for field in ["seconds", "rate_mb_s"] {
                 let v = c[field].as_f64().unwrap_or(f64::NAN);
                 assert!(v.is_finite() && v > 0.0, "{path}: {field} in {c}");
+            }
+            let layer = c["layer"].as_str().unwrap();
+            if layer.starts_with("raw TCP") || layer == "channel" || layer.starts_with("ferry ") {
+                let v = c["first_byte_ms"].as_f64().unwrap_or(f64::NAN);
+                assert!(v.is_finite() && v > 0.0, "{path}: first_byte_ms in {c}");
             }
             if *path != "loopback" {
                 assert!(
@@ -71,7 +118,8 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
                     "{path}: ratio in {c}"
                 );
             }
-            if c["layer"] == "ferry send" {
+            // Every row that moved files says they verified (raw TCP and the channel move memory).
+            if !(layer.starts_with("raw TCP") || layer == "channel") {
                 assert_eq!(
                     c["verified"], true,
                     "{path}: every received file verifies: {c}"

@@ -87,6 +87,12 @@ pub trait PacketSink {
     fn send_payload_buf(&mut self, len: usize) -> std::io::Result<()>;
     /// Write out everything queued.
     fn flush(&mut self) -> std::io::Result<()>;
+    /// How large the next data packet should be, at most `max`: a sink whose bytes can be opened only
+    /// packet by packet (the channel) asks for small packets at the start of a stream, while TCP's
+    /// window is small, so that the first bytes arrive early (see `ferry_channel::sizing`).
+    fn packet_limit(&self, max: usize) -> usize {
+        max
+    }
 }
 
 /// Receives packets from some channel.
@@ -107,6 +113,9 @@ impl<T: PacketSink + ?Sized> PacketSink for &mut T {
     }
     fn flush(&mut self) -> std::io::Result<()> {
         (**self).flush()
+    }
+    fn packet_limit(&self, max: usize) -> usize {
+        (**self).packet_limit(max)
     }
 }
 

@@ -32,6 +32,10 @@ impl<W: Write> PacketSink for ChannelSink<W> {
     fn flush(&mut self) -> io::Result<()> {
         self.0.flush().map_err(ChannelError::into_io)
     }
+
+    fn packet_limit(&self, max: usize) -> usize {
+        self.0.packet_limit().min(max)
+    }
 }
 
 impl<R: Read> PacketSource for ChannelSource<R> {

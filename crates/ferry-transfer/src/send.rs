@@ -185,7 +185,7 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
         send_verdict(sink, &differ, opts.max_packet.min(wire::MAX_PAGE))?;
     }
     while !stream.finished {
-        let buf = sink.payload_buf(opts.max_packet);
+        let buf = sink.payload_buf(sink.packet_limit(opts.max_packet));
         let used = stream.fill(buf)?;
         if let Err(e) = sink.send_payload_buf(used) {
             return Err(peer_error_or(source, e));

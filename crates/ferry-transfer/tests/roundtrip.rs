@@ -360,3 +360,97 @@ fn source_changed_after_walk_is_refused() {
         );
     }
 }
+
+/// Records the size of every data packet the engine builds, passing everything on.
+struct Sizes<K> {
+    inner: K,
+    built: Vec<usize>,
+}
+
+impl<K: ferry_transfer::PacketSink> ferry_transfer::PacketSink for Sizes<K> {
+    fn send(&mut self, payload: &[u8]) -> std::io::Result<()> {
+        self.inner.send(payload)
+    }
+    fn payload_buf(&mut self, len: usize) -> &mut [u8] {
+        self.built.push(len);
+        self.inner.payload_buf(len)
+    }
+    fn send_payload_buf(&mut self, len: usize) -> std::io::Result<()> {
+        self.inner.send_payload_buf(len)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+    fn packet_limit(&self, max: usize) -> usize {
+        self.inner.packet_limit(max)
+    }
+}
+
+/// Over the secure channel, the data packets start small and grow (so that the first bytes can be opened
+/// while TCP's window is still small): a large file and small files, whose records and chunk hashes are
+/// split across the small packets, arrive whole and verified.
+#[test]
+fn small_first_packets_over_the_channel_roundtrip() {
+    use ferry_channel::{blocking, Auth, Config, Handshake, Role};
+    use ferry_transfer::secure::{ChannelSink, ChannelSource};
+    let t = TempDir::new("small-first");
+    let root = t.join("tree");
+    fs::create_dir_all(&root).unwrap();
+    let big = data(5 * (1 << 20) + 777, 7);
+    fs::write(root.join("big.bin"), &big).unwrap();
+    for i in 0..50 {
+        fs::write(
+            root.join(format!("small{i}")),
+            data(3000 + i * 101, i as u64),
+        )
+        .unwrap();
+    }
+    let out = t.join("out");
+    let ropts = opts(&out, &t.join("cache"));
+    let walked = ferry_transfer::walk(&[&root]).unwrap();
+    let (a, b) = tcp_pair();
+    let handshake = |mut s: std::net::TcpStream, role| {
+        let hs = Handshake::new(role, Config::ferry(), Auth::Unauthenticated);
+        let est = blocking::handshake(&mut s, hs).unwrap();
+        blocking::split_tcp(s, est).unwrap()
+    };
+    let sender = std::thread::spawn(move || {
+        let (r, w) = handshake(a, Role::Responder);
+        let mut sink = Sizes {
+            inner: ChannelSink(w),
+            built: Vec::new(),
+        };
+        let report = ferry_transfer::send(
+            &mut sink,
+            &mut ChannelSource(r),
+            &walked.manifest,
+            &ferry_transfer::SendOptions::default(),
+            &mut (),
+        );
+        sink.inner.0.close().unwrap();
+        (report, sink.built)
+    });
+    let (r, w) = handshake(b, Role::Initiator);
+    let mut sink = ChannelSink(w);
+    let received = ferry_transfer::receive(
+        &mut ChannelSource(r),
+        &mut sink,
+        &ropts,
+        &mut |_| true,
+        &mut (),
+    );
+    let (sent, built) = sender.join().unwrap();
+    sent.unwrap();
+    received.unwrap();
+    assert_eq!(fs::read(out.join("tree/big.bin")).unwrap(), big);
+    for i in 0..50 {
+        let name = format!("tree/small{i}");
+        assert_eq!(
+            fs::read(out.join(&name)).unwrap(),
+            data(3000 + i * 101, i as u64),
+            "{name}"
+        );
+    }
+    assert_eq!(built[0], ferry_channel::sizing::FIRST_PACKET, "{built:?}");
+    assert!(built.contains(&ferry_transfer::MAX_PACKET), "{built:?}");
+}

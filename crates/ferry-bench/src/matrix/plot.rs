@@ -14,14 +14,31 @@ const INK: Rgb = [40, 40, 40];
 const GRID: Rgb = [225, 225, 225];
 const WIRE: Rgb = [170, 170, 170];
 const LOST: Rgb = [240, 170, 160];
-/// One colour per layer, in [`LAYERS`] order.
-const COLOURS: [Rgb; 3] = [[120, 120, 120], [52, 101, 164], [230, 140, 30]];
+/// One plotted series: the matrix's layer, the end of its size (`" file"`, `" files"`, or `""` for any), the
+/// legend and the colour.
+struct Series(&'static str, &'static str, &'static str, Rgb);
 
-/// The layers plotted, by (layer, size suffix) as the matrix names them, and their legend.
-const LAYERS: [(&str, &str, &str); 3] = [
-    ("raw TCP", "", "raw TCP"),
-    ("ferry send", " file", "ferry send, one file"),
-    ("ferry send", " files", "ferry send, small files"),
+/// The throughput plot's bars, per path.
+const THROUGHPUT: [Series; 11] = [
+    Series("raw TCP", "", "raw TCP", [120, 120, 120]),
+    Series("ferry send", " file", "send, 1 file", [52, 101, 164]),
+    Series("ferry send", " files", "send, files", [114, 159, 207]),
+    Series("ferry pull", " file", "pull, 1 file", [78, 154, 6]),
+    Series("ferry pull", " files", "pull, files", [138, 226, 52]),
+    Series("scp", " file", "scp", [164, 0, 0]),
+    Series("scp", " files", "scp, files", [239, 41, 41]),
+    Series("rsync", " file", "rsync", [92, 53, 102]),
+    Series("rsync", " files", "rsync, files", [173, 127, 168]),
+    Series("croc", " file", "croc", [143, 89, 2]),
+    Series("croc", " files", "croc, files", [233, 185, 110]),
+];
+
+/// The waterfall's steps, each against the one before it: the layers under one file's `ferry send`.
+const WATERFALL: [Series; 4] = [
+    Series("raw TCP", "", "raw TCP", [120, 120, 120]),
+    Series("AEAD", "", "AEAD in memory", [196, 160, 0]),
+    Series("channel", "", "channel", [117, 80, 123]),
+    Series("ferry send", " file", "ferry send, 1 file", [52, 101, 164]),
 ];
 
 /// An RGB image.
@@ -81,9 +98,14 @@ impl Canvas {
     }
 }
 
-/// Per emulated path: its name, its description and each layer's rate as a share of the wire.
-fn shares(cells: &[Cell]) -> Vec<(&'static str, String, [Option<f64>; 3])> {
-    let mut out: Vec<(&'static str, String, [Option<f64>; 3])> = Vec::new();
+/// A path's name, its description and each series' rate as a share of the wire.
+type Shares = (&'static str, String, Vec<Option<f64>>);
+
+/// Per emulated path: its name, its description and each series' rate as a share of the wire. The AEAD,
+/// measured once in memory, is set against each path's wire.
+fn shares(cells: &[Cell], series: &[Series]) -> Vec<Shares> {
+    let aead = cells.iter().find(|c| c.layer == "AEAD").map(Cell::rate);
+    let mut out: Vec<Shares> = Vec::new();
     for c in cells.iter().filter(|c| c.wire.is_some()) {
         if out.last().is_none_or(|(p, _, _)| *p != c.path) {
             let describe = ferry_lab::Path::by_name(c.path).map_or_else(String::new, |p| {
@@ -94,16 +116,31 @@ fn shares(cells: &[Cell]) -> Vec<(&'static str, String, [Option<f64>; 3])> {
                     l.rtt.as_secs_f64() * 1e3
                 )
             });
-            out.push((c.path, describe, [None; 3]));
+            let mut values = vec![None; series.len()];
+            if let (Some(i), Some(rate), Some(wire)) =
+                (series.iter().position(|s| s.0 == "AEAD"), aead, c.wire)
+            {
+                values[i] = Some(rate / wire);
+            }
+            out.push((c.path, describe, values));
         }
-        let slot = LAYERS
+        let slot = series
             .iter()
-            .position(|(layer, suffix, _)| c.layer == *layer && c.size.ends_with(suffix));
+            .position(|s| c.layer == s.0 && c.size.ends_with(s.1));
         if let (Some(i), Some(last)) = (slot, out.last_mut()) {
             last.2[i] = c.ratio();
         }
     }
     out
+}
+
+/// A share as a bar's label: two decimals, or a whole multiple of the wire when far above it.
+fn label(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.0}x")
+    } else {
+        format!("{v:.2}")
+    }
 }
 
 /// The plot area's frame: margins, the y axis from 0 to 1.1 of the wire with its grid and labels.
@@ -148,9 +185,13 @@ impl Frame {
     }
 }
 
-fn legend(c: &mut Canvas, x: usize, y: usize, items: &[(Rgb, &str)]) {
-    let mut x = x;
+/// The legend from (x, y), wrapped to a second line where the canvas ends.
+fn legend(c: &mut Canvas, x0: usize, y: usize, items: &[(Rgb, &str)]) {
+    let (mut x, mut y) = (x0, y);
     for (colour, name) in items {
+        if x + 16 + name.len() * 8 > c.w {
+            (x, y) = (x0, y + 14);
+        }
         c.rect(x, y, x + 12, y + 8, *colour);
         c.text(x + 16, y, name, 1, INK);
         x += 16 + name.len() * 8 + 24;
@@ -160,73 +201,75 @@ fn legend(c: &mut Canvas, x: usize, y: usize, items: &[(Rgb, &str)]) {
 /// Writes `throughput.png` and `waterfall.png` into `dir`; the files written.
 pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
-    let paths = shares(cells);
-    let groups = paths.len().max(1);
-    let width = 120 + groups * 190;
 
     // Throughput per path against the wire.
-    let mut c = Canvas::new(width, 480);
+    let paths = shares(cells, &THROUGHPUT);
+    let (bar, step) = (26, 30);
+    let group = THROUGHPUT.len() * step + 30;
+    let mut c = Canvas::new(120 + paths.len().max(1) * group, 500);
     let f = Frame::draw(
         &mut c,
         "ferry bench matrix: throughput per path",
-        "payload rate as a share of the emulated wire (loopback has no wire: see the table)",
+        "payload rate as a share of the emulated wire (loopback has no wire: see the table); files: the small files",
     );
-    let items: Vec<(Rgb, &str)> = COLOURS.iter().zip(LAYERS).map(|(c, l)| (*c, l.2)).collect();
+    let items: Vec<(Rgb, &str)> = THROUGHPUT.iter().map(|s| (s.3, s.2)).collect();
     legend(&mut c, 20, 60, &items);
     for (g, (name, describe, values)) in paths.iter().enumerate() {
-        let x0 = f.left + 20 + g * 190;
+        let x0 = f.left + 20 + g * group;
         for (i, v) in values.iter().enumerate() {
             let Some(v) = v else { continue };
-            let x = x0 + i * 52;
-            c.rect(x, f.y(*v), x + 44, f.bottom, COLOURS[i]);
+            let x = x0 + i * step;
+            c.rect(x, f.y(*v), x + bar, f.bottom, THROUGHPUT[i].3);
+            // Alternate label heights so that neighbours' labels do not overlap.
+            let above = 12 + (i % 2) * 10;
             c.text_centred(
-                x + 22,
-                f.y(*v).saturating_sub(12),
-                &format!("{v:.2}"),
+                x + bar / 2,
+                f.y(*v).saturating_sub(above),
+                &label(*v),
                 1,
                 INK,
             );
         }
-        c.text_centred(x0 + 78, f.bottom + 12, name, 2, INK);
-        c.text_centred(x0 + 78, f.bottom + 34, describe, 1, INK);
+        let mid = x0 + THROUGHPUT.len() * step / 2;
+        c.text_centred(mid, f.bottom + 12, name, 2, INK);
+        c.text_centred(mid, f.bottom + 34, describe, 1, INK);
     }
     let throughput = dir.join("throughput.png");
     c.save(&throughput)?;
 
     // The layer waterfall: from the wire, what each layer keeps (solid) and loses (pale) against the
-    // layer before it.
-    let mut c = Canvas::new(width + 60, 480);
+    // layer before it. A layer faster than the one before it (the AEAD in memory, a CPU ceiling) is drawn
+    // at the height of the one before, labelled with its own share.
+    let paths = shares(cells, &WATERFALL);
+    let group = (WATERFALL.len() + 1) * 40 + 40;
+    let mut c = Canvas::new(180 + paths.len().max(1) * group, 480);
     let f = Frame::draw(
         &mut c,
         "ferry bench matrix: where the wire goes",
         "each bar against the one before it; pale: what that step lost",
     );
     let mut items = vec![(WIRE, "wire")];
-    items.extend(COLOURS.iter().zip(LAYERS).map(|(c, l)| (*c, l.2)));
+    items.extend(WATERFALL.iter().map(|s| (s.3, s.2)));
     items.push((LOST, "lost"));
     legend(&mut c, 20, 60, &items);
     for (g, (name, describe, values)) in paths.iter().enumerate() {
-        let x0 = f.left + 20 + g * 190;
+        let x0 = f.left + 20 + g * group;
         c.rect(x0, f.y(1.0), x0 + 36, f.bottom, WIRE);
-        let mut before = 1.0;
+        let mut before: f64 = 1.0;
         for (i, v) in values.iter().enumerate() {
             let Some(v) = *v else { continue };
             let x = x0 + (i + 1) * 40;
-            if v < before {
-                c.rect(x, f.y(before), x + 36, f.y(v), LOST);
+            let shown = v.min(before);
+            if shown < before {
+                c.rect(x, f.y(before), x + 36, f.y(shown), LOST);
             }
-            c.rect(x, f.y(v), x + 36, f.bottom, COLOURS[i]);
-            c.text_centred(
-                x + 18,
-                f.y(v.max(before)).saturating_sub(12),
-                &format!("{v:.2}"),
-                1,
-                INK,
-            );
-            before = v;
+            c.rect(x, f.y(shown), x + 36, f.bottom, WATERFALL[i].3);
+            c.text_centred(x + 18, f.y(before).saturating_sub(12), &label(v), 1, INK);
+            before = shown;
         }
-        c.text_centred(x0 + 78, f.bottom + 12, name, 2, INK);
-        c.text_centred(x0 + 78, f.bottom + 34, describe, 1, INK);
+        let mid = x0 + (WATERFALL.len() + 1) * 20;
+        c.text_centred(mid, f.bottom + 12, name, 2, INK);
+        c.text_centred(mid, f.bottom + 34, describe, 1, INK);
     }
     let waterfall = dir.join("waterfall.png");
     c.save(&waterfall)?;

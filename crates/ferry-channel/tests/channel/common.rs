@@ -189,6 +189,20 @@ pub fn is_rejection(e: &ChannelError) -> bool {
     )
 }
 
+/// Length on the wire of a key confirmation packet (type byte and a 32-byte HMAC).
+pub const CONFIRMATION_FRAME: usize = LENGTH_LEN + 1 + 1 + 32 + TAG_LEN;
+
+/// Splits a handshake's output into what comes before its key confirmation and the confirmation (its last
+/// packet).
+pub fn split_confirmation(mut out: Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+    assert!(
+        out.len() > CONFIRMATION_FRAME,
+        "a confirmation ends the output"
+    );
+    let confirmation = out.split_off(out.len() - CONFIRMATION_FRAME);
+    (out, confirmation)
+}
+
 /// Payload `index` of a test: `len` bytes that differ between packets and positions.
 pub fn payload(index: usize, len: usize) -> Vec<u8> {
     ferry_testkit::pseudo_random(len, index as u64)
@@ -336,7 +350,8 @@ impl Layout {
 /// packet with the real key schedule (an adversary far stronger than a network one). Everything else passes
 /// untouched. It needs the initiator's garbage length and fixed key seed.
 pub struct VersionRewriter {
-    /// The contents the responder will see instead of the initiator's version packet.
+    /// The contents the responder will see instead of the initiator's version packet (followed by the
+    /// initiator's PAKE message, when its version packet carried one).
     pub contents: Vec<u8>,
     /// The initiator's key seed (see [`fixed_key`]).
     pub seed: u8,
@@ -379,23 +394,36 @@ impl VersionRewriter {
         self.seen_a += bytes.len();
         if from <= start && start < self.seen_a {
             let at = start - from;
-            let original = frame_len(3);
-            assert!(
-                bytes.len() >= at + original,
-                "version packet split across writes"
+            let keys = self.initiator_keys();
+            // Open the original to learn its length and keep its PAKE message, if it carries one.
+            let mut opener = Opener::with_keys(
+                &keys.send,
+                Suite::ChaCha20Poly1305,
+                self.garbage.clone(),
+                MAX_ENCODABLE,
             );
-            let replacement = self.sealed_version();
-            bytes.splice(at..at + original, replacement);
+            opener.feed(&bytes[at..]);
+            let original = match opener.next() {
+                Ok(Some(Packet::Data(d))) => d.to_vec(),
+                other => panic!("the version packet in one write: {other:?}"),
+            };
+            let mut contents = self.contents.clone();
+            contents.extend_from_slice(original.get(3..).unwrap_or_default());
+            let replacement = self.sealed_version(&keys, &contents);
+            bytes.splice(at..at + frame_len(original.len()), replacement);
         }
         bytes
     }
 
-    fn sealed_version(&self) -> Vec<u8> {
+    fn initiator_keys(&self) -> SessionKeys {
         let theirs: [u8; ELLSWIFT_LEN] = self.responder_share[..]
             .try_into()
             .expect("responder key share seen");
         let secret = fixed_key(self.seed).shared_secret(&theirs, Role::Initiator);
-        let keys = SessionKeys::derive(&secret, self.magic, Role::Initiator);
+        SessionKeys::derive(&secret, self.magic, Role::Initiator)
+    }
+
+    fn sealed_version(&self, keys: &SessionKeys, contents: &[u8]) -> Vec<u8> {
         let mut sealer = Sealer::new(
             &keys.send,
             Suite::ChaCha20Poly1305,
@@ -404,7 +432,7 @@ impl VersionRewriter {
         );
         let mut out = Vec::new();
         sealer
-            .seal_into(&mut out, 0, &self.contents)
+            .seal_into(&mut out, 0, contents)
             .expect("small version packet");
         out
     }

@@ -26,9 +26,13 @@ fn guess_and_hang_up(attacker: &mut Handshake, responder: &mut Handshake) -> Vec
             return Vec::new();
         }
         if attacker.attempt_charged() {
-            // The attacker has the responder's PAKE message and has queued its confirmation: it hangs up
-            // instead, and reads whatever the responder still sends.
-            let confirmation = attacker.take_output();
+            // The attacker has the responder's PAKE message and has queued its confirmation after its own
+            // version packet (which carries its PAKE message): it sends everything but the confirmation,
+            // hangs up, and reads whatever the responder still sends.
+            let (flight, confirmation) = split_confirmation(attacker.take_output());
+            responder
+                .feed(&flight)
+                .expect("responder takes the attacker's PAKE message");
             let rest = responder.take_output();
             if !rest.is_empty() {
                 let _ = attacker.feed(&rest);

@@ -6,14 +6,24 @@
 //! authenticates itself with a code or identity of its own. An attacker that holds the right code is, to the
 //! protocol, the peer; that is what the code is for, so it is not a case here.
 
+use aws_lc_rs::digest;
+use ferry_channel::keys::{EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
 use ferry_channel::{
-    Auth, ChannelError, Config, Established, Handshake, Role, Suite, FERRY_MAGIC, PROTOCOL_VERSION,
+    Auth, ChannelError, Config, Handshake, Opener, Packet, Role, Sealer, Suite, FERRY_MAGIC,
+    MAX_ENCODABLE, PROTOCOL_VERSION,
 };
 
 use crate::common::*;
 
+/// One leg of the relaying attacker, run by hand from the crate's key schedule: the attacker can then put the
+/// PAKE message it relays into its own version packet, as a real attacker would.
+struct Leg {
+    sealer: Sealer,
+    opener: Opener,
+}
+
 /// Decrypts what arrived on one leg and re-encrypts it for the other.
-fn relay(from: &mut Established, to: &mut Established, bytes: &[u8]) -> Vec<u8> {
+fn relay(from: &mut Leg, to: &mut Leg, bytes: &[u8]) -> Vec<u8> {
     let got = receive_available(&mut from.opener, bytes, usize::MAX);
     assert!(
         got.error.is_none(),
@@ -23,22 +33,126 @@ fn relay(from: &mut Established, to: &mut Established, bytes: &[u8]) -> Vec<u8> 
     seal_all(&mut to.sealer, &got.packets, false)
 }
 
-/// The real sides `a` and `b` through an attacker whose legs use `attacker` (suites and all) and no
-/// authentication of their own; it relays every authentication message both ways.
+/// What a real side sent first: its key share, garbage, terminator and version packet, opened by the attacker
+/// (whose key `ours` plays `role` toward it).
+struct Opening {
+    share: [u8; ELLSWIFT_LEN],
+    keys: SessionKeys,
+    version: Vec<u8>,
+}
+
+fn open_first_flight(ours: &EphemeralKey, role: Role, bytes: &[u8]) -> Opening {
+    let share: [u8; ELLSWIFT_LEN] = bytes[..ELLSWIFT_LEN].try_into().unwrap();
+    let keys = SessionKeys::derive(&ours.shared_secret(&share, role), FERRY_MAGIC, role);
+    let rest = &bytes[ELLSWIFT_LEN..];
+    let at = rest
+        .windows(TERMINATOR_LEN)
+        .position(|w| w == keys.recv_terminator)
+        .expect("the real side's terminator");
+    let mut opener = Opener::with_keys(
+        &keys.recv,
+        Suite::ChaCha20Poly1305,
+        rest[..at].to_vec(),
+        MAX_ENCODABLE,
+    );
+    opener.feed(&rest[at + TERMINATOR_LEN..]);
+    let version = match opener.next() {
+        Ok(Some(Packet::Data(d))) => d.to_vec(),
+        other => panic!("the real side's version packet: {other:?}"),
+    };
+    Opening {
+        share,
+        keys,
+        version,
+    }
+}
+
+/// The attacker's side of one leg: its terminator and version packet (`offer`, then the PAKE message it
+/// relays, if any) for the real side, and the leg's keys bound to the transcript the real side computes.
+fn leg(
+    ours: &EphemeralKey,
+    role: Role,
+    real: &Opening,
+    offer: &[u8],
+    relayed: &[u8],
+) -> (Vec<u8>, Leg) {
+    let mut version = offer.to_vec();
+    version.extend_from_slice(relayed);
+    let mut out = real.keys.send_terminator.to_vec();
+    Sealer::new(
+        &real.keys.send,
+        Suite::ChaCha20Poly1305,
+        Vec::new(),
+        MAX_ENCODABLE,
+    )
+    .seal_into(&mut out, 0, &version)
+    .unwrap();
+    let (init_k, resp_k, init_v, resp_v) = match role {
+        Role::Initiator => (ours.encoded(), &real.share, &version, &real.version),
+        Role::Responder => (&real.share, ours.encoded(), &real.version, &version),
+    };
+    let mut ctx = digest::Context::new(&digest::SHA256);
+    ctx.update(b"ferry/transcript/v1");
+    ctx.update(&FERRY_MAGIC);
+    ctx.update(&real.keys.session_id);
+    ctx.update(init_k);
+    ctx.update(resp_k);
+    for v in [init_v, resp_v] {
+        ctx.update(&(v.len() as u32).to_le_bytes());
+        ctx.update(v);
+    }
+    let transcript: [u8; 32] = ctx.finish().as_ref().try_into().unwrap();
+    // The suite both ends of this leg choose (ferry's rule).
+    let (theirs, mine) = (real.version[1], offer[1]);
+    let aes = Suite::Aes256Gcm.bit();
+    let suite = if theirs & mine & aes != 0 && real.version[2] == 1 && offer[2] == 1 {
+        Suite::Aes256Gcm
+    } else {
+        Suite::ChaCha20Poly1305
+    };
+    let (send, recv) = real.keys.suite_keys(suite, &transcript, role);
+    let leg = Leg {
+        sealer: Sealer::new(&send, suite, Vec::new(), MAX_ENCODABLE),
+        opener: Opener::with_keys(&recv, suite, Vec::new(), MAX_ENCODABLE),
+    };
+    (out, leg)
+}
+
+/// The real sides `a` and `b` through an attacker whose legs offer `attacker`'s suites and no authentication of
+/// their own; it relays every authentication message both ways, the PAKE messages inside its version packets.
 fn through_relaying_attacker(
     mut a: Handshake,
     mut b: Handshake,
     attacker: Config,
 ) -> (HsResult, HsResult) {
-    let mut toward_a = responder(attacker.clone(), Auth::Unauthenticated);
-    let mut toward_b = initiator(attacker, Auth::Unauthenticated);
-    let (mut ea, e1) = pump(&mut a, &mut toward_a, |_, bytes| bytes);
-    let (e2, mut eb) = pump(&mut toward_b, &mut b, |_, bytes| bytes);
-    assert!(e1.is_none() && e2.is_none(), "the attacker's legs complete");
-    let (mut leg_a, mut leg_b) = (toward_a.finish().unwrap(), toward_b.finish().unwrap());
-    // The real sides' first authentication messages already sit in the legs' openers.
-    let (mut from_a, mut from_b) = (Vec::new(), Vec::new());
+    let (toward_a, toward_b) = (fixed_key(41), fixed_key(42));
+    a.feed(toward_a.encoded()).unwrap();
+    b.feed(toward_b.encoded()).unwrap();
+    let from_a = open_first_flight(&toward_a, Role::Responder, &a.take_output());
+    let from_b = open_first_flight(&toward_b, Role::Initiator, &b.take_output());
+    let offer = [
+        PROTOCOL_VERSION,
+        attacker.suites,
+        u8::from(attacker.aes_hardware),
+    ];
+    let (to_a, mut leg_a) = leg(
+        &toward_a,
+        Role::Responder,
+        &from_a,
+        &offer,
+        &from_b.version[3..],
+    );
+    let (to_b, mut leg_b) = leg(
+        &toward_b,
+        Role::Initiator,
+        &from_b,
+        &offer,
+        &from_a.version[3..],
+    );
+    let mut ea = a.feed(&to_a).err();
+    let mut eb = b.feed(&to_b).err();
     loop {
+        let (from_a, from_b) = (a.take_output(), b.take_output());
         let to_b = relay(&mut leg_a, &mut leg_b, &from_a);
         let to_a = relay(&mut leg_b, &mut leg_a, &from_b);
         if to_a.is_empty() && to_b.is_empty() {
@@ -50,7 +164,6 @@ fn through_relaying_attacker(
         if ea.is_none() && !to_a.is_empty() {
             ea = a.feed(&to_a).err();
         }
-        (from_a, from_b) = (a.take_output(), b.take_output());
     }
 }
 

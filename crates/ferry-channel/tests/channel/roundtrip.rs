@@ -211,3 +211,30 @@ fn data_arriving_with_the_last_handshake_message_is_kept() {
     assert_eq!(got.packets, vec![payload(5, 33)]);
     assert!(got.closed && got.error.is_none());
 }
+
+/// With a code, the SPAKE2 messages ride in the version packets: after the key shares cross, the initiator's
+/// second flight (terminator, version with its PAKE message, confirmation) and the responder's answer
+/// (its confirmation) finish the handshake. Version 1 needed one more round trip (the PAKE messages in
+/// packets of their own after the version packets), and this test fails on such a handshake.
+#[test]
+fn a_code_handshake_takes_two_flights_each_way() {
+    let mut a = initiator(aes_config(), code());
+    let mut b = responder(aes_config(), code());
+    // Flight 1: the initiator's key share (the responder's own goes out at accept, with its answer).
+    b.feed(&a.take_output()).unwrap();
+    // The responder's key share, terminator and version packet, with its PAKE message.
+    a.feed(&b.take_output()).unwrap();
+    assert!(
+        a.attempt_charged(),
+        "the responder's PAKE message came with its version"
+    );
+    // Flight 2: the initiator's terminator, version (with its PAKE message) and confirmation.
+    b.feed(&a.take_output()).unwrap();
+    assert!(b.is_done(), "the responder verified the confirmation");
+    // The responder's confirmation.
+    a.feed(&b.take_output()).unwrap();
+    assert!(a.is_done());
+    let (mut a, mut b) = (a.finish().unwrap(), b.finish().unwrap());
+    assert_agree(&a, &b);
+    assert_round_trip(&mut a, &mut b, &[payload(1, 100)]);
+}

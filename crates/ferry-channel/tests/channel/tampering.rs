@@ -162,12 +162,11 @@ fn flip_at(dir: Dir, offset: usize) -> impl FnMut(Dir, Vec<u8>) -> Vec<u8> {
 #[test]
 fn tampering_a_code_handshake_in_flight_fails_it() {
     const GARBAGE: usize = 12;
-    // SPAKE2 message: type byte and 33 bytes; confirmation: type byte and 32 bytes.
+    // SPAKE2 message (in the version packet): type byte and 33 bytes; confirmation: type byte and 32 bytes.
     let mut layout = Layout::default();
     layout
         .opening(GARBAGE)
-        .frame("version", 3)
-        .frame("PAKE", 34)
+        .frame("version and PAKE", 3 + 34)
         .frame("confirmation", 33);
     let cfg = || config(aes_config().suites, true, GARBAGE);
     // Control: untouched, the handshake succeeds and each direction is exactly the layout.

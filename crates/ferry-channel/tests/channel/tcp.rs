@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use std::thread;
 
 use ferry_channel::blocking::{self, SecureReader, SecureWriter};
+use ferry_channel::sizing::FIRST_PACKET;
 use ferry_channel::tokio_io::{self, AsyncSecureReader, AsyncSecureWriter};
 use ferry_channel::{ChannelError, Established, Handshake, Role, DEFAULT_MAX_PAYLOAD};
 
@@ -192,6 +193,44 @@ fn blocking_reader_delivers_a_small_packet_after_a_large_one_at_once() {
         .expect("every round trip completed (no read waited for bytes never owed)");
     ping.join().unwrap();
     pong.join().unwrap();
+}
+
+/// A bulk sender that builds each packet as large as `packet_limit` says: the packets start at
+/// `FIRST_PACKET`, grow to the maximum, and every one arrives whole and in order.
+#[test]
+fn packets_sized_by_the_writer_start_small_grow_and_roundtrip() {
+    const TOTAL: usize = 6 << 20;
+    let ((sa, a), (sb, b)) = connected(blocking_handshake);
+    let (_ra, mut w) = blocking::split_tcp(sa, a).unwrap();
+    let (mut r, _wb) = blocking::split_tcp(sb, b).unwrap();
+    let sender = thread::spawn(move || {
+        let mut sizes = Vec::new();
+        let mut offset = 0;
+        while offset < TOTAL {
+            let len = w.packet_limit().min(TOTAL - offset);
+            fill_from_pattern(offset, w.payload_buf(len).unwrap());
+            w.send_payload_buf(len).unwrap();
+            sizes.push(len);
+            offset += len;
+        }
+        w.close().unwrap();
+        sizes
+    });
+    let mut received = Vec::new();
+    let mut offset = 0;
+    while let Some(d) = r.recv().unwrap() {
+        assert!(matches_pattern(offset, d), "bytes at {offset} differ");
+        offset += d.len();
+        received.push(d.len());
+    }
+    let sent = sender.join().unwrap();
+    assert_eq!(offset, TOTAL);
+    assert_eq!(received, sent, "one packet arrives per packet sent");
+    assert_eq!(sent[0], FIRST_PACKET);
+    let (_last, growing) = sent.split_last().unwrap();
+    assert!(growing.windows(2).all(|w| w[0] <= w[1]), "sizes only grow");
+    assert_eq!(*sent.iter().max().unwrap(), DEFAULT_MAX_PAYLOAD);
+    assert!(sent.iter().filter(|&&n| n == DEFAULT_MAX_PAYLOAD).count() >= 3);
 }
 
 /// Runs the async side of one TCP connection on a runtime of its own: the handshake, then `f`.
