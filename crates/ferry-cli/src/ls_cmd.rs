@@ -136,22 +136,8 @@ fn show(e: &Entry, json: bool) {
 
 /// `secs` since the epoch as `YYYY-MM-DD HH:MM` (UTC).
 fn utc(secs: i64) -> String {
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Days to a civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60
-    )
+    let [year, month, day, hour, minute, _] = ferry_share::write::utc_parts(secs);
+    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}")
 }
 
 #[cfg(test)]

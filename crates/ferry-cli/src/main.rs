@@ -44,7 +44,7 @@ enum Command {
     Id(peers_cmd::IdArgs),
     /// List, rename or remove paired peers.
     Peers(peers_cmd::PeersArgs),
-    /// Serve a directory to paired peers (read-only) until stopped.
+    /// Serve a directory to paired peers (read-only unless --writable) until stopped.
     Share(share_cmd::ShareArgs),
     /// List a paired peer's share: NAME or NAME:PATH.
     Ls(ls_cmd::LsArgs),

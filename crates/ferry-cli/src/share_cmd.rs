@@ -38,7 +38,7 @@ const MAX_SHARE_NAME: usize = 64;
 /// Arguments of `ferry share`.
 #[derive(Args, Debug)]
 #[command(
-    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, request-error, pull, stats, stopped)")),
+    mut_arg("json", |a| a.help("One JSON event per line on stdout (ready, client-connected, client-gone, refused, request-error, pull, conflict, stats, stopped)")),
     mut_arg("listen", |a| a.help(
         "Address to listen on for peers. Default: a free port on loopback with --no-discovery; with discovery, \
          every interface, taking connections only from this host and directly attached networks"
@@ -48,7 +48,7 @@ const MAX_SHARE_NAME: usize = 64;
     )),
 )]
 pub struct ShareArgs {
-    /// The directory to serve (read-only).
+    /// The directory to serve (read-only unless --writable).
     dir: PathBuf,
     /// The share's name; peers reach it with `--share NAME` (letters, digits, '.', '_', '-').
     #[arg(long, default_value = "default", value_name = "SHARE")]
@@ -56,7 +56,9 @@ pub struct ShareArgs {
     /// Serve only these paired peers (comma-separated names from `ferry peers`; default: every paired peer).
     #[arg(long, value_delimiter = ',', value_name = "NAME,...")]
     allow: Vec<String>,
-    /// Let peers write (not available yet: writes come with `ferry mount`).
+    /// Let the peers write (files, directories, renames, modes, times, symlinks); a file changed here since
+    /// the version a peer's write derives from stays, and the peer's content lands beside it as
+    /// NAME.conflict-PEER-DATE.
     #[arg(long)]
     writable: bool,
     /// Also print the stats line every DURATION (30s, 5m, 1h); it is always printed on SIGUSR1.
@@ -176,11 +178,6 @@ pub(crate) fn check_share_name(name: &str) -> Result<(), Usage> {
 
 /// Runs `ferry share` until a signal stops it.
 pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
-    if args.writable {
-        return Err(
-            Usage("--writable: writes come with `ferry mount`; not available yet".into()).into(),
-        );
-    }
     check_share_name(&args.name)?;
     let opts = peer_options(&args.common, &args.relay)?;
     let me = Me::load()?;
@@ -197,6 +194,19 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let log = Log {
         json: args.common.json,
     };
+    if args.writable {
+        // Temp files of puts that a crash of an earlier sharer left behind.
+        let swept = root.sweep_temps(std::time::SystemTime::now());
+        if swept > 0 {
+            let w = format!(
+                "removed {} left by an earlier run",
+                count(swept as u64, "unfinished write", "unfinished writes")
+            );
+            log.event("warning", json!({ "message": w }), || {
+                format!("warning: {w}")
+            });
+        }
+    }
     let _watcher = {
         let changes = changes.clone();
         ferry_share::watch::watch(
@@ -228,7 +238,8 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     log.event(
         "ready",
         json!({ "share": args.name, "dir": args.dir.to_string_lossy(), "peers": peers,
-                "listen": standing.listen.map(|a| a.to_string()), "relay": opts.relay }),
+                "listen": standing.listen.map(|a| a.to_string()), "relay": opts.relay,
+                "writable": args.writable }),
         || {
             let listen = standing
                 .listen
@@ -243,8 +254,12 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 "default" => String::new(),
                 name => format!(" --share {name}"),
             };
+            let writable = match args.writable {
+                true => " (writable)",
+                false => "",
+            };
             format!(
-                "Sharing {} as {:?} with {}{listen}{relay}.\nOn a peer run:  ferry ls{share} NAME[:PATH]  \
+                "Sharing {}{writable} as {:?} with {}{listen}{relay}.\nOn a peer run:  ferry ls{share} NAME[:PATH]  \
                  (NAME: this machine's name there). Ctrl-C stops.",
                 args.dir.display(),
                 args.name,
@@ -254,6 +269,7 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     );
     let config = ServerConfig {
         share: args.name.clone().into_bytes(),
+        writable: args.writable,
         ..ServerConfig::default()
     };
     loop {
@@ -291,7 +307,11 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
             changes.clone(),
             Arc::clone(&stats),
         );
-        let config = config.clone();
+        // The peer's name goes into the names of its conflict copies.
+        let config = ServerConfig {
+            peer: name.clone(),
+            ..config.clone()
+        };
         std::thread::spawn(move || {
             let served = serve_client(
                 connected, &root, &cache, &changes, config, &stats, &name, log,
@@ -360,17 +380,23 @@ fn serve_client(
         },
         est.sealer,
     );
-    // The session logs refusals ("refused: ...") and what its pulls did (sent, skipped, failed).
-    let mut on_log = |line: &str| match line.strip_prefix("refused: ") {
-        Some(what) => {
+    // The session logs refusals ("refused: ..."), writes that conflicted ("conflict: ...") and what its
+    // pulls did (sent, skipped, failed).
+    let mut on_log = |line: &str| {
+        if let Some(what) = line.strip_prefix("refused: ") {
             stats.refused.fetch_add(1, Ordering::Relaxed);
             log.event("refused", json!({ "peer": name, "reason": what }), || {
                 format!("refused a request of {name}: {what}")
             })
+        } else if let Some(what) = line.strip_prefix("conflict: ") {
+            log.event("conflict", json!({ "peer": name, "message": what }), || {
+                format!("conflict with {name}: {what}")
+            })
+        } else {
+            log.event("pull", json!({ "peer": name, "message": line }), || {
+                format!("{name}: {line}")
+            })
         }
-        None => log.event("pull", json!({ "peer": name, "message": line }), || {
-            format!("{name}: {line}")
-        }),
     };
     serve(reader, writer, root, cache, changes, config, &mut on_log)
 }

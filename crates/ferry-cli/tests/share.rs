@@ -312,15 +312,128 @@ fn sigterm_withdraws_every_announcement_and_sigusr1_prints_stats() {
     );
 }
 
+/// A share session opened in this process as installation `who`'s ferry would: its identity, its pairing
+/// with `sharer`, the meeting of the share `share`, dialled at `addr` (what `ferry mount` will write through).
+fn session_as(
+    w: &World,
+    who: &str,
+    sharer: &str,
+    share: &str,
+    addr: &str,
+) -> ferry_share::io::Session<std::net::TcpStream, std::net::TcpStream> {
+    use ferry_channel::{Auth, IdentityKey};
+    let dir = w.config_dir(who);
+    let (key, _) = ferry_peers::identity::load_or_create(&dir).unwrap();
+    let peer = ferry_peers::PeerStore::load(&dir)
+        .unwrap()
+        .get(sharer)
+        .unwrap()
+        .clone();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let [hash, also @ ..] =
+        ferry_peers::meeting::hashes_to_try(&peer.secret, &format!("share:{share}"), now);
+    let (seed, pinned) = (*key.seed(), peer.key);
+    let meeting = ferry_session::Meeting {
+        hash,
+        also: also.to_vec(),
+        label: format!("share:{share} with {sharer}"),
+        waited_for: "sharer".into(),
+        other_side: "`ferry share`".into(),
+        auth: ferry_session::MeetingAuth::Other(std::sync::Arc::new(move || Auth::Identity {
+            key: IdentityKey::from_seed(seed),
+            pinned: Some(pinned),
+        })),
+    };
+    let opts = ferry_session::PeerOptions {
+        relay: None,
+        force_relay: false,
+        no_discovery: true,
+    };
+    let addr = addr.parse().unwrap();
+    let wait = std::time::Duration::from_secs(10);
+    let connected = ferry_session::connect(&meeting, &opts, Some(addr), wait, &mut ()).unwrap();
+    let (reader, writer) =
+        ferry_channel::blocking::split_tcp(connected.stream, connected.established).unwrap();
+    ferry_share::io::Session::open(reader, writer, 8).unwrap()
+}
+
 #[test]
-fn writable_is_refused_until_mount_exists() {
+fn a_writable_share_takes_writes_from_a_paired_peer_and_keeps_both_sides_of_a_conflict() {
+    use ferry_share::server::PutOutcome;
+    use ferry_share::wire::{ErrorCode, SharePath};
     let w = World::new();
-    let out = w
-        .as_("a")
-        .args(["share", "--json", "--writable"])
-        .arg(w.src())
-        .output()
+    w.pair("a", "b");
+    a_tree(&w);
+    let (mut sharer, ready) = w.share("a", &["--writable"]);
+    assert_eq!(ready["writable"], true, "{ready}");
+    let mut session = session_as(&w, "b", "a", "default", ready["listen"].as_str().unwrap());
+    let path = |s: &str| SharePath::new(s.as_bytes()).unwrap();
+    let local = w.path("local.txt");
+
+    // A new file, a directory, a rename.
+    fs::write(&local, b"written by b\n").unwrap();
+    let file = fs::File::open(&local).unwrap();
+    let out = session.put_file(path("docs/from-b.txt"), None, &file, 0o644, None);
+    assert_eq!(out.unwrap(), PutOutcome::Written);
+    assert_eq!(
+        fs::read(w.src().join("docs/from-b.txt")).unwrap(),
+        b"written by b\n"
+    );
+    session.mkdir(path("made"), 0o755).unwrap();
+    session
+        .rename(path("docs/from-b.txt"), path("made/b.txt"), false)
         .unwrap();
-    assert_failure("share --writable", &out, 2, "usage");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("ferry mount"));
+    assert_eq!(
+        fs::read(w.src().join("made/b.txt")).unwrap(),
+        b"written by b\n"
+    );
+
+    // The sharer's file changed after b's copy was taken: both stay, and the sharer logs it.
+    let base = *blake3::hash(b"hello share\n").as_bytes();
+    fs::write(w.src().join("docs/note.txt"), b"changed by a\n").unwrap();
+    let out = session.put_file(path("docs/note.txt"), Some(base), &file, 0o644, None);
+    let PutOutcome::Conflicted(name) = out.unwrap() else {
+        panic!("no conflict");
+    };
+    let name = String::from_utf8(name).unwrap();
+    assert!(name.starts_with("note.txt.conflict-b-"), "{name}");
+    assert_eq!(
+        fs::read(w.src().join("docs/note.txt")).unwrap(),
+        b"changed by a\n"
+    );
+    assert_eq!(
+        fs::read(w.src().join("docs").join(&name)).unwrap(),
+        b"written by b\n"
+    );
+    let conflict = sharer.wait_for(|e| e["event"] == "conflict");
+    assert_eq!(conflict["peer"], "b");
+    assert!(
+        conflict["message"].as_str().unwrap().contains(&name),
+        "{conflict}"
+    );
+    drop(session);
+    stop_share(sharer);
+
+    // Without --writable, every write is refused.
+    let (sharer, ready) = w.share("a", &[]);
+    assert_eq!(ready["writable"], false, "{ready}");
+    let mut session = session_as(&w, "b", "a", "default", ready["listen"].as_str().unwrap());
+    match session.mkdir(path("again"), 0o755) {
+        Err(ferry_share::io::SessionError::Remote(ErrorCode::ReadOnly, _)) => {}
+        other => panic!("{other:?}"),
+    }
+    let out = session.put_file(path("docs/note.txt"), None, &file, 0o644, None);
+    assert!(matches!(
+        out,
+        Err(ferry_share::io::SessionError::Remote(
+            ErrorCode::ReadOnly,
+            _
+        ))
+    ));
+    assert!(!w.src().join("again").exists());
+    drop(session);
+    stop_share(sharer);
 }

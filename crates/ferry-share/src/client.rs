@@ -4,13 +4,18 @@
 //! Every byte a [`Event::Data`] hands on has been verified against the version the read announced
 //! ([`crate::tree::verify_piece`]); a piece that does not verify fails its read with [`Failure::Integrity`]
 //! and hands on nothing. Pieces of one read arrive in order (the server sends them so); reads interleave.
+//!
+//! Writes: [`Client::put`] starts a file's new content, [`Client::put_data`] (or a packet built in place
+//! behind [`Client::put_data_header`]) sends its ranges, [`Client::put_end`] ends it; the answer is
+//! [`Event::Done`] or [`Event::Conflicted`]. The other writes ([`Client::mkdir`], ...) answer [`Event::Done`].
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
 use crate::tree::{covering, verify_piece, Version};
 use crate::wire::{
-    DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath, PROTOCOL_VERSION,
+    self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
+    Time, PROTOCOL_VERSION,
 };
 
 /// How a request failed.
@@ -84,6 +89,14 @@ pub enum Event {
         /// The pull.
         id: RequestId,
     },
+    /// A put's content was verified, but the sharer's file had changed since the put's base: the sharer's
+    /// file stayed, and the content was kept beside it as `name` (same directory).
+    Conflicted {
+        /// The put.
+        id: RequestId,
+        /// The sibling's name.
+        name: Vec<u8>,
+    },
 }
 
 /// The sharer broke the protocol; the session ends.
@@ -105,6 +118,17 @@ pub enum ClientError {
 #[error("too many requests in flight")]
 pub struct Busy;
 
+/// Put data that cannot be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PutError {
+    /// The id is no put in flight (it failed, or ended).
+    #[error("request {0} is no put in flight")]
+    NoPut(RequestId),
+    /// The range lies outside the put's size, or is over [`wire::MAX_PUT_DATA`].
+    #[error("put data outside the put's size")]
+    OutOfRange,
+}
+
 #[derive(Debug)]
 enum Pending {
     Stat,
@@ -118,6 +142,11 @@ enum Pending {
     },
     Subscribe,
     Pull,
+    Put {
+        size: u64,
+        ended: bool,
+    },
+    Write,
 }
 
 /// One session with a sharer.
@@ -211,6 +240,117 @@ impl Client {
         self.send(Pending::Pull, |id| Request::Pull { id, path })
     }
 
+    /// Starts writing a file (see [`Request::Put`]); its data follows with [`Client::put_data`], then
+    /// [`Client::put_end`].
+    pub fn put(&mut self, put: PutHeader) -> Result<RequestId, Busy> {
+        let put = PutHeader {
+            from_base: put.from_base && put.base.is_some(),
+            ..put
+        };
+        let pending = Pending::Put {
+            size: put.size,
+            ended: false,
+        };
+        self.send(pending, |id| Request::Put { id, put })
+    }
+
+    /// Checks a range of the put `id` and gives the header of its [`wire::PUT_DATA`] packet, for a packet
+    /// built in place (the `len` bytes follow the header).
+    pub fn put_data_header(
+        &self,
+        id: RequestId,
+        offset: u64,
+        len: usize,
+    ) -> Result<[u8; wire::PUT_DATA_HEADER_LEN], PutError> {
+        match self.pending.get(&id) {
+            Some(Pending::Put { size, ended: false }) => {
+                let fits = len <= wire::MAX_PUT_DATA
+                    && offset
+                        .checked_add(len as u64)
+                        .is_some_and(|end| end <= *size);
+                match fits {
+                    true => Ok(wire::put_data_header(id, offset)),
+                    false => Err(PutError::OutOfRange),
+                }
+            }
+            _ => Err(PutError::NoPut(id)),
+        }
+    }
+
+    /// Queues `bytes` at `offset` of the put `id`.
+    pub fn put_data(&mut self, id: RequestId, offset: u64, bytes: &[u8]) -> Result<(), PutError> {
+        let header = self.put_data_header(id, offset, bytes.len())?;
+        let mut packet = Vec::with_capacity(header.len() + bytes.len());
+        packet.extend_from_slice(&header);
+        packet.extend_from_slice(bytes);
+        self.out.push_back(packet);
+        Ok(())
+    }
+
+    /// Ends the put `id`: the sharer verifies the content and makes it visible.
+    pub fn put_end(&mut self, id: RequestId) -> Result<(), PutError> {
+        match self.pending.get_mut(&id) {
+            Some(Pending::Put { ended, .. }) if !*ended => {
+                *ended = true;
+                let mut buf = Vec::new();
+                Request::PutEnd { id }.encode(&mut buf);
+                self.out.push_back(buf);
+                Ok(())
+            }
+            _ => Err(PutError::NoPut(id)),
+        }
+    }
+
+    /// Creates the directory `path`.
+    pub fn mkdir(&mut self, path: SharePath, mode: u32) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::Mkdir { id, path, mode })
+    }
+
+    /// Removes the empty directory `path`.
+    pub fn rmdir(&mut self, path: SharePath) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::Rmdir { id, path })
+    }
+
+    /// Removes the file or symlink `path`; a file that is no longer the version `base` (when given) stays.
+    pub fn unlink(&mut self, path: SharePath, base: Option<[u8; 32]>) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::Unlink { id, path, base })
+    }
+
+    /// Renames `from` to `to` (replacing an existing `to` only when `replace`).
+    pub fn rename(
+        &mut self,
+        from: SharePath,
+        to: SharePath,
+        replace: bool,
+    ) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::Rename {
+            id,
+            from,
+            to,
+            replace,
+        })
+    }
+
+    /// Changes the permission bits and/or modification time of `path`.
+    pub fn set_attr(
+        &mut self,
+        path: SharePath,
+        mode: Option<u32>,
+        mtime: Option<Time>,
+    ) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::SetAttr {
+            id,
+            path,
+            mode,
+            mtime,
+        })
+    }
+
+    /// Creates a symlink at `path` to `target` (relative, staying inside the share, or the sharer refuses).
+    pub fn symlink(&mut self, path: SharePath, target: Vec<u8>) -> Result<RequestId, Busy> {
+        self.send(Pending::Write, |id| Request::Symlink { id, path, target })
+    }
+
     /// Cancels a request; answers already on their way are dropped.
     pub fn cancel(&mut self, id: RequestId) {
         if self.pending.remove(&id).is_some() {
@@ -248,7 +388,8 @@ impl Client {
             | Response::Done { id }
             | Response::Changed { id, .. }
             | Response::Error { id, .. }
-            | Response::Transfer { id } => *id,
+            | Response::Transfer { id }
+            | Response::Conflicted { id, .. } => *id,
         };
         let Some(pending) = self.pending.get_mut(&id) else {
             if self.cancelled.contains_key(&id) {
@@ -279,6 +420,14 @@ impl Client {
             (Pending::Pull, Response::Transfer { .. }) => {
                 self.pending.remove(&id);
                 Event::Transfer { id }
+            }
+            (Pending::Put { .. } | Pending::Write, Response::Done { .. }) => {
+                self.pending.remove(&id);
+                Event::Done { id }
+            }
+            (Pending::Put { .. }, Response::Conflicted { name, .. }) => {
+                self.pending.remove(&id);
+                Event::Conflicted { id, name }
             }
             (
                 Pending::Read {

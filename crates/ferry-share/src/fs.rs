@@ -8,6 +8,8 @@
 //! they stay inside. Devices, FIFOs and sockets are neither listed nor opened (a FIFO is opened
 //! non-blocking and refused by its type). Hard links are files like any other: with the kernel's
 //! `protected_hardlinks` (the default), a user can only link files it may already read.
+//!
+//! Writes ([`crate::write`]) resolve more strictly: no symlink at all on the way to the directory written in.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -39,7 +41,15 @@ fn resolve() -> ResolveFlags {
     ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
 }
 
-fn fs_error(e: Errno, path: &SharePath) -> FsError {
+/// A put's temp file is not there for reads (it is no entry until it lands under its name).
+fn hide_temp(path: &SharePath) -> Result<(), FsError> {
+    match crate::write::is_temp(ferry_tree::path::split_parent(path.as_bytes()).1) {
+        true => Err(fs_error(Errno::NOENT, path)),
+        false => Ok(()),
+    }
+}
+
+pub(crate) fn fs_error(e: Errno, path: &SharePath) -> FsError {
     let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
     let code = match e {
         Errno::NOENT => ErrorCode::NotFound,
@@ -97,8 +107,14 @@ impl ShareRoot {
         &self.path
     }
 
+    /// The shared directory's descriptor, everything is opened beneath.
+    pub(crate) fn dir_fd(&self) -> &OwnedFd {
+        &self.root
+    }
+
     /// Opens `path` beneath the share (symlinks followed only while they stay inside).
     pub(crate) fn open_at(&self, path: &SharePath, flags: OFlags) -> Result<OwnedFd, FsError> {
+        hide_temp(path)?;
         let rel: &[u8] = if path.is_root() {
             b"."
         } else {
@@ -116,6 +132,7 @@ impl ShareRoot {
 
     /// The attributes of `path`; a symlink is described, not followed.
     pub fn stat(&self, path: &SharePath) -> Result<Entry, FsError> {
+        hide_temp(path)?;
         let (parent, name) = ferry_tree::path::split_parent(path.as_bytes());
         let (st, target) = if path.is_root() {
             (
@@ -165,7 +182,12 @@ impl ShareRoot {
         while let Some(item) = reader.read() {
             let item = item.map_err(|e| fs_error(e, path))?;
             let name = item.file_name().to_bytes();
-            if name != b"." && name != b".." && name.len() <= ferry_tree::path::MAX_NAME {
+            // A put's temp file is no entry until it lands under its name.
+            if name != b"."
+                && name != b".."
+                && name.len() <= ferry_tree::path::MAX_NAME
+                && !crate::write::is_temp(name)
+            {
                 names.push(name.to_vec());
             }
         }

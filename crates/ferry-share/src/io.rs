@@ -19,10 +19,11 @@ use ferry_channel::ChannelError;
 
 use crate::client::{Client, ClientError, Event, Failure};
 use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
-use crate::server::{Job, Piece, Server, ServerConfig, ServerError};
+use crate::server::{Job, Piece, PutOutcome, Server, ServerConfig, ServerError};
 use crate::subtree::Subtree;
 use crate::tree::{encode_piece_into, Version, GROUP};
-use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, END};
+use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, Time, END};
+use crate::write::Upload;
 
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +79,12 @@ impl SessionError {
                 ErrorCode::Changed => C::SourceChanged,
                 ErrorCode::Permission => C::Permission,
                 ErrorCode::Busy | ErrorCode::Cancelled => C::Remote,
-                ErrorCode::Io => C::Io,
+                ErrorCode::Io | ErrorCode::NotEmpty => C::Io,
+                // The sharer does not let this peer write: as a file it may not write.
+                ErrorCode::ReadOnly => C::Permission,
+                ErrorCode::Conflict | ErrorCode::Exists => C::Conflict,
+                ErrorCode::Integrity => C::Integrity,
+                ErrorCode::DiskFull => C::DiskFull,
             },
             SessionError::Integrity => C::Integrity,
             SessionError::Io(_) => C::Io,
@@ -137,8 +143,12 @@ impl Changes {
     }
 }
 
+/// Packets read ahead of the session (and taken at once before the jobs run).
+const INPUT_QUEUE: usize = 64;
+
 /// Serves `root` to one client until it hangs up. Requests that try to leave the share are refused with
-/// `unsafe-path` and reported to `log`.
+/// `unsafe-path` and reported to `log` (`refused: ...`), as are puts that ended in a conflict
+/// (`conflict: ...`). Writes (when [`ServerConfig::writable`]) are announced on `changes`.
 pub fn serve<R, W>(
     mut reader: SecureReader<R>,
     mut writer: SecureWriter<W>,
@@ -152,7 +162,7 @@ where
     R: Read + Send + 'static,
     W: Write,
 {
-    let (tx, rx) = mpsc::sync_channel::<Input>(64);
+    let (tx, rx) = mpsc::sync_channel::<Input>(INPUT_QUEUE);
     let missed = Arc::new(AtomicBool::new(false));
     changes.register((tx.clone(), Arc::clone(&missed)));
     std::thread::spawn(move || loop {
@@ -168,6 +178,7 @@ where
     });
     let mut server = Server::new(config);
     let mut files = Files::new(root, cache);
+    files.publish_to(changes.clone());
     loop {
         // Answers first, then one piece; block for input only when there is nothing to send.
         while let Some(out) = server.poll_transmit() {
@@ -205,24 +216,35 @@ where
             rx.try_recv().ok()
         };
         let mut next = next;
+        // At most a channel's worth of packets before their jobs run: a put's data (up to 1 MiB a packet)
+        // never piles up in memory faster than it is written.
+        let mut taken = 0;
         while let Some(input) = next {
             match input {
                 Input::Packet(p) => server.handle(&p?)?,
                 Input::Closed => return Ok(()),
                 Input::Changed(paths) => server.changed(&paths),
             }
-            next = rx.try_recv().ok();
+            taken += 1;
+            next = match taken < INPUT_QUEUE {
+                true => rx.try_recv().ok(),
+                false => None,
+            };
         }
         if missed.swap(false, Ordering::Relaxed) {
             server.changed(&[SharePath::root()]);
         }
         files.run_all(&mut server);
-        // Reads that ended by their last piece were forgotten above; failed and cancelled ones here.
-        if files.open.len() > server.in_flight() {
+        // Reads that ended by their last piece were forgotten above; failed and cancelled ones (and puts)
+        // here.
+        if files.open.len() + files.uploads.len() > server.in_flight() {
             files.forget_done(&server);
         }
         while let Some(refusal) = server.next_refusal() {
             log(&format!("refused: {refusal}"));
+        }
+        while let Some(conflict) = server.next_conflict() {
+            log(&format!("conflict: {conflict}"));
         }
         if server.switched() {
             while let Some(out) = server.poll_transmit() {
@@ -326,6 +348,10 @@ pub struct Files<'a> {
     open: HashMap<RequestId, Opened>,
     /// A pull resolved and walked, to send once the session switched.
     pulled: Option<Subtree>,
+    /// Puts receiving their content (each temp file removed if its put ends otherwise).
+    uploads: HashMap<RequestId, Upload>,
+    /// Where writes are announced.
+    changes: Option<Changes>,
 }
 
 impl<'a> Files<'a> {
@@ -336,6 +362,19 @@ impl<'a> Files<'a> {
             cache,
             open: HashMap::new(),
             pulled: None,
+            uploads: HashMap::new(),
+            changes: None,
+        }
+    }
+
+    /// Announces every write that lands to `changes` (the share's change feed: every session hears of it).
+    pub fn publish_to(&mut self, changes: Changes) {
+        self.changes = Some(changes);
+    }
+
+    fn publish(&self, paths: Vec<SharePath>) {
+        if let Some(c) = &self.changes {
+            c.publish(paths);
         }
     }
 
@@ -409,6 +448,49 @@ impl<'a> Files<'a> {
                 let resolved = Subtree::resolve(self.root, &path).map(|s| self.pulled = Some(s));
                 server.pull_resolved(id, resolved);
             }
+            Job::Put { id, put } => match self.root.begin_put(self.cache, put) {
+                Ok(upload) => {
+                    self.uploads.insert(id, upload);
+                }
+                Err((code, message)) => server.fail(id, code, &message),
+            },
+            Job::PutData { id, offset, bytes } => {
+                let Some(upload) = self.uploads.get_mut(&id) else {
+                    return;
+                };
+                if let Err((code, message)) = upload.write(offset, &bytes) {
+                    self.uploads.remove(&id);
+                    server.fail(id, code, &message);
+                }
+            }
+            Job::PutEnd { id } => {
+                let Some(upload) = self.uploads.remove(&id) else {
+                    return;
+                };
+                let path = upload.path().clone();
+                let result = upload.finish(self.cache, &server.config().peer);
+                match &result {
+                    Ok(PutOutcome::Written) => self.publish(vec![path]),
+                    Ok(PutOutcome::Conflicted(name)) => {
+                        let (parent, _) = ferry_tree::path::split_parent(path.as_bytes());
+                        let mut sibling = parent.to_vec();
+                        if !sibling.is_empty() {
+                            sibling.push(b'/');
+                        }
+                        sibling.extend_from_slice(name);
+                        self.publish(SharePath::new(&sibling).into_iter().collect());
+                    }
+                    Err(_) => {}
+                }
+                server.put_done(id, result);
+            }
+            Job::Write { id, op } => {
+                let result = self.root.write(self.cache, &op);
+                if result.is_ok() {
+                    self.publish(op.paths());
+                }
+                server.write_done(id, result);
+            }
         }
     }
 
@@ -453,9 +535,11 @@ impl<'a> Files<'a> {
         }
     }
 
-    /// Closes the files of reads that ended.
+    /// Closes the files of reads that ended, and removes the temp files of puts that failed or were
+    /// cancelled.
     pub fn forget_done(&mut self, server: &Server) {
         self.open.retain(|id, _| server.is_reading(*id));
+        self.uploads.retain(|id, _| server.is_putting(*id));
     }
 }
 
@@ -585,6 +669,167 @@ impl<R: Read, W: Write> Session<R, W> {
                 Event::Done { id: i } if i == id => {
                     return version.ok_or(SessionError::Integrity);
                 }
+                Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Writes (the sharer must share `--writable`; otherwise each fails with [`ErrorCode::ReadOnly`]).
+impl<R: Read, W: Write> Session<R, W> {
+    /// Writes the whole content of `file` to `path`. `base`: the root of the sharer's version this content
+    /// derives from (`None`: a new file). Returns whether it landed or was kept beside a file that changed.
+    pub fn put_file(
+        &mut self,
+        path: SharePath,
+        base: Option<[u8; 32]>,
+        file: &File,
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Result<PutOutcome, SessionError> {
+        let size = file.metadata()?.len();
+        let whole = 0..size;
+        let ranges = std::slice::from_ref(&whole);
+        self.put(path, base, false, file, ranges, mode, mtime)
+    }
+
+    /// Writes `file`'s content to `path` by sending only `ranges` of it: the sharer starts from the version
+    /// `base` (cut or zero-extended to `file`'s size: a truncate sends no range). A sharer whose file is no
+    /// longer `base` answers [`ErrorCode::Changed`]: send it whole then ([`Session::put_file`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_ranges(
+        &mut self,
+        path: SharePath,
+        base: [u8; 32],
+        file: &File,
+        ranges: &[std::ops::Range<u64>],
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Result<PutOutcome, SessionError> {
+        self.put(path, Some(base), true, file, ranges, mode, mtime)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn put(
+        &mut self,
+        path: SharePath,
+        base: Option<[u8; 32]>,
+        from_base: bool,
+        file: &File,
+        ranges: &[std::ops::Range<u64>],
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Result<PutOutcome, SessionError> {
+        use std::os::unix::fs::FileExt;
+        let size = file.metadata()?.len();
+        let root = crate::write::hash(file, size)?;
+        let id = self
+            .client
+            .put(wire::PutHeader {
+                path,
+                base,
+                from_base,
+                size,
+                root,
+                mode,
+                mtime,
+            })
+            .map_err(|_| busy())?;
+        while let Some(p) = self.client.poll_transmit() {
+            self.writer.send(&p)?;
+        }
+        let chunk = (self.writer.max_payload() - wire::PUT_DATA_HEADER_LEN).min(wire::MAX_PUT_DATA);
+        for range in ranges {
+            let end = range.end.min(size);
+            let mut at = range.start;
+            while at < end {
+                let n = (end - at).min(chunk as u64) as usize;
+                let header = self
+                    .client
+                    .put_data_header(id, at, n)
+                    .map_err(|e| SessionError::Io(io::Error::other(e)))?;
+                // Built in the channel's packet buffer: the file's bytes are read straight into place.
+                let len = header.len() + n;
+                let buf = self.writer.payload_buf(len)?;
+                buf[..header.len()].copy_from_slice(&header);
+                file.read_exact_at(&mut buf[header.len()..len], at)?;
+                self.writer.send_payload_buf(len)?;
+                at += n as u64;
+            }
+        }
+        self.client
+            .put_end(id)
+            .map_err(|e| SessionError::Io(io::Error::other(e)))?;
+        loop {
+            match self.next_event()? {
+                Event::Done { id: i } if i == id => return Ok(PutOutcome::Written),
+                Event::Conflicted { id: i, name } if i == id => {
+                    return Ok(PutOutcome::Conflicted(name))
+                }
+                Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
+                _ => {}
+            }
+        }
+    }
+
+    /// Creates the directory `path`.
+    pub fn mkdir(&mut self, path: SharePath, mode: u32) -> Result<(), SessionError> {
+        let id = self.client.mkdir(path, mode).map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    /// Removes the empty directory `path`.
+    pub fn rmdir(&mut self, path: SharePath) -> Result<(), SessionError> {
+        let id = self.client.rmdir(path).map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    /// Removes the file or symlink `path`; a file that is no longer the version `base` (when given) stays
+    /// and this fails with [`ErrorCode::Conflict`].
+    pub fn unlink(&mut self, path: SharePath, base: Option<[u8; 32]>) -> Result<(), SessionError> {
+        let id = self.client.unlink(path, base).map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    /// Renames `from` to `to`, replacing an existing `to` only when `replace`.
+    pub fn rename(
+        &mut self,
+        from: SharePath,
+        to: SharePath,
+        replace: bool,
+    ) -> Result<(), SessionError> {
+        let id = self.client.rename(from, to, replace).map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    /// Changes the permission bits and/or modification time of `path`.
+    pub fn set_attr(
+        &mut self,
+        path: SharePath,
+        mode: Option<u32>,
+        mtime: Option<Time>,
+    ) -> Result<(), SessionError> {
+        let id = self
+            .client
+            .set_attr(path, mode, mtime)
+            .map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    /// Creates a symlink at `path` to `target`.
+    pub fn symlink(&mut self, path: SharePath, target: &[u8]) -> Result<(), SessionError> {
+        let id = self
+            .client
+            .symlink(path, target.to_vec())
+            .map_err(|_| busy())?;
+        self.wait_done(id)
+    }
+
+    fn wait_done(&mut self, id: RequestId) -> Result<(), SessionError> {
+        loop {
+            match self.next_event()? {
+                Event::Done { id: i } if i == id => return Ok(()),
                 Event::Failed { id: i, failure } if i == id => return Err(failed(failure)),
                 _ => {}
             }

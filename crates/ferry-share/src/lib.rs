@@ -18,3 +18,4 @@ pub mod subtree;
 pub mod tree;
 pub mod watch;
 pub mod wire;
+pub mod write;

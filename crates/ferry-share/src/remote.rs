@@ -27,9 +27,16 @@ use std::time::{Duration, Instant};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 
-use crate::client::{Busy, Client, Event, Failure};
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+
+use crate::client::{Busy, Client, Event, Failure, PutError};
 use crate::tree::Version;
-use crate::wire::{Entry, ErrorCode, RequestId, SharePath, END, MAX_PAGE_ENTRIES};
+use crate::wire::{
+    Entry, ErrorCode, PutHeader, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
+    PUT_DATA_HEADER_LEN,
+};
 
 /// How to (re)open the channel to the sharer: the CLI passes a closure that reaches the paired peer
 /// (ferry-cli's `paired::open_share` does the reaching today). Called again after a connection is lost.
@@ -98,10 +105,14 @@ pub enum RemoteError {
     /// The [`Remote`] was shut down.
     #[error("closed")]
     Closed,
+    /// The local copy a write sends could not be read.
+    #[error("reading the local copy: {0}")]
+    Local(String),
 }
 
 impl RemoteError {
-    /// The errno a file system reports for it: `ENOENT`, `ENOTDIR`, `EACCES`, `ESTALE` for a changed file,
+    /// The errno a file system reports for it: `ENOENT`, `ENOTDIR`, `EACCES`, `ESTALE` for a changed file
+    /// (and a write's conflict), `EROFS` for a share that is not writable, `EEXIST`, `ENOTEMPTY`, `ENOSPC`,
     /// `EIO` for integrity, deadline and a lost link, `ENOTCONN` once closed.
     pub fn errno(&self) -> i32 {
         use rustix::io::Errno;
@@ -114,11 +125,19 @@ impl RemoteError {
                 ErrorCode::Busy => Errno::AGAIN,
                 ErrorCode::BadRequest => Errno::INVAL,
                 ErrorCode::Cancelled => Errno::CANCELED,
-                ErrorCode::Io => Errno::IO,
+                ErrorCode::Io | ErrorCode::Integrity => Errno::IO,
+                ErrorCode::ReadOnly => Errno::ROFS,
+                // The sharer's file is no longer the version the write was based on: the caller's view is
+                // stale (as for a read of a changed file).
+                ErrorCode::Conflict => Errno::STALE,
+                ErrorCode::DiskFull => Errno::NOSPC,
+                ErrorCode::Exists => Errno::EXIST,
+                ErrorCode::NotEmpty => Errno::NOTEMPTY,
             },
-            RemoteError::Integrity | RemoteError::Deadline | RemoteError::Disconnected(_) => {
-                Errno::IO
-            }
+            RemoteError::Integrity
+            | RemoteError::Deadline
+            | RemoteError::Disconnected(_)
+            | RemoteError::Local(_) => Errno::IO,
             RemoteError::Closed => Errno::NOTCONN,
         };
         e.raw_os_error()
@@ -132,6 +151,22 @@ impl From<Failure> for RemoteError {
             Failure::Integrity => RemoteError::Integrity,
         }
     }
+}
+
+/// How a [`Remote::put`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The sharer's file is the new content now: this version (the base of the next write).
+    Written {
+        /// The new content's size and root.
+        version: Version,
+    },
+    /// The sharer's file had changed since the put's base: it stayed as it is, and the new content was kept
+    /// beside it (same directory) under `name`.
+    Conflicted {
+        /// The sibling's name.
+        name: Vec<u8>,
+    },
 }
 
 /// One event of a read, as [`ReadHandle::next`] hands it on.
@@ -458,6 +493,175 @@ impl Remote {
             ended: false,
         })
     }
+
+    /// Writes the content of `file` (its whole length) to `path`. `base`: the root of the sharer's version
+    /// the content derives from (`None`: the caller believes `path` does not exist). With `ranges`, only those
+    /// ranges of `file` are sent and the sharer starts from its copy of `base` (cut or zero-extended to the
+    /// file's length: a truncate sends no range); if that copy is gone, the whole content is sent instead
+    /// (and conflicts). The sharer verifies the content's root before anything becomes visible, then lands it
+    /// or keeps it beside a file that changed since `base` ([`PutOutcome::Conflicted`]): nothing is lost.
+    ///
+    /// The data sent counts as progress for the deadlines. A link lost before the put's end retries it on the
+    /// next connection (the sharer dropped the partial content); one lost after its end first looks whether
+    /// the content landed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put(
+        &self,
+        path: &SharePath,
+        base: Option<[u8; 32]>,
+        file: &File,
+        ranges: Option<&[Range<u64>]>,
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Result<PutOutcome, RemoteError> {
+        let s = self.shared();
+        let local = |e: std::io::Error| RemoteError::Local(e.to_string());
+        let size = file.metadata().map_err(local)?.len();
+        let root = crate::write::hash(file, size).map_err(local)?;
+        let version = Version { size, root };
+        let whole = 0..size;
+        let mut from_base = ranges.is_some() && base.is_some();
+        let mut progress = Instant::now();
+        loop {
+            let sent = match ranges {
+                Some(ranges) if from_base => ranges,
+                _ => std::slice::from_ref(&whole),
+            };
+            let mut ended = false;
+            let attempt = (|| {
+                let request = s.issue(progress, END, |c| {
+                    c.put(PutHeader {
+                        path: path.clone(),
+                        base,
+                        from_base,
+                        size,
+                        root,
+                        mode,
+                        mtime,
+                    })
+                })?;
+                let chunk = s.put_chunk();
+                let mut buf = Vec::new();
+                'send: for range in sent {
+                    let (mut at, end) = (range.start.min(size), range.end.min(size));
+                    while at < end {
+                        let n = (end - at).min(chunk as u64) as usize;
+                        buf.resize(n, 0);
+                        file.read_exact_at(&mut buf, at).map_err(local)?;
+                        if !s.put_data(&request, at, &buf)? {
+                            // The put failed early: its answer is on the way.
+                            break 'send;
+                        }
+                        progress = Instant::now();
+                        at += n as u64;
+                    }
+                }
+                ended = s.put_end(&request)?;
+                match s.wait(&request)?.pop() {
+                    Some(Event::Done { .. }) => Ok(PutOutcome::Written { version }),
+                    Some(Event::Conflicted { name, .. }) => Ok(PutOutcome::Conflicted { name }),
+                    other => Err(unexpected(other)),
+                }
+            })();
+            match attempt {
+                Err(RemoteError::Remote(ErrorCode::Changed, _)) if from_base => from_base = false,
+                Err(RemoteError::Disconnected(why)) if progress.elapsed() < s.config.deadline => {
+                    if ended {
+                        // Its end went out: it may have landed before the link was lost.
+                        match self.read_into(path, Some(root), 0, &mut []) {
+                            Ok((v, _)) if v == version => {
+                                return Ok(PutOutcome::Written { version })
+                            }
+                            Ok(_) | Err(RemoteError::Remote(..)) => {}
+                            Err(RemoteError::Disconnected(_)) => {
+                                return Err(RemoteError::Disconnected(why))
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Creates the directory `path`.
+    pub fn mkdir(&self, path: &SharePath, mode: u32) -> Result<(), RemoteError> {
+        self.write(ErrorCode::Exists, |c| c.mkdir(path.clone(), mode))
+    }
+
+    /// Removes the empty directory `path`.
+    pub fn rmdir(&self, path: &SharePath) -> Result<(), RemoteError> {
+        self.write(ErrorCode::NotFound, |c| c.rmdir(path.clone()))
+    }
+
+    /// Removes the file or symlink `path`; a file that is no longer the version `base` (when given) stays,
+    /// and this fails with [`ErrorCode::Conflict`].
+    pub fn unlink(&self, path: &SharePath, base: Option<[u8; 32]>) -> Result<(), RemoteError> {
+        self.write(ErrorCode::NotFound, |c| c.unlink(path.clone(), base))
+    }
+
+    /// Renames `from` to `to`, replacing an existing `to` only when `replace`.
+    pub fn rename(
+        &self,
+        from: &SharePath,
+        to: &SharePath,
+        replace: bool,
+    ) -> Result<(), RemoteError> {
+        self.write(ErrorCode::NotFound, |c| {
+            c.rename(from.clone(), to.clone(), replace)
+        })
+    }
+
+    /// Changes the permission bits and/or the modification time of `path`.
+    pub fn set_attr(
+        &self,
+        path: &SharePath,
+        mode: Option<u32>,
+        mtime: Option<Time>,
+    ) -> Result<(), RemoteError> {
+        // Done twice is done once: no answer means it was done.
+        self.write(ErrorCode::Cancelled, |c| {
+            c.set_attr(path.clone(), mode, mtime)
+        })
+    }
+
+    /// Creates a symlink at `path` to `target` (relative, staying inside the share, or the sharer refuses
+    /// it with [`ErrorCode::UnsafePath`]).
+    pub fn symlink(&self, path: &SharePath, target: &[u8]) -> Result<(), RemoteError> {
+        self.write(ErrorCode::Exists, |c| {
+            c.symlink(path.clone(), target.to_vec())
+        })
+    }
+
+    /// A write answered Done. Retried on a new connection if the link is lost before the answer, within the
+    /// deadline; the retry's `done_before` refusal (the path exists, or is gone) then means the first attempt
+    /// did it.
+    fn write(
+        &self,
+        done_before: ErrorCode,
+        make: impl Fn(&mut Client) -> Result<RequestId, Busy>,
+    ) -> Result<(), RemoteError> {
+        let s = self.shared();
+        let mut lost = false;
+        s.retrying(|since| {
+            let attempt = (|| {
+                let request = s.issue(since, END, &make)?;
+                match s.wait(&request)?.pop() {
+                    Some(Event::Done { .. }) => Ok(()),
+                    other => Err(unexpected(other)),
+                }
+            })();
+            match attempt {
+                Err(RemoteError::Remote(code, _)) if lost && code == done_before => Ok(()),
+                Err(RemoteError::Disconnected(why)) => {
+                    lost = true;
+                    Err(RemoteError::Disconnected(why))
+                }
+                other => other,
+            }
+        })
+    }
 }
 
 /// A request issued: its connection, id and channel.
@@ -521,6 +725,14 @@ fn unexpected(event: Option<Event>) -> RemoteError {
     match event {
         Some(Event::Failed { failure, .. }) => failure.into(),
         _ => RemoteError::Integrity,
+    }
+}
+
+/// The link of connection `generation`, or why it is down.
+fn link_of(st: &mut State, generation: u64) -> Result<&mut Link, RemoteError> {
+    match st.link.as_ref().is_some_and(|l| l.generation == generation) {
+        true => Ok(st.link.as_mut().expect("checked")),
+        false => Err(RemoteError::Disconnected(st.why_down())),
     }
 }
 
@@ -606,6 +818,70 @@ impl Shared {
         true
     }
 
+    /// Content bytes in one put data packet on the current connection.
+    fn put_chunk(&self) -> usize {
+        let max = lock(&self.writer)
+            .as_ref()
+            .map_or(MAX_PUT_DATA, |(_, w)| w.max_payload());
+        max.saturating_sub(PUT_DATA_HEADER_LEN)
+            .clamp(1, MAX_PUT_DATA)
+    }
+
+    /// Sends `bytes` at `offset` of the put `request`, right away (under the writer's lock, so a put's data
+    /// never piles up in memory): `false` when the put is over already (it failed; its answer is on the
+    /// way). Sending counts as the link's progress: the sharer takes the bytes (one that stops taking them
+    /// fails the send by its timeout, the deadline).
+    fn put_data(&self, request: &Issued, offset: u64, bytes: &[u8]) -> Result<bool, RemoteError> {
+        let mut w = lock(&self.writer);
+        let packets: Vec<Vec<u8>> = {
+            let mut st = lock(&self.state);
+            let link = link_of(&mut st, request.generation)?;
+            match link.client.put_data(request.id, offset, bytes) {
+                Ok(()) => {}
+                Err(PutError::NoPut(_)) => return Ok(false),
+                Err(e @ PutError::OutOfRange) => {
+                    return Err(RemoteError::Remote(ErrorCode::BadRequest, e.to_string()))
+                }
+            }
+            link.unsent = false;
+            link.quiet_since = Instant::now();
+            std::iter::from_fn(|| link.client.poll_transmit()).collect()
+        };
+        let Some((generation, writer)) = w.as_mut().filter(|(g, _)| *g == request.generation)
+        else {
+            return Err(RemoteError::Disconnected(lock(&self.state).why_down()));
+        };
+        let sent = packets
+            .iter()
+            .try_for_each(|p| writer.send(p))
+            .and_then(|()| writer.flush());
+        if let Err(e) = sent {
+            let (generation, why) = (*generation, format!("sending failed: {e}"));
+            *w = None;
+            drop(w);
+            self.lose(generation, why.clone());
+            return Err(RemoteError::Disconnected(why));
+        }
+        drop(w);
+        // Packets other callers queued while this one held the writer.
+        self.flush();
+        Ok(true)
+    }
+
+    /// Ends the put `request`; `false` when it was over already.
+    fn put_end(&self, request: &Issued) -> Result<bool, RemoteError> {
+        {
+            let mut st = lock(&self.state);
+            let link = link_of(&mut st, request.generation)?;
+            if link.client.put_end(request.id).is_err() {
+                return Ok(false);
+            }
+            link.unsent = true;
+        }
+        self.flush();
+        Ok(true)
+    }
+
     /// Feeds the connection's packets to its client and routes the events, until the connection ends.
     fn read_loop(&self, generation: u64, reader: &mut SecureReader<TcpStream>) -> String {
         loop {
@@ -637,6 +913,7 @@ impl Shared {
                             Event::Attr { id, .. }
                             | Event::Entries { id, .. }
                             | Event::Done { id }
+                            | Event::Conflicted { id, .. }
                             | Event::Failed { id, .. } => (*id, true),
                             _ => unreachable!("matched above"),
                         };

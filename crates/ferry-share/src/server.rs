@@ -8,6 +8,11 @@
 //! packet). Small answers always go before the next piece, and reads take turns piece by piece, so a large
 //! read never holds back a stat.
 //!
+//! Writes (only when [`ServerConfig::writable`]; otherwise each is answered [`ErrorCode::ReadOnly`]) are jobs
+//! too, run in the order they arrived: a put is [`Job::Put`], its [`Job::PutData`] and [`Job::PutEnd`],
+//! reported with [`Server::put_done`] (or [`Server::fail`]); the others are [`Job::Write`], reported with
+//! [`Server::write_done`]. Data of a put that failed is dropped until its end.
+//!
 //! A pull ([`Job::Pull`]) is the connection's only request: once the IO layer reports its path resolved
 //! ([`Server::pull_resolved`]), the session's last packet out is [`crate::wire::Response::Transfer`] and it
 //! takes no more packets ([`Server::switched`]): the connection carries the transfer protocol from there.
@@ -17,8 +22,8 @@ use std::ops::Range;
 
 use crate::tree::{covering, Version, GROUP};
 use crate::wire::{
-    self, DecodeError, Entry, ErrorCode, Hello, Request, RequestId, Response, SharePath,
-    PROTOCOL_VERSION,
+    self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
+    Time, PROTOCOL_VERSION,
 };
 
 /// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in the
@@ -36,6 +41,10 @@ pub struct ServerConfig {
     pub max_in_flight: u32,
     /// Largest piece, in bytes (a multiple of [`GROUP`]).
     pub max_piece: u64,
+    /// Whether the client may write; otherwise every write is answered [`ErrorCode::ReadOnly`].
+    pub writable: bool,
+    /// The client's name, in the names of conflict copies (`NAME.conflict-PEER-DATE`).
+    pub peer: String,
 }
 
 impl Default for ServerConfig {
@@ -44,8 +53,84 @@ impl Default for ServerConfig {
             share: Vec::new(),
             max_in_flight: 256,
             max_piece: DEFAULT_PIECE,
+            writable: false,
+            peer: "peer".into(),
         }
     }
+}
+
+/// A write other than a put: run it and report with [`Server::write_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Create a directory.
+    Mkdir {
+        /// The new directory.
+        path: SharePath,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Remove an empty directory.
+    Rmdir {
+        /// The directory.
+        path: SharePath,
+    },
+    /// Remove a file or symlink; a file that is not the version `base` (when given) stays:
+    /// [`ErrorCode::Conflict`].
+    Unlink {
+        /// The file or symlink.
+        path: SharePath,
+        /// The version meant.
+        base: Option<[u8; 32]>,
+    },
+    /// Rename a path.
+    Rename {
+        /// The path renamed.
+        from: SharePath,
+        /// Its new path.
+        to: SharePath,
+        /// Whether an existing `to` is replaced.
+        replace: bool,
+    },
+    /// Change permission bits or the modification time.
+    SetAttr {
+        /// The file or directory.
+        path: SharePath,
+        /// New permission bits.
+        mode: Option<u32>,
+        /// New modification time.
+        mtime: Option<Time>,
+    },
+    /// Create a symlink (its target was checked to stay inside the share).
+    Symlink {
+        /// The new symlink.
+        path: SharePath,
+        /// Its target.
+        target: Vec<u8>,
+    },
+}
+
+impl WriteOp {
+    /// The paths the write changes, for change notifications.
+    pub fn paths(&self) -> Vec<SharePath> {
+        match self {
+            WriteOp::Mkdir { path, .. }
+            | WriteOp::Rmdir { path }
+            | WriteOp::Unlink { path, .. }
+            | WriteOp::SetAttr { path, .. }
+            | WriteOp::Symlink { path, .. } => vec![path.clone()],
+            WriteOp::Rename { from, to, .. } => vec![from.clone(), to.clone()],
+        }
+    }
+}
+
+/// How a put ended, reported with [`Server::put_done`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// The file was replaced (or created) with the new content.
+    Written,
+    /// The sharer's file changed since the put's base: it stayed, and the new content was kept beside it
+    /// under this name.
+    Conflicted(Vec<u8>),
 }
 
 /// Work for the file-system layer.
@@ -85,6 +170,49 @@ pub enum Job {
         /// The file or directory.
         path: SharePath,
     },
+    /// Start a put (its temp file); report a failure with [`Server::fail`], success only at its end.
+    Put {
+        /// The request.
+        id: RequestId,
+        /// What to write.
+        put: PutHeader,
+    },
+    /// Write bytes of a put's content (the range lies inside the put's size).
+    PutData {
+        /// The put.
+        id: RequestId,
+        /// Where.
+        offset: u64,
+        /// The bytes.
+        bytes: Vec<u8>,
+    },
+    /// A put's content is complete: verify it and make it visible; report with [`Server::put_done`].
+    PutEnd {
+        /// The put.
+        id: RequestId,
+    },
+    /// Run a write; report with [`Server::write_done`].
+    Write {
+        /// The request.
+        id: RequestId,
+        /// The write.
+        op: WriteOp,
+    },
+}
+
+impl Job {
+    fn id(&self) -> RequestId {
+        match self {
+            Job::Stat { id, .. }
+            | Job::List { id, .. }
+            | Job::Open { id, .. }
+            | Job::Pull { id, .. }
+            | Job::Put { id, .. }
+            | Job::PutData { id, .. }
+            | Job::PutEnd { id }
+            | Job::Write { id, .. } => *id,
+        }
+    }
 }
 
 /// A piece to build: the data of `range` of the read `id`, with its proof.
@@ -111,6 +239,9 @@ pub enum ServerError {
     /// A packet after the connection switched to the transfer protocol for a pull.
     #[error("the connection carries a pull")]
     Switched,
+    /// Put data or a put's end for no put.
+    #[error("put data for request {0}, which is no put in flight")]
+    NoSuchPut(RequestId),
 }
 
 /// What a request in flight is waiting for.
@@ -125,6 +256,12 @@ enum InFlight {
     Reading,
     Subscribed,
     Pulling,
+    /// A put receiving its content (`ended`: its end arrived, the file-system layer finishes it).
+    Putting {
+        path: SharePath,
+        size: u64,
+        ended: bool,
+    },
 }
 
 /// One client's session.
@@ -141,10 +278,16 @@ pub struct Server {
     refused: VecDeque<String>,
     /// A pull was resolved: the session is over, the transfer protocol follows.
     switched: bool,
+    /// Puts refused or failed whose data may still arrive: it is dropped until their end.
+    dead_puts: VecDeque<RequestId>,
+    /// Puts that ended in a conflict, described for the log.
+    conflicts: VecDeque<String>,
 }
 
-/// Refusals kept for the log until taken.
+/// Refusals (and conflicts) kept for the log until taken.
 const MAX_REFUSED: usize = 64;
+/// Failed puts remembered so their remaining data is dropped quietly.
+const MAX_DEAD_PUTS: usize = 1024;
 
 impl Server {
     /// A session; its hello is the first packet out.
@@ -169,13 +312,25 @@ impl Server {
             reads: VecDeque::new(),
             refused: VecDeque::new(),
             switched: false,
+            dead_puts: VecDeque::new(),
+            conflicts: VecDeque::new(),
         }
+    }
+
+    /// The session's settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
     }
 
     /// Takes one packet from the client.
     pub fn handle(&mut self, packet: &[u8]) -> Result<(), ServerError> {
         if self.switched {
             return Err(ServerError::Switched);
+        }
+        if self.greeted && packet.first() == Some(&wire::PUT_DATA) {
+            // The bulk of a put: borrowed, checked and queued without decoding into a copy first.
+            let (id, offset, bytes) = wire::put_data(packet)?;
+            return self.put_data(id, offset, bytes);
         }
         let req = match Request::decode(packet) {
             Ok(req) => req,
@@ -188,6 +343,9 @@ impl Server {
                     return Err(ServerError::DuplicateId(id));
                 }
                 let shown = String::from_utf8_lossy(path).escape_debug().to_string();
+                if packet.first() == Some(&wire::PUT) {
+                    self.bury_put(id);
+                }
                 self.refuse(id, format!("{shown}: {problem}"));
                 return Ok(());
             }
@@ -241,27 +399,154 @@ impl Server {
             ),
             Request::Subscribe { id } => (id, None, InFlight::Subscribed),
             Request::Pull { id, path } => (id, Some(Job::Pull { id, path }), InFlight::Pulling),
+            Request::PutData { id, offset, bytes } => return self.put_data(id, offset, &bytes),
+            Request::PutEnd { id } => return self.put_end(id),
+            Request::Put { id, put } => {
+                let state = InFlight::Putting {
+                    path: put.path.clone(),
+                    size: put.size,
+                    ended: false,
+                };
+                (id, Some(Job::Put { id, put }), state)
+            }
+            Request::Mkdir { id, path, mode } => write(id, WriteOp::Mkdir { path, mode }),
+            Request::Rmdir { id, path } => write(id, WriteOp::Rmdir { path }),
+            Request::Unlink { id, path, base } => write(id, WriteOp::Unlink { path, base }),
+            Request::Rename {
+                id,
+                from,
+                to,
+                replace,
+            } => write(id, WriteOp::Rename { from, to, replace }),
+            Request::SetAttr {
+                id,
+                path,
+                mode,
+                mtime,
+            } => write(id, WriteOp::SetAttr { path, mode, mtime }),
+            Request::Symlink { id, path, target } => write(id, WriteOp::Symlink { path, target }),
         };
         if self.in_flight.contains_key(&id) {
             return Err(ServerError::DuplicateId(id));
         }
+        // A new request with an id that was a failed put's: its old data is all in (the channel keeps order).
+        self.dead_puts.retain(|d| *d != id);
+        let is_put = matches!(state, InFlight::Putting { .. });
+        let is_write = is_put || matches!(job, Some(Job::Write { .. }));
+        if is_write && !self.config.writable {
+            self.refuse_request(id, is_put, ErrorCode::ReadOnly, "the share is read-only");
+            return Ok(());
+        }
         let pulling = self.in_flight.values().any(|s| *s == InFlight::Pulling);
         if pulling || (state == InFlight::Pulling && !self.in_flight.is_empty()) {
             // The transfer protocol takes the whole connection: a pull goes alone.
-            self.error(
-                id,
-                ErrorCode::BadRequest,
-                "a pull must be the only request of its connection",
-            );
+            let message = "a pull must be the only request of its connection";
+            self.refuse_request(id, is_put, ErrorCode::BadRequest, message);
             return Ok(());
         }
         if self.in_flight.len() >= self.config.max_in_flight as usize {
-            self.error(id, ErrorCode::Busy, "too many requests in flight");
+            self.refuse_request(id, is_put, ErrorCode::Busy, "too many requests in flight");
             return Ok(());
         }
         self.in_flight.insert(id, state);
         self.jobs.extend(job);
         Ok(())
+    }
+
+    /// Answers a request that is refused before it starts; a put's data that may follow is dropped.
+    fn refuse_request(&mut self, id: RequestId, is_put: bool, code: ErrorCode, message: &str) {
+        if is_put {
+            self.bury_put(id);
+        }
+        self.error(id, code, message);
+    }
+
+    fn bury_put(&mut self, id: RequestId) {
+        if self.dead_puts.len() == MAX_DEAD_PUTS {
+            self.dead_puts.pop_front();
+        }
+        self.dead_puts.push_back(id);
+    }
+
+    fn put_data(&mut self, id: RequestId, offset: u64, bytes: &[u8]) -> Result<(), ServerError> {
+        match self.in_flight.get(&id) {
+            Some(InFlight::Putting {
+                size, ended: false, ..
+            }) => {
+                if offset + bytes.len() as u64 > *size {
+                    self.fail(id, ErrorCode::BadRequest, "put data past the put's size");
+                } else {
+                    self.jobs.push_back(Job::PutData {
+                        id,
+                        offset,
+                        bytes: bytes.to_vec(),
+                    });
+                }
+                Ok(())
+            }
+            _ if self.dead_puts.contains(&id) => Ok(()),
+            _ => Err(ServerError::NoSuchPut(id)),
+        }
+    }
+
+    fn put_end(&mut self, id: RequestId) -> Result<(), ServerError> {
+        match self.in_flight.get_mut(&id) {
+            Some(InFlight::Putting { ended, .. }) if !*ended => {
+                *ended = true;
+                self.jobs.push_back(Job::PutEnd { id });
+                Ok(())
+            }
+            _ if self.dead_puts.contains(&id) => {
+                self.dead_puts.retain(|d| *d != id);
+                Ok(())
+            }
+            _ => Err(ServerError::NoSuchPut(id)),
+        }
+    }
+
+    /// Reports a put's end: its content landed, or was kept beside a file that changed (a conflict, logged),
+    /// or it failed.
+    pub fn put_done(&mut self, id: RequestId, result: Result<PutOutcome, (ErrorCode, String)>) {
+        let Some(InFlight::Putting { path, .. }) = self.in_flight.remove(&id) else {
+            return;
+        };
+        match result {
+            Ok(PutOutcome::Written) => self.push(Response::Done { id }),
+            Ok(PutOutcome::Conflicted(name)) => {
+                if self.conflicts.len() == MAX_REFUSED {
+                    self.conflicts.pop_front();
+                }
+                self.conflicts.push_back(format!(
+                    "{}: changed on this side since {}'s version; theirs kept as {}",
+                    String::from_utf8_lossy(path.as_bytes()).escape_debug(),
+                    self.config.peer,
+                    String::from_utf8_lossy(&name).escape_debug(),
+                ));
+                self.push(Response::Conflicted { id, name });
+            }
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// Reports a write other than a put.
+    pub fn write_done(&mut self, id: RequestId, result: Result<(), (ErrorCode, String)>) {
+        if self.in_flight.remove(&id).is_none() {
+            return;
+        }
+        match result {
+            Ok(()) => self.push(Response::Done { id }),
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// The next put that ended in a conflict, described for the sharer's log.
+    pub fn next_conflict(&mut self) -> Option<String> {
+        self.conflicts.pop_front()
+    }
+
+    /// Whether `id` is a put in progress (its temp file must stay).
+    pub fn is_putting(&self, id: RequestId) -> bool {
+        matches!(self.in_flight.get(&id), Some(InFlight::Putting { .. }))
     }
 
     /// The next request refused for trying to leave the share, described for the sharer's log.
@@ -398,10 +683,15 @@ impl Server {
         }
     }
 
-    /// A request failed in the file-system layer (a read error, a file that changed under its outboard).
+    /// A request failed in the file-system layer (a read error, a file that changed under its outboard, a
+    /// put that cannot be written). A put's remaining data is dropped.
     pub fn fail(&mut self, id: RequestId, code: ErrorCode, message: &str) {
-        if self.in_flight.remove(&id).is_some() {
+        if let Some(state) = self.in_flight.remove(&id) {
             self.reads.retain(|(r, _)| *r != id);
+            self.jobs.retain(|j| j.id() != id);
+            if let InFlight::Putting { ended: false, .. } = state {
+                self.bury_put(id);
+            }
             self.error(id, code, message);
         }
     }
@@ -439,17 +729,9 @@ impl Server {
         self.in_flight.len()
     }
 
+    /// Cancels a request; a write whose job has not run yet never runs (one that ran answered already).
     fn cancel(&mut self, id: RequestId) {
-        if self.in_flight.remove(&id).is_some() {
-            self.jobs.retain(|j| match j {
-                Job::Stat { id: j, .. }
-                | Job::List { id: j, .. }
-                | Job::Open { id: j, .. }
-                | Job::Pull { id: j, .. } => *j != id,
-            });
-            self.reads.retain(|(r, _)| *r != id);
-            self.error(id, ErrorCode::Cancelled, "cancelled");
-        }
+        self.fail(id, ErrorCode::Cancelled, "cancelled");
     }
 
     fn finish(&mut self, id: RequestId) {
@@ -481,4 +763,9 @@ impl Server {
         rsp.encode(&mut buf);
         self.out.push_back(buf);
     }
+}
+
+/// A write request's id, job and state in flight.
+fn write(id: RequestId, op: WriteOp) -> (RequestId, Option<Job>, InFlight) {
+    (id, Some(Job::Write { id, op }), InFlight::Job)
 }

@@ -173,7 +173,8 @@ fn walk_dir(
     let mut names = Vec::new();
     for item in rustix::fs::Dir::read_from(dir)? {
         let name = item?.file_name().to_bytes().to_vec();
-        if name != b"." && name != b".." {
+        // A put's temp file is no entry until it lands under its name.
+        if name != b"." && name != b".." && !crate::write::is_temp(&name) {
             names.push(name);
         }
     }

@@ -15,6 +15,15 @@
 //! | [`SUBSCRIBE`] | client | id |
 //! | [`CANCEL`] | client | id of the request to cancel |
 //! | [`PULL`] | client | id, path: the file or subtree, by the transfer protocol (the connection's only request) |
+//! | [`PUT`] | client | id, path, has base u8, base root \[32\], from base u8, size u64, root \[32\], mode u32, has mtime u8, mtime i64, nanoseconds u32 |
+//! | [`PUT_DATA`] | client | id (of the put), offset u64, then the bytes (the rest, ≤ [`MAX_PUT_DATA`]) |
+//! | [`PUT_END`] | client | id: the put's data is complete |
+//! | [`MKDIR`] | client | id, path, mode u32 |
+//! | [`RMDIR`] | client | id, path |
+//! | [`UNLINK`] | client | id, path, has base u8, base root \[32\] |
+//! | [`RENAME`] | client | id, from path, to path, replace u8 |
+//! | [`SETATTR`] | client | id, path, has mode u8, mode u32, has mtime u8, mtime i64, nanoseconds u32 |
+//! | [`SYMLINK`] | client | id, path, target (u16 + bytes, relative, staying inside the share) |
 //! | [`ENTRIES`] | server | id, count u32, entries, next cursor u64 ([`END`] when the listing is complete) |
 //! | [`ATTR`] | server | id, entry |
 //! | [`VERSION`] | server | id, size u64, root \[32\]: the version a read is served from, before its data |
@@ -23,6 +32,7 @@
 //! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
 //! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
 //! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
+//! | [`CONFLICTED`] | server | id (of a put), name (u16 + bytes): the put's content was kept under this sibling name |
 //!
 //! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
 //! 1 directory, 2 symlink), size u64, mode u32 (permission bits), mtime seconds i64, mtime nanoseconds u32,
@@ -48,6 +58,24 @@ pub const SUBSCRIBE: u8 = 5;
 pub const CANCEL: u8 = 6;
 /// Pull a file or subtree with the transfer protocol.
 pub const PULL: u8 = 7;
+/// Write a file: its new content follows in [`PUT_DATA`] packets, then [`PUT_END`].
+pub const PUT: u8 = 8;
+/// A range of a put's content.
+pub const PUT_DATA: u8 = 9;
+/// A put's content is complete.
+pub const PUT_END: u8 = 10;
+/// Create a directory.
+pub const MKDIR: u8 = 11;
+/// Remove an empty directory.
+pub const RMDIR: u8 = 12;
+/// Remove a file or symlink.
+pub const UNLINK: u8 = 13;
+/// Rename a path.
+pub const RENAME: u8 = 14;
+/// Change a path's permission bits or modification time.
+pub const SETATTR: u8 = 15;
+/// Create a symlink.
+pub const SYMLINK: u8 = 16;
 /// A page of a listing.
 pub const ENTRIES: u8 = 64;
 /// Attributes.
@@ -64,6 +92,13 @@ pub const CHANGED: u8 = 69;
 pub const ERROR: u8 = 70;
 /// A pull was resolved: the transfer protocol follows.
 pub const TRANSFER: u8 = 71;
+/// A put met a conflict: its content was kept under another name.
+pub const CONFLICTED: u8 = 72;
+
+/// Most content bytes in one [`PUT_DATA`] packet.
+pub const MAX_PUT_DATA: usize = 1 << 20;
+/// Bytes of a [`PUT_DATA`] header, before its content.
+pub const PUT_DATA_HEADER_LEN: usize = 1 + 4 + 8;
 
 /// The cursor of a listing's last page.
 pub const END: u64 = u64::MAX;
@@ -244,10 +279,22 @@ pub enum ErrorCode {
     BadRequest,
     /// The request was cancelled.
     Cancelled,
+    /// A write to a share that is not writable.
+    ReadOnly,
+    /// The path changed on the sharer since the version the write names; nothing was changed.
+    Conflict,
+    /// A put's content does not match the root it named; nothing was changed.
+    Integrity,
+    /// The sharer's disk has no room for it.
+    DiskFull,
+    /// The path exists already.
+    Exists,
+    /// The directory is not empty.
+    NotEmpty,
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 9] = [
+    const ALL: [ErrorCode; 15] = [
         ErrorCode::NotFound,
         ErrorCode::WrongKind,
         ErrorCode::UnsafePath,
@@ -257,6 +304,12 @@ impl ErrorCode {
         ErrorCode::Io,
         ErrorCode::BadRequest,
         ErrorCode::Cancelled,
+        ErrorCode::ReadOnly,
+        ErrorCode::Conflict,
+        ErrorCode::Integrity,
+        ErrorCode::DiskFull,
+        ErrorCode::Exists,
+        ErrorCode::NotEmpty,
     ];
 
     fn to_u8(self) -> u8 {
@@ -279,6 +332,12 @@ impl ErrorCode {
             ErrorCode::Io => "io",
             ErrorCode::BadRequest => "bad-request",
             ErrorCode::Cancelled => "cancelled",
+            ErrorCode::ReadOnly => "read-only",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::Integrity => "integrity",
+            ErrorCode::DiskFull => "disk-full",
+            ErrorCode::Exists => "exists",
+            ErrorCode::NotEmpty => "not-empty",
         }
     }
 }
@@ -348,6 +407,141 @@ pub enum Request {
         /// The file or directory (the share itself when empty).
         path: SharePath,
     },
+    /// Write the file `path`: its content follows in [`Request::PutData`] packets (ranges inside `0..size`),
+    /// then [`Request::PutEnd`]. Answered [`Response::Done`] once the file was replaced, or
+    /// [`Response::Conflicted`] when the sharer's file changed meanwhile and the content was kept beside it.
+    Put {
+        /// Request id.
+        id: RequestId,
+        /// What it writes.
+        put: PutHeader,
+    },
+    /// A range of a put's content.
+    PutData {
+        /// The put.
+        id: RequestId,
+        /// Where the bytes go.
+        offset: u64,
+        /// The bytes (at most [`MAX_PUT_DATA`]).
+        bytes: Vec<u8>,
+    },
+    /// A put's content is complete: verify it and make it visible.
+    PutEnd {
+        /// The put.
+        id: RequestId,
+    },
+    /// Create the directory `path`.
+    Mkdir {
+        /// Request id.
+        id: RequestId,
+        /// The new directory.
+        path: SharePath,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// Remove the empty directory `path`.
+    Rmdir {
+        /// Request id.
+        id: RequestId,
+        /// The directory.
+        path: SharePath,
+    },
+    /// Remove the file or symlink `path`.
+    Unlink {
+        /// Request id.
+        id: RequestId,
+        /// The file or symlink.
+        path: SharePath,
+        /// The root of the version the client means to remove: a file that is another version now stays, and
+        /// the answer is [`ErrorCode::Conflict`]. `None`: whatever is there.
+        base: Option<[u8; 32]>,
+    },
+    /// Rename `from` to `to`.
+    Rename {
+        /// Request id.
+        id: RequestId,
+        /// The path renamed.
+        from: SharePath,
+        /// Its new path.
+        to: SharePath,
+        /// Whether an existing `to` is replaced (otherwise it is [`ErrorCode::Exists`]).
+        replace: bool,
+    },
+    /// Change the permission bits or modification time of `path` (a file or directory).
+    SetAttr {
+        /// Request id.
+        id: RequestId,
+        /// The path.
+        path: SharePath,
+        /// New permission bits.
+        mode: Option<u32>,
+        /// New modification time.
+        mtime: Option<Time>,
+    },
+    /// Create a symlink at `path` pointing to `target`.
+    Symlink {
+        /// Request id.
+        id: RequestId,
+        /// The new symlink.
+        path: SharePath,
+        /// Its target, stored as given: relative, and never leading out of the share.
+        target: Vec<u8>,
+    },
+}
+
+/// What a [`Request::Put`] writes, all but its content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PutHeader {
+    /// The file.
+    pub path: SharePath,
+    /// The root of the sharer's version the client's copy derives from; `None`: the client believes the path
+    /// does not exist.
+    pub base: Option<[u8; 32]>,
+    /// Start from the base's content (cut or zero-extended to `size`) and apply only the ranges sent;
+    /// otherwise the content is exactly the ranges sent, holes are zeros.
+    pub from_base: bool,
+    /// The new content's size.
+    pub size: u64,
+    /// The BLAKE3 root of the new content, checked before anything becomes visible.
+    pub root: [u8; 32],
+    /// Permission bits of the new file.
+    pub mode: u32,
+    /// Its modification time (`None`: the time it lands).
+    pub mtime: Option<Time>,
+}
+
+/// A modification time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Time {
+    /// Seconds since the epoch.
+    pub secs: i64,
+    /// Nanoseconds (below 1,000,000,000).
+    pub nanos: u32,
+}
+
+/// Whether a symlink at `link` with `target` stays inside the share: the target is relative, free of NUL,
+/// and resolved lexically from the link's directory it never climbs above the share. Every `..` must come
+/// before the first name (`../../a/b`, not `a/../b`), so the `..`s only climb the real directories of the
+/// link's own path.
+pub fn link_target_inside_share(link: &[u8], target: &[u8]) -> bool {
+    if target.is_empty() || target.len() > MAX_TARGET || target[0] == b'/' || target.contains(&0) {
+        return false;
+    }
+    let (parent, _) = ferry_tree::path::split_parent(link);
+    let mut depth = match parent.is_empty() {
+        true => 0,
+        false => parent.split(|&b| b == b'/').count(),
+    };
+    let mut seen_name = false;
+    for comp in target.split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." if seen_name || depth == 0 => return false,
+            b".." => depth -= 1,
+            _ => seen_name = true,
+        }
+    }
+    true
 }
 
 /// A server's message. `Data` borrows its piece from the packet it was decoded from.
@@ -418,6 +612,14 @@ pub enum Response<'a> {
         /// The pull.
         id: RequestId,
     },
+    /// A put's content was verified but the sharer's file changed since its base: the sharer's file stayed
+    /// and the content was kept beside it under `name` (in the same directory).
+    Conflicted {
+        /// The put.
+        id: RequestId,
+        /// The sibling's name.
+        name: Vec<u8>,
+    },
 }
 
 impl Hello {
@@ -487,6 +689,73 @@ impl Request {
                 out.put_u32(*id);
                 path.encode(out);
             }
+            Request::Put { id, put } => {
+                out.put_u8(PUT);
+                out.put_u32(*id);
+                put.path.encode(out);
+                put_root(out, &put.base);
+                out.put_u8(u8::from(put.from_base));
+                out.put_u64(put.size);
+                out.put(&put.root);
+                out.put_u32(put.mode);
+                put_time(out, &put.mtime);
+            }
+            Request::PutData { id, offset, bytes } => {
+                out.put(&put_data_header(*id, *offset));
+                out.put(bytes);
+            }
+            Request::PutEnd { id } => {
+                out.put_u8(PUT_END);
+                out.put_u32(*id);
+            }
+            Request::Mkdir { id, path, mode } => {
+                out.put_u8(MKDIR);
+                out.put_u32(*id);
+                path.encode(out);
+                out.put_u32(*mode);
+            }
+            Request::Rmdir { id, path } => {
+                out.put_u8(RMDIR);
+                out.put_u32(*id);
+                path.encode(out);
+            }
+            Request::Unlink { id, path, base } => {
+                out.put_u8(UNLINK);
+                out.put_u32(*id);
+                path.encode(out);
+                put_root(out, base);
+            }
+            Request::Rename {
+                id,
+                from,
+                to,
+                replace,
+            } => {
+                out.put_u8(RENAME);
+                out.put_u32(*id);
+                from.encode(out);
+                to.encode(out);
+                out.put_u8(u8::from(*replace));
+            }
+            Request::SetAttr {
+                id,
+                path,
+                mode,
+                mtime,
+            } => {
+                out.put_u8(SETATTR);
+                out.put_u32(*id);
+                path.encode(out);
+                out.put_u8(u8::from(mode.is_some()));
+                out.put_u32(mode.unwrap_or_default());
+                put_time(out, mtime);
+            }
+            Request::Symlink { id, path, target } => {
+                out.put_u8(SYMLINK);
+                out.put_u32(*id);
+                path.encode(out);
+                out.put_bytes16(target);
+            }
         }
     }
 
@@ -543,11 +812,147 @@ impl Request {
                 id: r.u32()?,
                 path: SharePath::decode(&mut r)?,
             },
+            PUT => {
+                let id = r.u32()?;
+                let path = SharePath::decode(&mut r)?;
+                let base = get_root(&mut r)?;
+                let from_base = get_flag(&mut r)?;
+                let size = r.u64()?;
+                let root = r.array()?;
+                let mode = r.u32()?;
+                let mtime = get_time(&mut r)?;
+                if from_base && base.is_none() {
+                    return Err(WireError::Invalid("a put from no base").into());
+                }
+                let put = PutHeader {
+                    path,
+                    base,
+                    from_base,
+                    size,
+                    root,
+                    mode,
+                    mtime,
+                };
+                Request::Put { id, put }
+            }
+            PUT_DATA => {
+                let (id, offset, bytes) = put_data(packet)?;
+                return Ok(Request::PutData {
+                    id,
+                    offset,
+                    bytes: bytes.to_vec(),
+                });
+            }
+            PUT_END => Request::PutEnd { id: r.u32()? },
+            MKDIR => Request::Mkdir {
+                id: r.u32()?,
+                path: SharePath::decode(&mut r)?,
+                mode: r.u32()?,
+            },
+            RMDIR => Request::Rmdir {
+                id: r.u32()?,
+                path: SharePath::decode(&mut r)?,
+            },
+            UNLINK => Request::Unlink {
+                id: r.u32()?,
+                path: SharePath::decode(&mut r)?,
+                base: get_root(&mut r)?,
+            },
+            RENAME => Request::Rename {
+                id: r.u32()?,
+                from: SharePath::decode(&mut r)?,
+                to: SharePath::decode(&mut r)?,
+                replace: get_flag(&mut r)?,
+            },
+            SETATTR => {
+                let id = r.u32()?;
+                let path = SharePath::decode(&mut r)?;
+                let has_mode = get_flag(&mut r)?;
+                let mode = r.u32()?;
+                Request::SetAttr {
+                    id,
+                    path,
+                    mode: has_mode.then_some(mode),
+                    mtime: get_time(&mut r)?,
+                }
+            }
+            SYMLINK => {
+                let id = r.u32()?;
+                let path = SharePath::decode(&mut r)?;
+                let target = r.bytes16(MAX_TARGET)?.to_vec();
+                if !link_target_inside_share(path.as_bytes(), &target) {
+                    return Err(DecodeError::UnsafePath(PathProblem::Absolute));
+                }
+                Request::Symlink { id, path, target }
+            }
             t => return Err(DecodeError::UnknownType(t)),
         };
         r.finish()?;
         Ok(req)
     }
+}
+
+/// The header of a [`PUT_DATA`] packet; its bytes follow.
+pub fn put_data_header(id: RequestId, offset: u64) -> [u8; PUT_DATA_HEADER_LEN] {
+    let mut h = [0u8; PUT_DATA_HEADER_LEN];
+    h[0] = PUT_DATA;
+    h[1..5].copy_from_slice(&id.to_le_bytes());
+    h[5..13].copy_from_slice(&offset.to_le_bytes());
+    h
+}
+
+/// A [`PUT_DATA`] packet's put, offset and bytes, borrowed (the server's path, without a copy).
+pub fn put_data(packet: &[u8]) -> Result<(RequestId, u64, &[u8]), DecodeError> {
+    let mut r = Reader::new(packet);
+    if r.u8()? != PUT_DATA {
+        return Err(WireError::Invalid("not put data").into());
+    }
+    let id = r.u32()?;
+    let offset = r.u64()?;
+    let bytes = r.rest();
+    if bytes.len() > MAX_PUT_DATA {
+        return Err(WireError::Invalid("put data too large").into());
+    }
+    if offset.checked_add(bytes.len() as u64).is_none() {
+        return Err(WireError::Invalid("range").into());
+    }
+    Ok((id, offset, bytes))
+}
+
+fn put_root(out: &mut impl Put, root: &Option<[u8; 32]>) {
+    out.put_u8(u8::from(root.is_some()));
+    out.put(&root.unwrap_or_default());
+}
+
+fn get_flag(r: &mut Reader<'_>) -> Result<bool, DecodeError> {
+    match r.u8()? {
+        0 => Ok(false),
+        1 => Ok(true),
+        _ => Err(WireError::Invalid("flag").into()),
+    }
+}
+
+fn get_root(r: &mut Reader<'_>) -> Result<Option<[u8; 32]>, DecodeError> {
+    let has = get_flag(r)?;
+    let root: [u8; 32] = r.array()?;
+    Ok(has.then_some(root))
+}
+
+fn put_time(out: &mut impl Put, time: &Option<Time>) {
+    out.put_u8(u8::from(time.is_some()));
+    let t = time.unwrap_or(Time { secs: 0, nanos: 0 });
+    out.put_i64(t.secs);
+    out.put_u32(t.nanos);
+}
+
+fn get_time(r: &mut Reader<'_>) -> Result<Option<Time>, DecodeError> {
+    let has = get_flag(r)?;
+    let secs = r.i64()?;
+    let nanos = r.u32()?;
+    if nanos >= 1_000_000_000 {
+        return Err(WireError::Invalid("nanoseconds").into());
+    }
+    Ok(has.then_some(Time { secs, nanos }))
 }
 
 impl Response<'_> {
@@ -607,16 +1012,23 @@ impl Response<'_> {
                 out.put_u8(TRANSFER);
                 out.put_u32(*id);
             }
+            Response::Conflicted { id, name } => {
+                out.put_u8(CONFLICTED);
+                out.put_u32(*id);
+                out.put_bytes16(name);
+            }
         }
     }
 }
 
-/// The id and raw path of a [`LIST`], [`STAT`], [`READ`] or [`PULL`] request, read without checking the path: to refuse
-/// a request whose path breaks the rules by its id.
+/// The id and raw path of a request with a path (a [`LIST`], [`STAT`], [`READ`], [`PULL`] or a write), read
+/// without checking the path: to refuse a request whose path breaks the rules by its id.
 pub fn request_path(packet: &[u8]) -> Option<(RequestId, &[u8])> {
     let mut r = Reader::new(packet);
     match r.u8().ok()? {
-        LIST | STAT | READ | PULL => Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?)),
+        LIST | STAT | READ | PULL | PUT | MKDIR | RMDIR | UNLINK | RENAME | SETATTR | SYMLINK => {
+            Some((r.u32().ok()?, r.bytes16(MAX_PATH).ok()?))
+        }
         _ => None,
     }
 }
@@ -702,6 +1114,18 @@ impl<'a> Response<'a> {
                 Response::Error { id, code, message }
             }
             TRANSFER => Response::Transfer { id: r.u32()? },
+            CONFLICTED => {
+                let id = r.u32()?;
+                let name = r.bytes16(MAX_NAME)?;
+                check_name(name).map_err(DecodeError::UnsafePath)?;
+                if name.contains(&b'/') {
+                    return Err(WireError::Invalid("name with a slash").into());
+                }
+                Response::Conflicted {
+                    id,
+                    name: name.to_vec(),
+                }
+            }
             t => return Err(DecodeError::UnknownType(t)),
         };
         r.finish()?;
@@ -767,6 +1191,70 @@ mod tests {
                 id: 6,
                 path: SharePath::new(b"photos/2026").unwrap(),
             },
+            Request::Put {
+                id: 7,
+                put: PutHeader {
+                    path: SharePath::new(b"a/b.txt").unwrap(),
+                    base: Some([3; 32]),
+                    from_base: true,
+                    size: 1 << 33,
+                    root: [4; 32],
+                    mode: 0o640,
+                    mtime: Some(Time {
+                        secs: -5,
+                        nanos: 999_999_999,
+                    }),
+                },
+            },
+            Request::Put {
+                id: 8,
+                put: PutHeader {
+                    path: SharePath::new(b"new").unwrap(),
+                    base: None,
+                    from_base: false,
+                    size: 0,
+                    root: [0; 32],
+                    mode: 0o600,
+                    mtime: None,
+                },
+            },
+            Request::PutData {
+                id: 7,
+                offset: 4096,
+                bytes: b"xyz".to_vec(),
+            },
+            Request::PutEnd { id: 7 },
+            Request::Mkdir {
+                id: 9,
+                path: SharePath::new(b"d").unwrap(),
+                mode: 0o755,
+            },
+            Request::Rmdir {
+                id: 10,
+                path: SharePath::new(b"d").unwrap(),
+            },
+            Request::Unlink {
+                id: 11,
+                path: SharePath::new(b"f").unwrap(),
+                base: Some([1; 32]),
+            },
+            Request::Rename {
+                id: 12,
+                from: SharePath::new(b"f").unwrap(),
+                to: SharePath::new(b"d/g").unwrap(),
+                replace: true,
+            },
+            Request::SetAttr {
+                id: 13,
+                path: SharePath::new(b"f").unwrap(),
+                mode: Some(0o600),
+                mtime: None,
+            },
+            Request::Symlink {
+                id: 14,
+                path: SharePath::new(b"d/l").unwrap(),
+                target: b"../f".to_vec(),
+            },
         ]
     }
 
@@ -812,6 +1300,10 @@ mod tests {
                 message: "photos/a.jpg changed".into(),
             },
             Response::Transfer { id: 6 },
+            Response::Conflicted {
+                id: 7,
+                name: b"b.txt.conflict-bob-20261124-130000".to_vec(),
+            },
         ]
     }
 
@@ -821,6 +1313,9 @@ mod tests {
             let mut buf = Vec::new();
             req.encode(&mut buf);
             assert_eq!(Request::decode(&buf).unwrap(), req);
+            if matches!(req, Request::PutData { .. }) {
+                continue; // its bytes are the rest of the packet
+            }
             for cut in 0..buf.len() {
                 assert!(
                     Request::decode(&buf[..cut]).is_err(),
@@ -908,6 +1403,68 @@ mod tests {
         }
         .encode(&mut buf);
         assert!(Request::decode(&buf).is_err());
+    }
+
+    #[test]
+    fn hostile_writes_are_refused() {
+        // Symlinks out of the share, absolute or climbing past it.
+        for (link, target) in [
+            (&b"l"[..], &b"../x"[..]),
+            (b"l", b"/etc"),
+            (b"d/l", b"../../x"),
+            (b"d/l", b"a/../../x"),
+            (b"d/l", b""),
+        ] {
+            let mut buf = Vec::new();
+            Request::Symlink {
+                id: 1,
+                path: SharePath::new(link).unwrap(),
+                target: target.to_vec(),
+            }
+            .encode(&mut buf);
+            assert!(
+                matches!(Request::decode(&buf), Err(DecodeError::UnsafePath(_))),
+                "{target:?}"
+            );
+            assert_eq!(request_path(&buf), Some((1, link)));
+        }
+        for (link, target) in [
+            (&b"l"[..], &b"a/b"[..]),
+            (b"d/l", b"../x"),
+            (b"d/e/l", b"../../x"),
+        ] {
+            assert!(link_target_inside_share(link, target), "{target:?}");
+        }
+        // Too much data in one packet, a range that overflows, a put from no base.
+        let mut big = put_data_header(1, 0).to_vec();
+        big.resize(PUT_DATA_HEADER_LEN + MAX_PUT_DATA + 1, 0);
+        assert!(Request::decode(&big).is_err());
+        let mut wrap = put_data_header(1, u64::MAX).to_vec();
+        wrap.push(0);
+        assert!(Request::decode(&wrap).is_err());
+        let mut buf = Vec::new();
+        Request::Put {
+            id: 1,
+            put: PutHeader {
+                path: SharePath::new(b"f").unwrap(),
+                base: Some([0; 32]),
+                from_base: true,
+                size: 0,
+                root: [0; 32],
+                mode: 0,
+                mtime: None,
+            },
+        }
+        .encode(&mut buf);
+        let flag = 1 + 4 + 2 + 1;
+        buf[flag] = 0; // no base, yet from it
+        assert!(Request::decode(&buf).is_err());
+        // A conflict name with a slash or `..`.
+        for bad in [&b"a/b"[..], b"..", b""] {
+            let mut buf = vec![CONFLICTED, 1, 0, 0, 0];
+            buf.put_bytes16(bad);
+            assert!(Response::decode(&buf).is_err(), "{bad:?}");
+        }
     }
 
     proptest::proptest! {

@@ -10,11 +10,14 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{channel, start_sharer, Sharer, Tap};
+use common::{channel, start_sharer_with, Sharer, Tap};
 use ferry_channel::IdentityKey;
 use ferry_share::io::Changes;
-use ferry_share::remote::{Dial, LinkState, ReadPiece, Remote, RemoteConfig, RemoteError};
-use ferry_share::wire::{ErrorCode, Kind, SharePath};
+use ferry_share::remote::{
+    Dial, LinkState, PutOutcome, ReadPiece, Remote, RemoteConfig, RemoteError,
+};
+use ferry_share::server::ServerConfig;
+use ferry_share::wire::{ErrorCode, Kind, SharePath, Time};
 use ferry_testkit::{pseudo_random, TempDir};
 
 const BIG: usize = 3 * 1024 * 1024 + 777;
@@ -28,10 +31,25 @@ struct World {
     sockets: Arc<Mutex<Vec<TcpStream>>>,
     changes: Changes,
     _watch: ferry_share::watch::Watcher,
+    /// The sharer's settings (writable or not).
+    config: ServerConfig,
 }
 
 impl World {
     fn new() -> World {
+        World::with(ServerConfig::default())
+    }
+
+    /// A world whose sharer lets the client write.
+    fn writable() -> World {
+        World::with(ServerConfig {
+            writable: true,
+            peer: "bob".into(),
+            ..ServerConfig::default()
+        })
+    }
+
+    fn with(config: ServerConfig) -> World {
         let dir = ferry_testkit::temp_dir("ferry-remote-");
         let share = dir.path().join("share");
         std::fs::create_dir_all(share.join("docs")).unwrap();
@@ -58,6 +76,7 @@ impl World {
             sockets: Arc::default(),
             changes,
             _watch: watch,
+            config,
         };
         world.restart();
         world
@@ -69,11 +88,12 @@ impl World {
 
     /// A new sharer of the same share on a new listener (with a new key); the dial reaches it from now on.
     fn restart(&self) -> Arc<Sharer> {
-        let sharer = Arc::new(start_sharer(
+        let sharer = Arc::new(start_sharer_with(
             &self.share(),
             &self.dir.path().join("cache"),
             IdentityKey::from_seed(self.me).public(),
             self.changes.clone(),
+            self.config.clone(),
         ));
         *self.current.lock().unwrap() = Some(Arc::clone(&sharer));
         sharer
@@ -693,4 +713,217 @@ fn a_request_made_while_the_link_is_down_waits_for_it() {
     assert_eq!(waiting.join().unwrap().unwrap().size, 21);
     assert_eq!(c.link_until(|_| true), LinkState::Back);
     assert!(c.remote.is_up());
+}
+
+// ---- Writes ----
+
+fn errno_of(r: Result<(), RemoteError>) -> rustix::io::Errno {
+    rustix::io::Errno::from_raw_os_error(r.unwrap_err().errno())
+}
+
+/// A local file holding `data` (the client's copy that a put sends).
+fn local(world: &World, name: &str, data: &[u8]) -> std::fs::File {
+    let path = world.dir.path().join(name);
+    std::fs::write(&path, data).unwrap();
+    std::fs::File::open(path).unwrap()
+}
+
+fn root_of(data: &[u8]) -> [u8; 32] {
+    *blake3::hash(data).as_bytes()
+}
+
+#[test]
+fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
+    use rustix::io::Errno;
+    let world = World::writable();
+    let c = world.connect(config(8, Duration::from_secs(10)));
+    let r = &c.remote;
+
+    // A new file, then two small changes sent alone, then a truncate: each answer is the base of the next.
+    let v1 = pseudo_random(2 * 1024 * 1024 + 3, 40);
+    let out = r.put(
+        &p("docs/new.bin"),
+        None,
+        &local(&world, "v1", &v1),
+        None,
+        0o640,
+        None,
+    );
+    let PutOutcome::Written { version } = out.unwrap() else {
+        panic!("not written");
+    };
+    assert_eq!(
+        (version.size, version.root),
+        (v1.len() as u64, root_of(&v1))
+    );
+    assert_eq!(world.file("docs/new.bin"), v1);
+    assert_eq!(read_all(r, &p("docs/new.bin"), 0, u64::MAX), v1);
+    let mut v2 = v1.clone();
+    v2[5..9].copy_from_slice(b"edit");
+    v2[2_000_000..2_000_004].copy_from_slice(b"more");
+    let ranges = [5..9, 2_000_000..2_000_004];
+    let file = local(&world, "v2", &v2);
+    let out = r.put(
+        &p("docs/new.bin"),
+        Some(version.root),
+        &file,
+        Some(&ranges),
+        0o640,
+        None,
+    );
+    assert!(matches!(out.unwrap(), PutOutcome::Written { .. }));
+    assert_eq!(world.file("docs/new.bin"), v2);
+    let v3 = v2[..100].to_vec();
+    let mtime = Some(Time {
+        secs: 1_650_000_000,
+        nanos: 0,
+    });
+    let file = local(&world, "v3", &v3);
+    let out = r.put(
+        &p("docs/new.bin"),
+        Some(root_of(&v2)),
+        &file,
+        Some(&[]),
+        0o640,
+        mtime,
+    );
+    assert!(matches!(out.unwrap(), PutOutcome::Written { .. }));
+    assert_eq!(world.file("docs/new.bin"), v3);
+    assert_eq!(r.stat(&p("docs/new.bin")).unwrap().mtime, 1_650_000_000);
+
+    // The sharer changed it meanwhile: a whole put and a partial one both keep the two versions.
+    std::fs::write(world.share().join("docs/new.bin"), b"the sharer's").unwrap();
+    let first = 0..3;
+    for ranges in [None, Some(std::slice::from_ref(&first))] {
+        let file = local(&world, "v4", b"the client's");
+        let out = r.put(
+            &p("docs/new.bin"),
+            Some(root_of(&v3)),
+            &file,
+            ranges,
+            0o640,
+            None,
+        );
+        let PutOutcome::Conflicted { name } = out.unwrap() else {
+            panic!("no conflict");
+        };
+        let name = String::from_utf8(name).unwrap();
+        assert!(name.starts_with("new.bin.conflict-bob-"), "{name}");
+        assert_eq!(world.file(&format!("docs/{name}")), b"the client's");
+    }
+    assert_eq!(world.file("docs/new.bin"), b"the sharer's");
+    let stale = r.unlink(&p("docs/new.bin"), Some(root_of(&v3)));
+    assert_eq!(errno_of(stale), Errno::STALE);
+    assert_eq!(world.file("docs/new.bin"), b"the sharer's");
+
+    // Directories, renames, attributes, symlinks.
+    r.mkdir(&p("made"), 0o755).unwrap();
+    assert_eq!(errno_of(r.mkdir(&p("made"), 0o755)), Errno::EXIST);
+    r.rename(&p("docs/new.bin"), &p("made/moved.bin"), false)
+        .unwrap();
+    assert_eq!(world.file("made/moved.bin"), b"the sharer's");
+    r.set_attr(&p("made/moved.bin"), Some(0o600), None).unwrap();
+    assert_eq!(r.stat(&p("made/moved.bin")).unwrap().mode & 0o777, 0o600);
+    r.symlink(&p("made/link"), b"moved.bin").unwrap();
+    assert_eq!(r.stat(&p("made/link")).unwrap().kind, Kind::Symlink);
+    let out = r.symlink(&p("made/out"), b"../../secret");
+    assert_eq!(errno_of(out), Errno::ACCESS);
+    assert_eq!(errno_of(r.rmdir(&p("made"))), Errno::NOTEMPTY);
+    assert_eq!(errno_of(r.unlink(&p("made/none"), None)), Errno::NOENT);
+    r.unlink(&p("made/link"), None).unwrap();
+    r.unlink(&p("made/moved.bin"), Some(root_of(b"the sharer's")))
+        .unwrap();
+    r.rmdir(&p("made")).unwrap();
+    assert!(!world.share().join("made").exists());
+}
+
+#[test]
+fn a_share_that_is_not_writable_answers_erofs() {
+    let world = World::new();
+    let c = world.connect(config(8, Duration::from_secs(10)));
+    let file = local(&world, "mine", b"mine");
+    let e = c
+        .remote
+        .put(&p("docs/x"), None, &file, None, 0o644, None)
+        .unwrap_err();
+    assert!(
+        matches!(e, RemoteError::Remote(ErrorCode::ReadOnly, _)),
+        "{e:?}"
+    );
+    assert_eq!(e.errno(), rustix::io::Errno::ROFS.raw_os_error());
+    let e = c.remote.mkdir(&p("d"), 0o755);
+    assert_eq!(errno_of(e), rustix::io::Errno::ROFS);
+    assert!(!world.share().join("docs/x").exists());
+    // The link goes on.
+    assert_eq!(c.remote.stat(&p("docs")).unwrap().kind, Kind::Dir);
+}
+
+#[test]
+fn eight_threads_write_and_read_back_at_once() {
+    let world = World::writable();
+    let c = world.connect(config(4, Duration::from_secs(10)));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let remote = c.remote.clone();
+            let data = pseudo_random(1024 * 1024 + t as usize * 1000, 50 + t);
+            let file = local(&world, &format!("t{t}"), &data);
+            std::thread::spawn(move || {
+                let path = p(&format!("docs/t{t}.bin"));
+                // New, then replaced twice from the version just written.
+                let mut base = None;
+                for _ in 0..3 {
+                    let out = remote.put(&path, base, &file, None, 0o644, None);
+                    let PutOutcome::Written { version } = out.unwrap() else {
+                        panic!("not written");
+                    };
+                    base = Some(version.root);
+                    assert_eq!(read_all(&remote, &path, 0, u64::MAX), data);
+                }
+                data
+            })
+        })
+        .collect();
+    for (t, thread) in threads.into_iter().enumerate() {
+        let data = thread.join().unwrap();
+        assert_eq!(world.file(&format!("docs/t{t}.bin")), data);
+    }
+}
+
+#[test]
+fn a_put_whose_link_is_cut_lands_once_on_the_next_link() {
+    let world = World::writable();
+    let c = world.connect(config(8, Duration::from_secs(10)));
+    let data = pseudo_random(32 * 1024 * 1024, 60);
+    let file = local(&world, "big", &data);
+    let remote = c.remote.clone();
+    let put =
+        std::thread::spawn(move || remote.put(&p("docs/cut.bin"), None, &file, None, 0o644, None));
+    // Cut once the sharer holds part of it (its temp file exists).
+    let docs = world.share().join("docs");
+    let has_temp = || {
+        std::fs::read_dir(&docs).unwrap().any(|e| {
+            e.unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(".ferry-put-")
+        })
+    };
+    while !has_temp() && !put.is_finished() {
+        std::thread::yield_now();
+    }
+    world.cut();
+    let out = put.join().unwrap().unwrap();
+    assert!(matches!(out, PutOutcome::Written { .. }), "{out:?}");
+    assert_eq!(world.file("docs/cut.bin"), data);
+    // Landed once: no conflict copy, and the cut put's temp file is gone with its session.
+    let names: Vec<String> = std::fs::read_dir(&docs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains(".conflict-")), "{names:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while has_temp() {
+        assert!(std::time::Instant::now() < deadline, "a temp file stayed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }

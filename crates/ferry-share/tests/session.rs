@@ -110,6 +110,7 @@ impl Pair {
                 };
                 self.server.pull_resolved(id, r);
             }
+            job => panic!("a share that is not writable runs no {job:?}"),
         }
     }
 

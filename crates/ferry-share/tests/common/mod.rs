@@ -78,6 +78,17 @@ pub struct Sharer {
 /// Shares `share` with one paired client (`client`), caching outboards in `cache`; clients one after another
 /// or at once, each on a thread of its own.
 pub fn start_sharer(share: &Path, cache: &Path, client: [u8; 32], changes: Changes) -> Sharer {
+    start_sharer_with(share, cache, client, changes, ServerConfig::default())
+}
+
+/// [`start_sharer`] with the sessions' settings (a writable share, ...).
+pub fn start_sharer_with(
+    share: &Path,
+    cache: &Path,
+    client: [u8; 32],
+    changes: Changes,
+    config: ServerConfig,
+) -> Sharer {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let key = IdentityKey::generate();
@@ -92,11 +103,12 @@ pub fn start_sharer(share: &Path, cache: &Path, client: [u8; 32], changes: Chang
         for stream in listener.incoming() {
             let stream = stream.unwrap();
             let tap = taps2.lock().unwrap().pop_front();
-            let (log2, root, cache, changes) = (
+            let (log2, root, cache, changes, config) = (
                 Arc::clone(&log2),
                 Arc::clone(&root),
                 cache.clone(),
                 changes.clone(),
+                config.clone(),
             );
             std::thread::spawn(move || {
                 let est = match handshake(
@@ -119,7 +131,6 @@ pub fn start_sharer(share: &Path, cache: &Path, client: [u8; 32], changes: Chang
                 };
                 let writer = SecureWriter::new(tapped, est.sealer);
                 let mut log = |m: &str| log2.lock().unwrap().push(m.to_string());
-                let config = ServerConfig::default();
                 let _ = serve(reader, writer, &root, &cache, &changes, config, &mut log);
             });
         }

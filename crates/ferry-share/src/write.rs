@@ -1,0 +1,650 @@
+//! The sharer's side of writes: every path resolved beneath the share with no symlink in it, file content
+//! landed through a temp file and an atomic rename, and the conflict rule.
+//!
+//! A put writes into `.ferry-put-<random>` in the target's directory (copying the base's content with
+//! `copy_file_range` when the client sends only changed ranges), hashes the result and compares it with the
+//! root the client named: a mismatch changes nothing. Right before the rename, the conflict check: the path's
+//! current version (its root, by the outboard cache; none when absent) must still be the put's base. Then the
+//! temp file is renamed over the path (`RENAME_NOREPLACE` when the base is none), so a reader on the sharer
+//! sees the old content or the new, never a mix. Otherwise the sharer's file stays as it is and the client's
+//! content is renamed to a visible sibling, `NAME.conflict-PEER-YYYYMMDD-HHMMSS` (UTC, `-2`, `-3`, ... when
+//! taken): nothing is lost. A temp file is removed when its put fails or its connection drops
+//! ([`Upload`]'s drop), and [`ShareRoot::sweep_temps`] removes those a crash left behind.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
+
+use rustix::fs::{
+    AtFlags, FileType, Mode, OFlags, RenameFlags, ResolveFlags, Timespec, Timestamps,
+};
+use rustix::io::Errno;
+
+use crate::fs::{FsError, OutboardCache, ShareRoot};
+use crate::server::{PutOutcome, WriteOp};
+use crate::wire::{ErrorCode, PutHeader, SharePath, Time};
+
+/// Names of put temp files start with this; listings leave them out and writes may not name them.
+pub const TEMP_PREFIX: &[u8] = b".ferry-put-";
+
+/// Whether `name` is a put's temp file.
+pub fn is_temp(name: &[u8]) -> bool {
+    name.starts_with(TEMP_PREFIX)
+}
+
+fn shown(path: &SharePath) -> String {
+    String::from_utf8_lossy(path.as_bytes()).into_owned()
+}
+
+/// The code and message of a failed write.
+fn write_error(e: Errno, path: &SharePath) -> FsError {
+    let code = match e {
+        Errno::EXIST => ErrorCode::Exists,
+        Errno::NOTEMPTY => ErrorCode::NotEmpty,
+        Errno::NOSPC | Errno::DQUOT | Errno::FBIG => ErrorCode::DiskFull,
+        Errno::ROFS => ErrorCode::ReadOnly,
+        Errno::INVAL => ErrorCode::BadRequest,
+        _ => return crate::fs::fs_error(e, path),
+    };
+    (code, format!("{}: {}", shown(path), io::Error::from(e)))
+}
+
+fn io_error(e: io::Error, path: &SharePath) -> FsError {
+    match e.raw_os_error() {
+        Some(n) => write_error(Errno::from_raw_os_error(n), path),
+        None => (ErrorCode::Io, format!("{}: {e}", shown(path))),
+    }
+}
+
+fn os(name: &[u8]) -> &std::ffi::OsStr {
+    std::ffi::OsStr::from_bytes(name)
+}
+
+/// What is at a name now, for the conflict check: a file's root, something that is no file, or nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Current {
+    Absent,
+    File([u8; 32]),
+    Other,
+}
+
+impl Current {
+    fn matches(self, base: Option<[u8; 32]>) -> bool {
+        match (self, base) {
+            (Current::Absent, None) => true,
+            (Current::File(root), Some(base)) => root == base,
+            _ => false,
+        }
+    }
+}
+
+impl ShareRoot {
+    /// The directory `path` lies in (opened beneath the share, no symlink on the way) and its name. The
+    /// share itself and put temp files cannot be written.
+    fn parent_of(&self, path: &SharePath) -> Result<(OwnedFd, Vec<u8>), FsError> {
+        if path.is_root() {
+            return Err((
+                ErrorCode::BadRequest,
+                "the share itself cannot be written".into(),
+            ));
+        }
+        let (parent, name) = ferry_tree::path::split_parent(path.as_bytes());
+        if is_temp(name) {
+            return Err((
+                ErrorCode::UnsafePath,
+                format!(
+                    "{}: a name reserved for the sharer's temp files",
+                    shown(path)
+                ),
+            ));
+        }
+        let rel: &[u8] = if parent.is_empty() { b"." } else { parent };
+        let dir = rustix::fs::openat2(
+            self.dir_fd(),
+            os(rel),
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        )
+        .map_err(|e| crate::fs::fs_error(e, path))?;
+        Ok((dir, name.to_vec()))
+    }
+
+    /// The file at `name` in `dir`, not following a symlink: `None` when absent or no regular file.
+    fn open_current(dir: &OwnedFd, name: &[u8]) -> Result<Option<File>, Errno> {
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        match rustix::fs::openat(dir, os(name), flags, Mode::empty()) {
+            Ok(fd) => {
+                let st = rustix::fs::fstat(&fd)?;
+                match FileType::from_raw_mode(st.st_mode) {
+                    FileType::RegularFile => Ok(Some(File::from(fd))),
+                    _ => Ok(None),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn current(
+        dir: &OwnedFd,
+        name: &[u8],
+        cache: &OutboardCache,
+        path: &SharePath,
+    ) -> Result<Current, FsError> {
+        match Self::open_current(dir, name) {
+            Ok(Some(file)) => {
+                let cached = cache.outboard(&file).map_err(|e| io_error(e, path))?;
+                Ok(Current::File(cached.outboard.version().root))
+            }
+            Ok(None) | Err(Errno::LOOP) => Ok(Current::Other),
+            Err(Errno::NOENT) => Ok(Current::Absent),
+            // A directory opens read-only too; anything else that will not open is something there.
+            Err(Errno::ACCESS | Errno::PERM | Errno::NXIO) => Ok(Current::Other),
+            Err(e) => Err(write_error(e, path)),
+        }
+    }
+
+    /// Starts a put: its temp file beside the target, holding the base's content when it starts from it.
+    pub fn begin_put(&self, cache: &OutboardCache, put: PutHeader) -> Result<Upload, FsError> {
+        let path = &put.path.clone();
+        let (dir, name) = self.parent_of(path)?;
+        let base_file = match (put.from_base, put.base) {
+            (true, Some(base)) => {
+                let file = Self::open_current(&dir, &name)
+                    .ok()
+                    .flatten()
+                    .ok_or_else(|| changed(path))?;
+                let root = cache
+                    .outboard(&file)
+                    .map_err(|e| io_error(e, path))?
+                    .outboard
+                    .version()
+                    .root;
+                if root != base {
+                    return Err(changed(path));
+                }
+                Some(file)
+            }
+            _ => None,
+        };
+        let vfs = rustix::fs::fstatvfs(&dir).map_err(|e| write_error(e, path))?;
+        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        if put.size > free {
+            return Err((
+                ErrorCode::DiskFull,
+                format!(
+                    "{}: {} bytes do not fit ({free} bytes free)",
+                    shown(path),
+                    put.size
+                ),
+            ));
+        }
+        let (file, temp) = create_temp(&dir).map_err(|e| write_error(e, path))?;
+        // A put from no base usually arrives in order from its start: hashed as it comes.
+        let hashed = (!put.from_base).then(|| (blake3::Hasher::new(), 0));
+        let upload = Upload {
+            dir,
+            name,
+            temp,
+            file,
+            put,
+            hashed,
+            landed: false,
+        };
+        if let Some(base) = base_file {
+            let len = base.metadata().map_err(|e| io_error(e, path))?.len();
+            copy_range(&base, &upload.file, len.min(upload.put.size))
+                .map_err(|e| io_error(e, path))?;
+        }
+        upload
+            .file
+            .set_len(upload.put.size)
+            .map_err(|e| io_error(e, &upload.put.path))?;
+        Ok(upload)
+    }
+
+    /// Runs a write other than a put.
+    pub fn write(&self, cache: &OutboardCache, op: &WriteOp) -> Result<(), FsError> {
+        match op {
+            WriteOp::Mkdir { path, mode } => {
+                let (dir, name) = self.parent_of(path)?;
+                rustix::fs::mkdirat(&dir, os(&name), Mode::from_bits_truncate(mode & 0o777))
+                    .map_err(|e| write_error(e, path))
+            }
+            WriteOp::Rmdir { path } => {
+                let (dir, name) = self.parent_of(path)?;
+                rustix::fs::unlinkat(&dir, os(&name), AtFlags::REMOVEDIR)
+                    .map_err(|e| write_error(e, path))
+            }
+            WriteOp::Unlink { path, base } => {
+                let (dir, name) = self.parent_of(path)?;
+                if let Some(base) = base {
+                    let now = Self::current(&dir, &name, cache, path)?;
+                    if !now.matches(Some(*base)) {
+                        return Err((
+                            ErrorCode::Conflict,
+                            format!("{}: changed since that version; it stays", shown(path)),
+                        ));
+                    }
+                }
+                rustix::fs::unlinkat(&dir, os(&name), AtFlags::empty())
+                    .map_err(|e| write_error(e, path))
+            }
+            WriteOp::Rename { from, to, replace } => {
+                let (from_dir, from_name) = self.parent_of(from)?;
+                let (to_dir, to_name) = self.parent_of(to)?;
+                let flags = match replace {
+                    true => RenameFlags::empty(),
+                    false => RenameFlags::NOREPLACE,
+                };
+                rustix::fs::renameat_with(&from_dir, os(&from_name), &to_dir, os(&to_name), flags)
+                    .map_err(|e| write_error(e, from))
+            }
+            WriteOp::SetAttr { path, mode, mtime } => self.set_attr(path, *mode, *mtime),
+            WriteOp::Symlink { path, target } => {
+                if !crate::wire::link_target_inside_share(path.as_bytes(), target) {
+                    return Err((
+                        ErrorCode::UnsafePath,
+                        format!("{}: the target leads outside the share", shown(path)),
+                    ));
+                }
+                let (dir, name) = self.parent_of(path)?;
+                rustix::fs::symlinkat(os(target), &dir, os(&name)).map_err(|e| write_error(e, path))
+            }
+        }
+    }
+
+    fn set_attr(
+        &self,
+        path: &SharePath,
+        mode: Option<u32>,
+        mtime: Option<Time>,
+    ) -> Result<(), FsError> {
+        let (dir, name) = self.parent_of(path)?;
+        // Held by an O_PATH descriptor: what is checked is what is changed, even if the name is swapped.
+        let fd = rustix::fs::openat(
+            &dir,
+            os(&name),
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| write_error(e, path))?;
+        let st = rustix::fs::fstat(&fd).map_err(|e| write_error(e, path))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile | FileType::Directory => {}
+            FileType::Symlink if mode.is_none() => {}
+            FileType::Symlink => {
+                return Err((
+                    ErrorCode::WrongKind,
+                    format!("{}: a symlink has no permission bits", shown(path)),
+                ))
+            }
+            _ => {
+                return Err((
+                    ErrorCode::UnsafePath,
+                    format!("{}: not a file, directory or symlink", shown(path)),
+                ))
+            }
+        }
+        // The descriptor's inode through /proc: chmod and utimens of exactly what was checked.
+        let proc = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Some(mode) = mode {
+            rustix::fs::chmodat(
+                rustix::fs::CWD,
+                proc.as_str(),
+                Mode::from_bits_truncate(mode & 0o777),
+                AtFlags::empty(),
+            )
+            .map_err(|e| write_error(e, path))?;
+        }
+        if let Some(t) = mtime {
+            if FileType::from_raw_mode(st.st_mode) == FileType::Symlink {
+                // utimensat does not follow the last name with this flag: the symlink itself.
+                rustix::fs::utimensat(&dir, os(&name), &times(t), AtFlags::SYMLINK_NOFOLLOW)
+            } else {
+                rustix::fs::utimensat(rustix::fs::CWD, proc.as_str(), &times(t), AtFlags::empty())
+            }
+            .map_err(|e| write_error(e, path))?;
+        }
+        Ok(())
+    }
+
+    /// Removes put temp files that a crash left in the share (those last written before `before`), walking
+    /// the whole share without following symlinks. Returns how many it removed.
+    pub fn sweep_temps(&self, before: SystemTime) -> usize {
+        let mut removed = 0;
+        let mut dirs: Vec<Vec<u8>> = vec![b".".to_vec()];
+        while let Some(rel) = dirs.pop() {
+            let Ok(dir) = rustix::fs::openat2(
+                self.dir_fd(),
+                os(&rel),
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+            ) else {
+                continue;
+            };
+            let Ok(mut reader) = rustix::fs::Dir::read_from(&dir) else {
+                continue;
+            };
+            while let Some(Ok(item)) = reader.read() {
+                let name = item.file_name().to_bytes();
+                if name == b"." || name == b".." {
+                    continue;
+                }
+                let Ok(st) = rustix::fs::statat(&dir, os(name), AtFlags::SYMLINK_NOFOLLOW) else {
+                    continue;
+                };
+                match FileType::from_raw_mode(st.st_mode) {
+                    FileType::Directory => {
+                        let mut sub = if rel == b"." { Vec::new() } else { rel.clone() };
+                        if !sub.is_empty() {
+                            sub.push(b'/');
+                        }
+                        sub.extend_from_slice(name);
+                        dirs.push(sub);
+                    }
+                    FileType::RegularFile if is_temp(name) => {
+                        let mtime = std::time::UNIX_EPOCH
+                            + std::time::Duration::new(
+                                st.st_mtime.max(0) as u64,
+                                st.st_mtime_nsec as u32,
+                            );
+                        if mtime < before
+                            && rustix::fs::unlinkat(&dir, os(name), AtFlags::empty()).is_ok()
+                        {
+                            removed += 1;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        removed
+    }
+}
+
+fn changed(path: &SharePath) -> FsError {
+    (
+        ErrorCode::Changed,
+        format!(
+            "{}: no longer the base version; send the whole content",
+            shown(path)
+        ),
+    )
+}
+
+fn times(t: Time) -> Timestamps {
+    Timestamps {
+        last_access: Timespec {
+            tv_sec: 0,
+            tv_nsec: rustix::fs::UTIME_OMIT,
+        },
+        last_modification: Timespec {
+            tv_sec: t.secs,
+            tv_nsec: t.nanos.into(),
+        },
+    }
+}
+
+/// Creates a new temp file in `dir` (0600, exclusive).
+fn create_temp(dir: &OwnedFd) -> Result<(File, Vec<u8>), Errno> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let nanos = SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let seed = format!("{}-{n}-{nanos}", std::process::id());
+        let hash = blake3::hash(seed.as_bytes());
+        let mut name = TEMP_PREFIX.to_vec();
+        name.extend_from_slice(hash.to_hex()[..16].as_bytes());
+        let flags =
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        match rustix::fs::openat(dir, os(&name), flags, Mode::from_bits_truncate(0o600)) {
+            Ok(fd) => return Ok((File::from(fd), name)),
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Copies the first `len` bytes of `from` to `to` (in the kernel, sharing extents where the file system can).
+fn copy_range(from: &File, to: &File, len: u64) -> io::Result<()> {
+    let (mut src, mut dst) = (0u64, 0u64);
+    while src < len {
+        let want = (len - src).min(1 << 30) as usize;
+        let n = rustix::fs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), want)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(())
+}
+
+/// BLAKE3 of the first `len` bytes of `file`: the root reads verify against.
+pub(crate) fn hash(file: &File, len: u64) -> io::Result<[u8; 32]> {
+    hash_rest(file, blake3::Hasher::new(), 0, len)
+}
+
+/// Feeds bytes `from..len` of `file` to `hasher` and gives the root.
+fn hash_rest(file: &File, mut hasher: blake3::Hasher, from: u64, len: u64) -> io::Result<[u8; 32]> {
+    let mut buf = vec![0u8; (len - from.min(len)).min(1 << 20) as usize];
+    let mut at = from;
+    while at < len {
+        let n = (len - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at)?;
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(*hasher.finalize().as_bytes())
+}
+
+/// A put being received: its temp file in the target's directory, removed on drop unless it landed.
+#[derive(Debug)]
+pub struct Upload {
+    dir: OwnedFd,
+    name: Vec<u8>,
+    temp: Vec<u8>,
+    file: File,
+    put: PutHeader,
+    /// The content hashed so far and where it ends, while the data arrived in order from the start.
+    hashed: Option<(blake3::Hasher, u64)>,
+    landed: bool,
+}
+
+impl Upload {
+    /// The temp file's name (in the target's directory).
+    pub fn temp_name(&self) -> &[u8] {
+        &self.temp
+    }
+
+    /// The file the put writes.
+    pub fn path(&self) -> &SharePath {
+        &self.put.path
+    }
+
+    /// Writes `bytes` at `offset` of the new content (the server checked the range).
+    pub fn write(&mut self, offset: u64, bytes: &[u8]) -> Result<(), FsError> {
+        self.file
+            .write_all_at(bytes, offset)
+            .map_err(|e| io_error(e, &self.put.path))?;
+        match &mut self.hashed {
+            Some((hasher, at)) if *at == offset => {
+                hasher.update(bytes);
+                *at += bytes.len() as u64;
+            }
+            // Out of order: the end hashes the file.
+            _ => self.hashed = None,
+        }
+        Ok(())
+    }
+
+    /// Verifies the content against its root, then lands it by the conflict rule (see the module).
+    pub fn finish(mut self, cache: &OutboardCache, peer: &str) -> Result<PutOutcome, FsError> {
+        let path = self.put.path.clone();
+        self.file.sync_data().map_err(|e| io_error(e, &path))?;
+        let root = match self.hashed.take() {
+            // Holes after the last range are read back (zeros).
+            Some((hasher, at)) => hash_rest(&self.file, hasher, at, self.put.size),
+            None => hash(&self.file, self.put.size),
+        }
+        .map_err(|e| io_error(e, &path))?;
+        if root != self.put.root {
+            return Err((
+                ErrorCode::Integrity,
+                format!(
+                    "{}: the content does not match its hash; nothing changed",
+                    shown(&path)
+                ),
+            ));
+        }
+        rustix::fs::fchmod(&self.file, Mode::from_bits_truncate(self.put.mode & 0o777))
+            .map_err(|e| write_error(e, &path))?;
+        let now = ShareRoot::current(&self.dir, &self.name, cache, &path)?;
+        let landed = if now.matches(self.put.base) {
+            let flags = match self.put.base {
+                None => RenameFlags::NOREPLACE,
+                Some(_) => RenameFlags::empty(),
+            };
+            match rustix::fs::renameat_with(
+                &self.dir,
+                os(&self.temp),
+                &self.dir,
+                os(&self.name),
+                flags,
+            ) {
+                Ok(()) => Ok(PutOutcome::Written),
+                // Created meanwhile: a conflict like any other.
+                Err(Errno::EXIST) => Err(()),
+                Err(e) => return Err(write_error(e, &path)),
+            }
+        } else {
+            Err(())
+        };
+        let outcome = match landed {
+            Ok(o) => o,
+            Err(()) => PutOutcome::Conflicted(self.keep_beside(peer)?),
+        };
+        self.landed = true;
+        if let Some(t) = self.put.mtime {
+            // On the descriptor, after the rename: the landed file, and a stale-temp sweep never mistakes a
+            // temp for an old one.
+            let _ = rustix::fs::futimens(&self.file, &times(t));
+        }
+        Ok(outcome)
+    }
+
+    /// Renames the temp file to a free `NAME.conflict-PEER-DATE[-N]` beside the target.
+    fn keep_beside(&self, peer: &str) -> Result<Vec<u8>, FsError> {
+        let stamp = utc_stamp(SystemTime::now());
+        for n in 1..=1000u32 {
+            let name = conflict_name(&self.name, peer, &stamp, n);
+            match rustix::fs::renameat_with(
+                &self.dir,
+                os(&self.temp),
+                &self.dir,
+                os(&name),
+                RenameFlags::NOREPLACE,
+            ) {
+                Ok(()) => return Ok(name),
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(write_error(e, &self.put.path)),
+            }
+        }
+        Err((
+            ErrorCode::Io,
+            format!("{}: no free conflict name", shown(&self.put.path)),
+        ))
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        if !self.landed {
+            let _ = rustix::fs::unlinkat(&self.dir, os(&self.temp), AtFlags::empty());
+        }
+    }
+}
+
+impl AsFd for Upload {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+/// `NAME.conflict-PEER-STAMP` (then `-N` from 2 on), cut to a name's length limit at the front part.
+pub fn conflict_name(name: &[u8], peer: &str, stamp: &str, n: u32) -> Vec<u8> {
+    let peer: String = peer
+        .chars()
+        .take(64)
+        .map(
+            |c| match c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                true => c,
+                false => '_',
+            },
+        )
+        .collect();
+    let mut tail = format!(".conflict-{peer}-{stamp}");
+    if n > 1 {
+        tail.push_str(&format!("-{n}"));
+    }
+    let keep = name.len().min(ferry_tree::path::MAX_NAME - tail.len());
+    let mut out = name[..keep].to_vec();
+    out.extend_from_slice(tail.as_bytes());
+    out
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC.
+pub fn utc_stamp(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs() as i64;
+    let [year, month, day, hour, minute, second] = utc_parts(secs);
+    format!("{year:04}{month:02}{day:02}-{hour:02}{minute:02}{second:02}")
+}
+
+/// `secs` since the epoch in UTC: year, month, day, hour, minute, second.
+pub fn utc_parts(secs: i64) -> [i64; 6] {
+    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    [year, month, day, rest / 3600, rest % 3600 / 60, rest % 60]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflict_names_are_valid_names_with_the_peer_and_the_time() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        let stamp = utc_stamp(t);
+        assert_eq!(stamp, "20261118-110640");
+        assert_eq!(
+            conflict_name(b"a.txt", "bob", &stamp, 1),
+            b"a.txt.conflict-bob-20261118-110640"
+        );
+        assert_eq!(
+            conflict_name(b"a.txt", "b/o b", &stamp, 3),
+            b"a.txt.conflict-b_o_b-20261118-110640-3"
+        );
+        let long = conflict_name(&[b'x'; 255], &"p".repeat(200), &stamp, 12);
+        assert_eq!(long.len(), 255);
+        ferry_tree::path::check_name(&long).unwrap();
+    }
+}
