@@ -30,6 +30,7 @@ use ferry_lab::{Lab, Netns, Path, PATHS};
 use crate::report::{median, write_random_file};
 
 mod layers;
+pub mod mount;
 mod peers;
 mod plot;
 mod pull;

@@ -8,7 +8,8 @@ use ferry_bench::{channel, matrix, relay, share, transfer, Report};
 #[derive(Args, Debug)]
 pub struct BenchArgs {
     /// Layers to run: channel, transfer, relay, share (default: all), or matrix (only when named:
-    /// layers × emulated paths, needs root).
+    /// layers × emulated paths, needs root), or mount (only when named: a FUSE mount on loopback, needs
+    /// root and /dev/fuse).
     layers: Vec<String>,
     /// One JSON object per line instead of a table.
     #[arg(long)]
@@ -93,8 +94,23 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
                 share::run(&opts, &std::env::current_exe()?, report)?;
             }
+            "mount" => {
+                if let Some(why) = matrix::mount::unavailable() {
+                    bail!("ferry bench mount cannot run here: {why}")
+                }
+                let mut opts = if args.quick {
+                    matrix::mount::Options::quick()
+                } else {
+                    matrix::mount::Options::default()
+                };
+                if let Some(r) = args.runs {
+                    opts.runs = r.max(1);
+                }
+                let base = std::path::Path::new("/dev/shm");
+                matrix::mount::run(&opts, &std::env::current_exe()?, base, report)?;
+            }
             other => {
-                bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share, matrix)")
+                bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share, matrix, mount)")
             }
         }
     }

@@ -549,3 +549,50 @@ fn a_corrupted_cache_file_is_detected_and_fetched_again() {
         "the altered range was fetched again: {after:?}"
     );
 }
+
+#[test]
+fn bench_mount_quick_gives_every_row_a_number() {
+    let test = "mount::bench_mount_quick_gives_every_row_a_number";
+    if !fuse_usable(test) {
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry"))
+        .args(["bench", "mount", "--quick", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ferry bench mount");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ferry bench mount failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l}: {e}")))
+        .collect();
+    let cases: Vec<&str> = rows.iter().filter_map(|r| r["case"].as_str()).collect();
+    for want in [
+        "uncached sequential read vs ferry pull",
+        "peak RSS",
+        "passthrough",
+        "classic FUSE",
+        "cold",
+        "cached",
+    ] {
+        assert!(
+            cases.iter().any(|c| c.contains(want)),
+            "no row about {want:?}: {cases:?}"
+        );
+    }
+    for r in &rows {
+        assert!(
+            r["value"].as_f64().is_some_and(|v| v > 0.0),
+            "a row without a positive number: {r}"
+        );
+        if let Some(b) = r.get("baseline") {
+            assert!(b.as_f64().is_some_and(|v| v > 0.0), "a bad baseline: {r}");
+        }
+    }
+}

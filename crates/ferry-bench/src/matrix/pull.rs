@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::{ferry_cmd, Ends, Sample, Scratch, Spawned};
 
 /// The name each side gives the other when they pair.
-const SHARER: &str = "sharer";
+pub(super) const SHARER: &str = "sharer";
 
 /// Two `ferry` homes that paired with each other: the sharer's and the puller's.
 pub(super) struct Paired {
@@ -66,6 +66,11 @@ impl Paired {
             p.pull(ends, &share, src, &out)?;
         }
         Ok(p)
+    }
+
+    /// The puller's home (its `XDG_*` directories).
+    pub(super) fn pull_home(&self) -> &FsPath {
+        &self.pull_home
     }
 
     /// `ferry share DIR` in the server's namespace (on its address, or registered at the relay), ready.
@@ -126,4 +131,11 @@ pub(super) struct Sharer {
     /// Held, not read: the share runs while the path is measured.
     _child: Spawned,
     listen: Option<String>,
+}
+
+impl Sharer {
+    /// The address it listens on, if direct.
+    pub(super) fn listen(&self) -> Option<&str> {
+        self.listen.as_deref()
+    }
 }

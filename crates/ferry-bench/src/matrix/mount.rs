@@ -1,0 +1,339 @@
+//! `ferry bench mount`: the FUSE mount of a paired peer's share against the ways around it, on loopback,
+//! with real processes (`ferry share`, `ferry mount`, `ferry pull`) and the two homes paired as the
+//! matrix pairs them.
+//!
+//! Rows (medians of `runs`, A/B interleaved):
+//! - uncached sequential read of the file through a fresh mount (empty chunk cache) vs `ferry pull` of it;
+//! - the mount daemon's peak RSS over those reads;
+//! - cached sequential read through the mount (FUSE passthrough) vs a direct read of the same cache file,
+//!   and the same through a mount without passthrough (classic FUSE: every read reaches the daemon);
+//! - random 4 KiB reads per second through the mount, cold (a fresh mount) and cached (after the file is
+//!   whole in the cache), [`THREADS`] readers at once.
+//!
+//! Every sequential read through the mount is checked against the source's BLAKE3. Needs /dev/fuse and
+//! the privilege to mount (root); FUSE passthrough also needs CAP_SYS_ADMIN.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path as FsPath, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ferry_lab::PATHS;
+
+use super::pull::{Paired, Sharer};
+use super::{ferry_cmd, Ends, Scratch, Spawned};
+use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
+
+const BENCH: &str = "mount";
+
+/// Readers at once in the random-read rows.
+pub const THREADS: usize = 16;
+
+/// What to measure.
+pub struct Options {
+    /// The file's size.
+    pub file_bytes: u64,
+    /// Random 4 KiB reads per row.
+    pub random_reads: usize,
+    /// Samples per row.
+    pub runs: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            file_bytes: 1 << 30,
+            random_reads: 20_000,
+            runs: 3,
+        }
+    }
+}
+
+impl Options {
+    /// A smoke run.
+    pub fn quick() -> Self {
+        Options {
+            file_bytes: 64 << 20,
+            random_reads: 2_000,
+            runs: 1,
+        }
+    }
+}
+
+/// Why the mount rows cannot run here, if they cannot.
+pub fn unavailable() -> Option<String> {
+    if !FsPath::new("/dev/fuse").exists() {
+        return Some("/dev/fuse is missing".into());
+    }
+    if !super::peers::is_root() {
+        return Some("mounting needs root here".into());
+    }
+    None
+}
+
+/// Runs the rows into `report`, with `ferry` the binary to run and data under `base` (tmpfs).
+pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -> io::Result<()> {
+    let scratch = Scratch::new(base)?;
+    let src_dir = scratch.fresh("mount-src")?;
+    let src = src_dir.join("file.bin");
+    write_random_file(&src, opts.file_bytes, 0x6d6f_756e)?;
+    let want = hash_file(&src)?;
+    let ends = Ends::new(&PATHS[0], None, ferry)?;
+    let paired = Paired::new(&ends, &scratch, &[&src])?;
+    let share = paired.share(&ends, &src_dir)?;
+    let mnt = scratch.fresh("mnt")?;
+    let gb = opts.file_bytes as f64 / 1e9;
+
+    // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved.
+    let (mut mounted, mut pulled, mut hwm) = (Vec::new(), Vec::new(), 0u64);
+    for _ in 0..opts.runs {
+        let out = scratch.fresh("pull-out")?;
+        pulled.push(gb / paired.pull(&ends, &share, &src, &out)?.secs);
+        let _ = fs::remove_dir_all(&out);
+        forget_cache(&paired)?;
+        let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
+        let (secs, got) = read_whole(&mnt.join("file.bin"))?;
+        check(&got, &want, "an uncached read through the mount")?;
+        mounted.push(gb / secs);
+        hwm = hwm.max(m.peak_rss_kib());
+        m.unmount()?;
+    }
+    report.push(
+        Row::new(
+            BENCH,
+            "uncached sequential read vs ferry pull",
+            median(&mut mounted),
+            "GB/s",
+        )
+        .with_baseline(median(&mut pulled)),
+    );
+    report.push(Row::new(
+        BENCH,
+        "  mount daemon's peak RSS over those reads",
+        hwm as f64 / 1024.0,
+        "MiB",
+    ));
+
+    // Cached: the file is whole in the cache now (the last uncached read). Passthrough and classic.
+    let data = cache_file(&paired, opts.file_bytes)?;
+    for (flags, case) in [
+        (
+            &[][..],
+            "cached sequential read, passthrough, vs the cache file read directly",
+        ),
+        (
+            &["--no-passthrough"][..],
+            "cached sequential read, classic FUSE, vs the cache file read directly",
+        ),
+    ] {
+        let m = Mount::new(&paired, &share, &mnt, ferry, flags)?;
+        // One untimed read: passthrough is taken from the second open of a whole file on.
+        let (_, got) = read_whole(&mnt.join("file.bin"))?;
+        check(&got, &want, "a cached read through the mount")?;
+        let (mut through, mut direct) = (Vec::new(), Vec::new());
+        for _ in 0..opts.runs.max(3) {
+            direct.push(gb / read_whole(&data)?.0);
+            let (secs, got) = read_whole(&mnt.join("file.bin"))?;
+            check(&got, &want, "a cached read through the mount")?;
+            through.push(gb / secs);
+        }
+        report.push(
+            Row::new(BENCH, case, median(&mut through), "GB/s").with_baseline(median(&mut direct)),
+        );
+        m.unmount()?;
+    }
+
+    // Random 4 KiB reads: cold (a fresh cache and mount), then cached (the same mount after a whole read).
+    // The source in memory, so checking a read costs a memory compare, not another `pread`.
+    let source = fs::read(&src)?;
+    let (mut cold, mut warm) = (Vec::new(), Vec::new());
+    for run in 0..opts.runs {
+        forget_cache(&paired)?;
+        let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
+        let path = mnt.join("file.bin");
+        cold.push(random_reads(&path, &source, opts, run as u64)?);
+        read_whole(&path)?;
+        warm.push(random_reads(&path, &source, opts, run as u64 + 100)?);
+        m.unmount()?;
+    }
+    report.push(Row::new(
+        BENCH,
+        format!("random 4 KiB reads, {THREADS} at once, cold (fresh cache)"),
+        median(&mut cold),
+        "reads/s",
+    ));
+    report.push(Row::new(
+        BENCH,
+        format!("random 4 KiB reads, {THREADS} at once, cached"),
+        median(&mut warm),
+        "reads/s",
+    ));
+    drop(share);
+    Ok(())
+}
+
+/// A running `ferry mount` of the sharer's default share on `mnt`; unmounted on drop.
+struct Mount {
+    child: Spawned,
+    mnt: PathBuf,
+    ferry: PathBuf,
+}
+
+impl Mount {
+    fn new(
+        paired: &Paired,
+        share: &Sharer,
+        mnt: &FsPath,
+        ferry: &FsPath,
+        flags: &[&str],
+    ) -> io::Result<Mount> {
+        let listen = share
+            .listen()
+            .ok_or_else(|| io::Error::other("ferry share reported no address"))?;
+        let mut cmd = ferry_cmd(ferry, None, paired.pull_home());
+        cmd.args(["mount", "--json", "--peer", listen])
+            .args(flags)
+            .arg(super::pull::SHARER)
+            .arg(mnt);
+        let mut child = Spawned::new(&mut cmd)?;
+        child.wait_for_event("mounted")?;
+        Ok(Mount {
+            child,
+            mnt: mnt.to_path_buf(),
+            ferry: ferry.to_path_buf(),
+        })
+    }
+
+    /// The daemon's peak resident set so far, KiB.
+    fn peak_rss_kib(&self) -> u64 {
+        vm_hwm_kib(self.child.child.id()).unwrap_or(0)
+    }
+
+    /// `ferry unmount`, then the daemon's exit.
+    fn unmount(mut self) -> io::Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> io::Result<()> {
+        if self.child.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let _ = Command::new(&self.ferry)
+            .arg("unmount")
+            .arg(&self.mnt)
+            .output();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "ferry mount did not end after ferry unmount: {}",
+                    self.child.stderr()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = self.stop();
+    }
+}
+
+/// Removes the puller's chunk caches (the mount is not running).
+fn forget_cache(paired: &Paired) -> io::Result<()> {
+    match fs::remove_dir_all(mounts_dir(paired)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn mounts_dir(paired: &Paired) -> PathBuf {
+    paired.pull_home().join("cache/ferry/mounts")
+}
+
+/// The cache file that holds the `size`-byte file (the only `.data` file of that length).
+fn cache_file(paired: &Paired, size: u64) -> io::Result<PathBuf> {
+    let mut stack = vec![mounts_dir(paired)];
+    while let Some(dir) = stack.pop() {
+        for e in fs::read_dir(&dir)? {
+            let e = e?;
+            let p = e.path();
+            if e.file_type()?.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "data") && e.metadata()?.len() == size {
+                return Ok(p);
+            }
+        }
+    }
+    Err(io::Error::other(
+        "no cache file of the file's size after a whole read",
+    ))
+}
+
+/// Reads `path` whole in 1 MiB reads: seconds and its BLAKE3.
+fn read_whole(path: &FsPath) -> io::Result<(f64, blake3::Hash)> {
+    let t0 = Instant::now();
+    let mut f = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut h = blake3::Hasher::new();
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok((t0.elapsed().as_secs_f64(), h.finalize()))
+}
+
+fn hash_file(path: &FsPath) -> io::Result<blake3::Hash> {
+    Ok(read_whole(path)?.1)
+}
+
+fn check(got: &blake3::Hash, want: &blake3::Hash, what: &str) -> io::Result<()> {
+    if got == want {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("{what} differs from the source")))
+    }
+}
+
+/// `opts.random_reads` reads of 4 KiB at random 4 KiB-aligned offsets of `path` from [`THREADS`] threads;
+/// every read compared with the same bytes of `source` (the file's content). Reads per second.
+fn random_reads(path: &FsPath, source: &[u8], opts: &Options, seed: u64) -> io::Result<f64> {
+    let f = File::open(path)?;
+    let blocks = (opts.file_bytes / 4096).max(1);
+    let per = opts.random_reads.div_ceil(THREADS);
+    let t0 = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let f = &f;
+                scope.spawn(move || -> io::Result<()> {
+                    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t as u64 + 1);
+                    let mut a = vec![0u8; 4096];
+                    for _ in 0..per {
+                        let at = (xorshift(&mut rng) % blocks) * 4096;
+                        let n = f.read_at(&mut a, at)?;
+                        let want = &source[at as usize..(at as usize + 4096).min(source.len())];
+                        if a[..n] != *want {
+                            return Err(io::Error::other(format!(
+                                "a random read through the mount at {at} differs from the source"
+                            )));
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("a reader thread panicked"))
+    })?;
+    Ok((per * THREADS) as f64 / t0.elapsed().as_secs_f64())
+}
