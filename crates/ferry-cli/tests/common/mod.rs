@@ -461,9 +461,12 @@ pub fn finish_measured(mut child: Child) -> Measured {
     }
 }
 
-/// A running `ferry` whose JSON events are read as they come; every stdout byte is kept.
+/// A running `ferry` whose JSON events are read as they come; every stdout byte is kept. Dropped
+/// before [`Watched::finish`] (a test that ends with a share still serving, or one that panics), the
+/// process is killed, so no test leaves a `ferry` running after it.
 pub struct Watched {
-    child: Child,
+    /// `None` once finished.
+    child: Option<Child>,
     reader: BufReader<ChildStdout>,
     stdout: Vec<u8>,
     watchdog: Watchdog,
@@ -475,7 +478,7 @@ impl Watched {
         let reader = BufReader::new(child.stdout.take().expect("piped stdout"));
         let watchdog = Watchdog::start(child.id() as libc::pid_t);
         Watched {
-            child,
+            child: Some(child),
             reader,
             stdout: Vec::new(),
             watchdog,
@@ -503,8 +506,9 @@ impl Watched {
 
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: libc::c_int) {
+        let pid = self.child.as_ref().expect("not finished").id();
         // SAFETY: kill(2) on our own child, which has not been waited for yet.
-        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        let rc = unsafe { libc::kill(pid as libc::pid_t, signal) };
         assert_eq!(rc, 0, "kill: {}", std::io::Error::last_os_error());
     }
 
@@ -514,10 +518,21 @@ impl Watched {
         let mut rest = Vec::new();
         let _ = self.reader.read_to_end(&mut rest);
         self.stdout.extend_from_slice(&rest);
-        let mut out = self.child.wait_with_output().expect("wait for ferry");
+        let child = self.child.take().expect("finished once");
+        let mut out = child.wait_with_output().expect("wait for ferry");
         self.watchdog.ended();
-        out.stdout = self.stdout;
+        out.stdout = std::mem::take(&mut self.stdout);
         out
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            self.watchdog.ended();
+        }
     }
 }
 
