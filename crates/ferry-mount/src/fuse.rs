@@ -195,35 +195,42 @@ impl<S: Source> Shared<S> {
 
     /// The entry of `ino`: fresh from the table, else asked of the sharer, else (offline) as last seen.
     fn entry(&self, ino: u64, path: &SharePath) -> Result<Entry, Errno> {
-        if let Some(e) = self.inodes().entry(ino, true) {
-            return Ok(e);
-        }
-        match self.source.stat(path) {
-            Ok(e) => {
-                self.inodes().set_entry(ino, e.clone());
-                Ok(e)
-            }
-            Err(SourceError::Offline(why)) => self
-                .inodes()
-                .entry(ino, false)
-                .ok_or_else(|| self.failed(why)),
-            Err(e) => Err(Errno::from_i32(e.errno())),
-        }
+        self.known_or_asked(
+            |inodes, fresh| inodes.entry(ino, fresh),
+            || self.source.stat(path),
+            |inodes, e| inodes.set_entry(ino, e),
+        )
     }
 
+    /// The listing of `ino`, found as [`ShareFs::entry`] finds an entry.
     fn listing(&self, ino: u64, path: &SharePath) -> Result<Vec<Entry>, Errno> {
-        if let Some(l) = self.inodes().listing(ino, true) {
-            return Ok(l);
+        self.known_or_asked(
+            |inodes, fresh| inodes.listing(ino, fresh),
+            || self.source.list(path),
+            |inodes, l| inodes.set_listing(ino, l),
+        )
+    }
+
+    /// What the table knows while it is fresh, else the sharer's answer (kept in the table), else, when the
+    /// sharer cannot be reached, what the table saw last.
+    fn known_or_asked<T: Clone>(
+        &self,
+        known: impl Fn(&Inodes, bool) -> Option<T>,
+        ask: impl FnOnce() -> Result<T, SourceError>,
+        keep: impl FnOnce(&mut Inodes, T),
+    ) -> Result<T, Errno> {
+        if let Some(t) = known(&self.inodes(), true) {
+            return Ok(t);
         }
-        match self.source.list(path) {
-            Ok(l) => {
-                self.inodes().set_listing(ino, l.clone());
-                Ok(l)
+        match ask() {
+            Ok(t) => {
+                keep(&mut self.inodes(), t.clone());
+                Ok(t)
             }
-            Err(SourceError::Offline(why)) => self
-                .inodes()
-                .listing(ino, false)
-                .ok_or_else(|| self.failed(why)),
+            Err(SourceError::Offline(why)) => {
+                let last = known(&self.inodes(), false);
+                last.ok_or_else(|| self.failed(why))
+            }
             Err(e) => Err(Errno::from_i32(e.errno())),
         }
     }

@@ -207,6 +207,21 @@ fn config(max_in_flight: u32, deadline: Duration) -> RemoteConfig {
     }
 }
 
+/// Makes the sharer's next connection write nothing more once `at` bytes went out, until the returned
+/// sender is dropped (nothing is closed: the sharer just goes silent).
+fn go_silent_at(sharer: &Sharer, at: u64) -> mpsc::Sender<()> {
+    let (release, hold) = mpsc::channel::<()>();
+    let hold = Mutex::new(hold);
+    sharer.taps.lock().unwrap().push_back(Tap {
+        at,
+        action: Box::new(move || {
+            let _ = hold.lock().unwrap().recv();
+            Ok(())
+        }),
+    });
+    release
+}
+
 /// The bytes of `path` from `offset`, `len` long, through a read handle.
 fn read_all(remote: &Remote, path: &SharePath, offset: u64, len: u64) -> Vec<u8> {
     let mut handle = remote.read(path, None, offset, len).unwrap();
@@ -438,16 +453,8 @@ fn a_read_in_flight_fails_when_the_sharer_dies() {
 fn a_read_in_flight_fails_when_the_sharer_goes_silent() {
     let world = World::new();
     let sharer = world.restart();
-    let (release, hold) = mpsc::channel::<()>();
-    let hold = Mutex::new(hold);
-    sharer.taps.lock().unwrap().push_back(Tap {
-        at: 256 << 10,
-        action: Box::new(move || {
-            // Silent until the test ends.
-            let _ = hold.lock().unwrap().recv();
-            Ok(())
-        }),
-    });
+    // Silent until the test ends.
+    let release = go_silent_at(&sharer, 256 << 10);
     let c = world.connect(config(8, Duration::from_millis(500)));
     world.stop();
     let mut handle = c.remote.read(&p("big.bin"), None, 0, BIG as u64).unwrap();
@@ -516,16 +523,8 @@ fn requests_in_flight_when_the_link_drops_are_retried_on_the_new_one() {
 fn an_idle_link_to_a_silent_sharer_is_found_lost_and_redialled() {
     let world = World::new();
     let sharer = world.restart();
-    let (release, hold) = mpsc::channel::<()>();
-    let hold = Mutex::new(hold);
     // After its hello the sharer writes nothing more on this connection (the next ones are left alone).
-    sharer.taps.lock().unwrap().push_back(Tap {
-        at: 1,
-        action: Box::new(move || {
-            let _ = hold.lock().unwrap().recv();
-            Ok(())
-        }),
-    });
+    let release = go_silent_at(&sharer, 1);
     let c = world.connect(RemoteConfig {
         keepalive: Duration::from_millis(50),
         ..config(8, Duration::from_millis(300))
@@ -543,15 +542,7 @@ fn an_idle_link_to_a_silent_sharer_is_found_lost_and_redialled() {
 fn dropping_the_last_clone_closes_the_remote() {
     let world = World::new();
     let sharer = world.restart();
-    let (release, hold) = mpsc::channel::<()>();
-    let hold = Mutex::new(hold);
-    sharer.taps.lock().unwrap().push_back(Tap {
-        at: 256 << 10,
-        action: Box::new(move || {
-            let _ = hold.lock().unwrap().recv();
-            Ok(())
-        }),
-    });
+    let release = go_silent_at(&sharer, 256 << 10);
     let c = world.connect(config(8, Duration::from_secs(30)));
     let other = c.remote.clone();
     drop(c.remote);
