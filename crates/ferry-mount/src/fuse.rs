@@ -26,7 +26,7 @@ use fuser::{
 
 use crate::files::{Handle, Reader};
 use crate::inodes::{child, Inodes, ROOT};
-use crate::source::{Source, SourceError};
+use crate::source::{PutOutcome, Sink, Source, SourceError};
 
 /// How long the kernel may trust an entry or attributes without asking (changes invalidate sooner).
 pub const TTL: Duration = Duration::from_secs(1);
@@ -48,7 +48,7 @@ struct Open {
 }
 
 /// The state shared by the kernel's requests and the change notifications.
-struct Shared<S: Source> {
+struct Shared<S: Source + Sink> {
     source: Arc<S>,
     reader: Arc<Reader<S>>,
     inodes: Mutex<Inodes>,
@@ -64,18 +64,18 @@ struct Shared<S: Source> {
 }
 
 /// A paired peer's share as a file system.
-pub struct ShareFs<S: Source> {
+pub struct ShareFs<S: Source + Sink> {
     shared: Arc<Shared<S>>,
     /// Passthrough asked of the kernel at init (unless [`ShareFs::without_passthrough`]).
     passthrough_wanted: bool,
 }
 
 /// Applies the sharer's change notifications to a mounted [`ShareFs`].
-pub struct Changes<S: Source> {
+pub struct Changes<S: Source + Sink> {
     shared: Weak<Shared<S>>,
 }
 
-impl<S: Source> Clone for Changes<S> {
+impl<S: Source + Sink> Clone for Changes<S> {
     fn clone(&self) -> Self {
         Changes {
             shared: Weak::clone(&self.shared),
@@ -83,7 +83,7 @@ impl<S: Source> Clone for Changes<S> {
     }
 }
 
-impl<S: Source> ShareFs<S> {
+impl<S: Source + Sink> ShareFs<S> {
     /// The share read through `reader` (from `source`), its files owned by whoever mounts it.
     pub fn new(source: Arc<S>, reader: Arc<Reader<S>>, notice: Notice) -> Self {
         let uid = rustix::process::getuid().as_raw();
@@ -120,7 +120,7 @@ impl<S: Source> ShareFs<S> {
     }
 }
 
-impl<S: Source> Changes<S> {
+impl<S: Source + Sink> Changes<S> {
     /// The session's notifier, for invalidations (set once, after mounting).
     pub(crate) fn set_notifier(&self, notifier: Notifier) {
         if let Some(shared) = self.shared.upgrade() {
@@ -151,7 +151,7 @@ impl<S: Source> Changes<S> {
     }
 }
 
-impl<S: Source> Shared<S> {
+impl<S: Source + Sink> Shared<S> {
     fn inodes(&self) -> MutexGuard<'_, Inodes> {
         self.inodes.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -379,7 +379,7 @@ fn kind_of(e: &Entry) -> FileType {
     }
 }
 
-impl<S: Source> Filesystem for ShareFs<S> {
+impl<S: Source + Sink> Filesystem for ShareFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
         let _ = config.set_max_write(MAX_REQUEST);

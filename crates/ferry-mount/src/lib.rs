@@ -16,3 +16,4 @@ pub mod lifecycle;
 pub mod remote;
 pub mod source;
 pub mod store;
+pub mod writes;

@@ -10,7 +10,7 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use rustix::mount::{unmount as umount2, UnmountFlags};
 
 use crate::fuse::ShareFs;
-use crate::source::Source;
+use crate::source::{Sink, Source};
 
 /// Kernel requests served at once (each worker has its own `/dev/fuse` clone).
 pub const THREADS: usize = 8;
@@ -27,14 +27,14 @@ pub enum Unmounted {
 }
 
 /// A mounted share, not yet serving.
-pub struct Mounted<S: Source> {
+pub struct Mounted<S: Source + Sink> {
     session: Session<ShareFs<S>>,
     mountpoint: PathBuf,
 }
 
 /// Mounts `fs` at `mountpoint` (read-only: writes are answered `EROFS` by the kernel), named
 /// `fsname` in the mount table.
-pub fn mount<S: Source>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::Result<Mounted<S>> {
+pub fn mount<S: Source + Sink>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::Result<Mounted<S>> {
     let changes = fs.changes();
     let mut config = Config::default();
     config.mount_options = vec![
@@ -57,7 +57,7 @@ pub fn mount<S: Source>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::
     })
 }
 
-impl<S: Source> Mounted<S> {
+impl<S: Source + Sink> Mounted<S> {
     /// Raises the mount's readahead on its BDI (best effort: it needs root); returns what was set.
     /// (The device comes from the mount table: a stat of the mount point would wait for this very
     /// process, which serves nothing yet.)

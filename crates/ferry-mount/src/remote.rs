@@ -1,10 +1,13 @@
 //! The share client ([`Remote`]) as the mount's [`Source`]: its failures sorted into what the read path
 //! treats differently (a changed file, a lost link, anything else).
 
-use ferry_share::remote::{ReadHandle, ReadPiece, Remote, RemoteError};
-use ferry_share::wire::{Entry, ErrorCode, SharePath};
+use std::fs::File;
+use std::ops::Range;
 
-use crate::source::{Piece, Pieces, Source, SourceError};
+use ferry_share::remote::{PutOutcome, ReadHandle, ReadPiece, Remote, RemoteError};
+use ferry_share::wire::{Entry, ErrorCode, SharePath, Time};
+
+use crate::source::{Piece, Pieces, Sink, Source, SourceError};
 
 fn sorted(e: RemoteError) -> SourceError {
     match e {
@@ -46,6 +49,59 @@ impl Source for Remote {
     ) -> Result<Box<dyn Pieces>, SourceError> {
         let handle = Remote::read(self, path, version, offset, len).map_err(sorted)?;
         Ok(Box::new(handle))
+    }
+}
+
+impl Sink for Remote {
+    /// Asks for a change of nothing at the share's root: a read-only share refuses it as a write
+    /// (`ReadOnly`), a writable one as a request no share takes (the root itself cannot be written).
+    fn writable(&self) -> Result<bool, SourceError> {
+        match Remote::set_attr(self, &SharePath::root(), None, None) {
+            Err(RemoteError::Remote(ErrorCode::ReadOnly, _)) => Ok(false),
+            Ok(()) | Err(RemoteError::Remote(_, _)) => Ok(true),
+            Err(e) => Err(sorted(e)),
+        }
+    }
+
+    fn put(
+        &self,
+        path: &SharePath,
+        base: Option<[u8; 32]>,
+        file: &File,
+        ranges: Option<&[Range<u64>]>,
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Result<PutOutcome, SourceError> {
+        Remote::put(self, path, base, file, ranges, mode, mtime).map_err(sorted)
+    }
+
+    fn mkdir(&self, path: &SharePath, mode: u32) -> Result<(), SourceError> {
+        Remote::mkdir(self, path, mode).map_err(sorted)
+    }
+
+    fn rmdir(&self, path: &SharePath) -> Result<(), SourceError> {
+        Remote::rmdir(self, path).map_err(sorted)
+    }
+
+    fn unlink(&self, path: &SharePath) -> Result<(), SourceError> {
+        Remote::unlink(self, path, None).map_err(sorted)
+    }
+
+    fn rename(&self, from: &SharePath, to: &SharePath, replace: bool) -> Result<(), SourceError> {
+        Remote::rename(self, from, to, replace).map_err(sorted)
+    }
+
+    fn set_attr(
+        &self,
+        path: &SharePath,
+        mode: Option<u32>,
+        mtime: Option<Time>,
+    ) -> Result<(), SourceError> {
+        Remote::set_attr(self, path, mode, mtime).map_err(sorted)
+    }
+
+    fn symlink(&self, path: &SharePath, target: &[u8]) -> Result<(), SourceError> {
+        Remote::symlink(self, path, target).map_err(sorted)
     }
 }
 

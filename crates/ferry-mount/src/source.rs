@@ -2,8 +2,9 @@
 //! binary, an in-memory fake in tests. Everything it returns came from the peer and is treated as hostile by
 //! the callers: names are single components (the wire checks them), sizes are clamped by the version.
 
+pub use ferry_share::remote::PutOutcome;
 use ferry_share::tree::Version;
-use ferry_share::wire::{Entry, SharePath};
+use ferry_share::wire::{Entry, SharePath, Time};
 
 /// Why a request to the sharer failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,7 +56,7 @@ pub trait Pieces: Send {
     fn next_piece(&mut self) -> Result<Option<Piece>, SourceError>;
 }
 
-/// A paired peer's share, as the mount reads it.
+/// A paired peer's share, as the mount reads it ([`Sink`]: as it writes it).
 pub trait Source: Send + Sync + 'static {
     /// The attributes of `path`.
     fn stat(&self, path: &SharePath) -> Result<Entry, SourceError>;
@@ -71,4 +72,64 @@ pub trait Source: Send + Sync + 'static {
         offset: u64,
         len: u64,
     ) -> Result<Box<dyn Pieces>, SourceError>;
+}
+
+/// A read-only source's answer to every write.
+fn read_only() -> SourceError {
+    SourceError::Failed {
+        errno: libc::EROFS,
+        message: "the share is read-only".into(),
+    }
+}
+
+/// The writes a share may take (its sharer shares `--writable`); a source that takes none answers each
+/// with `EROFS`, as these defaults do.
+pub trait Sink: Send + Sync + 'static {
+    /// Whether writes reach the sharer at all (a probe that changes nothing).
+    fn writable(&self) -> Result<bool, SourceError> {
+        Ok(false)
+    }
+    /// Lands `file`'s content at `path` if the sharer's file is still `base` (`None`: absent), sending only
+    /// `ranges` (with the base's other bytes copied on the sharer) when given; a changed file is kept and
+    /// the content goes beside it ([`PutOutcome::Conflicted`]).
+    fn put(
+        &self,
+        _path: &SharePath,
+        _base: Option<[u8; 32]>,
+        _file: &std::fs::File,
+        _ranges: Option<&[std::ops::Range<u64>]>,
+        _mode: u32,
+        _mtime: Option<Time>,
+    ) -> Result<PutOutcome, SourceError> {
+        Err(read_only())
+    }
+    /// Creates the directory `path`.
+    fn mkdir(&self, _path: &SharePath, _mode: u32) -> Result<(), SourceError> {
+        Err(read_only())
+    }
+    /// Removes the empty directory `path`.
+    fn rmdir(&self, _path: &SharePath) -> Result<(), SourceError> {
+        Err(read_only())
+    }
+    /// Removes the file or symlink `path`.
+    fn unlink(&self, _path: &SharePath) -> Result<(), SourceError> {
+        Err(read_only())
+    }
+    /// Renames `from` to `to` (replacing `to` when `replace`).
+    fn rename(&self, _from: &SharePath, _to: &SharePath, _replace: bool) -> Result<(), SourceError> {
+        Err(read_only())
+    }
+    /// Sets the permission bits and/or the modification time of `path`.
+    fn set_attr(
+        &self,
+        _path: &SharePath,
+        _mode: Option<u32>,
+        _mtime: Option<Time>,
+    ) -> Result<(), SourceError> {
+        Err(read_only())
+    }
+    /// Creates the symlink `path` to `target`.
+    fn symlink(&self, _path: &SharePath, _target: &[u8]) -> Result<(), SourceError> {
+        Err(read_only())
+    }
 }

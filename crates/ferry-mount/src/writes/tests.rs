@@ -1,0 +1,236 @@
+//! Working copies against an in-memory sharer that applies puts as the real one does: ranges over the
+//! base's content, the conflict rule.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::ops::Range;
+use std::sync::Mutex;
+
+use ferry_share::tree::Version;
+use ferry_share::wire::{SharePath, Time};
+
+use super::{Pushed, WorkingCopy, Writes};
+use crate::source::{PutOutcome, Sink, SourceError};
+
+/// Files by path, each with a counter standing in for its root; every put's ranges are recorded.
+#[derive(Default)]
+struct FakeSharer {
+    files: Mutex<HashMap<SharePath, (Vec<u8>, u8, u32)>>,
+    sent: Mutex<Vec<Option<Vec<Range<u64>>>>>,
+}
+
+fn root(n: u8) -> [u8; 32] {
+    [n; 32]
+}
+
+impl FakeSharer {
+    fn set(&self, path: &str, content: &[u8]) -> Version {
+        let mut files = self.files.lock().unwrap();
+        let n = files.get(&p(path)).map_or(1, |f| f.1 + 1);
+        files.insert(p(path), (content.to_vec(), n, 0o644));
+        Version {
+            root: root(n),
+            size: content.len() as u64,
+        }
+    }
+
+    fn content(&self, path: &str) -> Vec<u8> {
+        self.files.lock().unwrap()[&p(path)].0.clone()
+    }
+}
+
+impl Sink for FakeSharer {
+    fn put(
+        &self,
+        path: &SharePath,
+        base: Option<[u8; 32]>,
+        file: &File,
+        ranges: Option<&[Range<u64>]>,
+        mode: u32,
+        _mtime: Option<Time>,
+    ) -> Result<PutOutcome, SourceError> {
+        self.sent.lock().unwrap().push(ranges.map(|r| r.to_vec()));
+        let mut all = vec![0; file.metadata().unwrap().len() as usize];
+        file.read_exact_at(&mut all, 0).unwrap();
+        let mut files = self.files.lock().unwrap();
+        let current = files.get(path).map(|f| root(f.1));
+        // As the sharer does: the base's bytes, then the ranges sent.
+        let content = match (ranges, files.get(path)) {
+            (Some(ranges), Some(old)) => {
+                let mut c = old.0.clone();
+                c.resize(all.len(), 0);
+                for r in ranges {
+                    c[r.start as usize..r.end as usize]
+                        .copy_from_slice(&all[r.start as usize..r.end as usize]);
+                }
+                c
+            }
+            _ => all.clone(),
+        };
+        if current != base {
+            let name = format!("{}.conflict", String::from_utf8_lossy(path.as_bytes()));
+            files.insert(p(&name), (all, 100, mode));
+            return Ok(PutOutcome::Conflicted {
+                name: name.into_bytes(),
+            });
+        }
+        let n = files.get(path).map_or(1, |f| f.1 + 1);
+        let size = content.len() as u64;
+        files.insert(path.clone(), (content, n, mode));
+        Ok(PutOutcome::Written {
+            version: Version {
+                root: root(n),
+                size,
+            },
+        })
+    }
+}
+
+fn p(s: &str) -> SharePath {
+    SharePath::new(s.as_bytes()).unwrap()
+}
+
+fn writes() -> (tempfile::TempDir, Writes) {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Writes::new(&dir.path().join("writes")).unwrap();
+    (dir, w)
+}
+
+/// A copy of the sharer's `path`, loaded.
+fn copy_of(w: &Writes, sharer: &FakeSharer, path: &str, base: Version) -> WorkingCopy {
+    let mut c = w.create(Some(base), 0o644).unwrap();
+    c.load(0, &sharer.content(path)).unwrap();
+    c
+}
+
+#[test]
+fn a_write_in_the_middle_sends_only_its_range_and_the_sharer_gets_the_whole() {
+    let sharer = FakeSharer::default();
+    let old: Vec<u8> = (0..100u8).collect();
+    let base = sharer.set("f", &old);
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    assert!(!c.is_dirty());
+    assert_eq!(c.push(&sharer, &p("f")).unwrap(), Pushed::Clean);
+    c.write_at(10, b"abc").unwrap();
+    c.write_at(12, b"XY").unwrap();
+    assert_eq!(c.changed(), &[10..14]);
+    assert_eq!(c.read_at(9, 6).unwrap(), [9, b'a', b'b', b'X', b'Y', 14]);
+    let Pushed::Written(v) = c.push(&sharer, &p("f")).unwrap() else {
+        panic!("not written")
+    };
+    let mut want = old.clone();
+    want[10..14].copy_from_slice(b"abXY");
+    assert_eq!(sharer.content("f"), want);
+    assert_eq!(c.base(), Some(v));
+    assert!(!c.is_dirty() && c.changed().is_empty());
+    assert_eq!(sharer.sent.lock().unwrap().last().unwrap(), &Some(vec![10..14]));
+}
+
+#[test]
+fn appends_truncates_and_holes_reach_the_sharer_exactly() {
+    let sharer = FakeSharer::default();
+    let base = sharer.set("f", &[7u8; 50]);
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    c.set_len(20).unwrap();
+    // Grown again: the bytes from 20 are zeros now, not the base's sevens.
+    c.set_len(30).unwrap();
+    c.write_at(40, b"end").unwrap();
+    assert_eq!(c.size(), 43);
+    c.push(&sharer, &p("f")).unwrap();
+    let mut want = vec![7u8; 20];
+    want.resize(40, 0);
+    want.extend_from_slice(b"end");
+    assert_eq!(sharer.content("f"), want);
+    // An append on the pushed version.
+    c.write_at(43, b"+").unwrap();
+    assert_eq!(c.changed(), &[43..44]);
+    c.push(&sharer, &p("f")).unwrap();
+    want.push(b'+');
+    assert_eq!(sharer.content("f"), want);
+    // Truncated to nothing: no range at all.
+    c.set_len(0).unwrap();
+    assert!(c.changed().is_empty());
+    c.push(&sharer, &p("f")).unwrap();
+    assert_eq!(sharer.content("f"), b"");
+}
+
+#[test]
+fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
+    let sharer = FakeSharer::default();
+    let (_d, w) = writes();
+    let mut c = w.create(None, 0o600).unwrap();
+    c.write_at(0, b"mine").unwrap();
+    assert!(matches!(c.push(&sharer, &p("n")).unwrap(), Pushed::Written(_)));
+    assert_eq!(sharer.sent.lock().unwrap().last().unwrap(), &None);
+    assert_eq!(sharer.content("n"), b"mine");
+    // The sharer changes it behind the copy's back.
+    sharer.set("n", b"theirs");
+    c.write_at(4, b"!").unwrap();
+    let pushed = c.push(&sharer, &p("n")).unwrap();
+    assert_eq!(pushed, Pushed::Conflicted(b"n.conflict".to_vec()));
+    assert_eq!(sharer.content("n"), b"theirs");
+    assert_eq!(sharer.content("n.conflict"), b"mine!");
+    assert!(!c.is_dirty());
+}
+
+#[test]
+fn a_failed_push_keeps_everything_for_the_next_one() {
+    struct Gone;
+    impl Sink for Gone {
+        fn put(
+            &self,
+            _: &SharePath,
+            _: Option<[u8; 32]>,
+            _: &File,
+            _: Option<&[Range<u64>]>,
+            _: u32,
+            _: Option<Time>,
+        ) -> Result<PutOutcome, SourceError> {
+            Err(SourceError::Offline("link lost".into()))
+        }
+    }
+    let sharer = FakeSharer::default();
+    let base = sharer.set("f", b"0123456789");
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    c.write_at(3, b"x").unwrap();
+    assert_eq!(c.push(&Gone, &p("f")).unwrap_err().errno(), libc::EIO);
+    assert!(c.is_dirty());
+    c.push(&sharer, &p("f")).unwrap();
+    assert_eq!(sharer.content("f"), b"012x456789");
+}
+
+#[test]
+fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
+    let (_d, w) = writes();
+    let mut c = w.create(None, 0o644).unwrap();
+    c.write_at(0, b"12345").unwrap();
+    c.set_mode(0o100755);
+    c.set_mtime(Time {
+        secs: 1_600_000_000,
+        nanos: 5,
+    });
+    let mut e = ferry_share::wire::Entry {
+        name: b"f".to_vec(),
+        kind: ferry_share::wire::Kind::File,
+        size: 0,
+        mode: 0o100644,
+        mtime: 0,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    };
+    c.overlay(&mut e);
+    assert_eq!((e.size, e.mode, e.mtime, e.mtime_nsec), (5, 0o100755, 1_600_000_000, 5));
+    let ino = 7;
+    let shared = w.insert(ino, c);
+    let path = super::lock(&shared).path.clone();
+    assert!(path.exists());
+    assert!(w.get(ino).is_some());
+    w.remove(ino, &shared);
+    assert!(w.get(ino).is_none());
+    drop(shared);
+    assert!(!path.exists(), "the working copy's file goes with it");
+}
