@@ -1,5 +1,6 @@
-//! `ferry mount NAME[:SHARE] MOUNTPOINT`: a paired peer's share as a local, read-only directory, until
-//! unmounted (`ferry unmount`, Ctrl-C, SIGTERM); `ferry unmount MOUNTPOINT`.
+//! `ferry mount NAME[:SHARE] MOUNTPOINT`: a paired peer's share as a local directory (writable when the
+//! sharer shares `--writable` and not `--read-only`), until unmounted (`ferry unmount`, Ctrl-C, SIGTERM);
+//! `ferry unmount MOUNTPOINT`.
 //!
 //! The mount reaches the share like `ls` and `pull` do, then keeps the link with [`Remote`] (redialled
 //! through [`paired::reach_share`] when lost). Files read are kept, verified, in the chunk cache under
@@ -17,6 +18,8 @@ use ferry_channel::blocking::split_tcp;
 use ferry_mount::files::{ReadConfig, Reader, Stats};
 use ferry_mount::fuse::{Changes, ShareFs};
 use ferry_mount::lifecycle::{self, Unmounted};
+use ferry_mount::source::Sink;
+use ferry_mount::store::Store;
 use ferry_session::Connected;
 use ferry_share::remote::{Dial, LinkState, Remote, RemoteConfig};
 use serde_json::json;
@@ -44,7 +47,7 @@ pub struct MountArgs {
     target: String,
     /// An existing, empty directory to mount the share on.
     mountpoint: PathBuf,
-    /// Mount read-only (writes fail with EROFS; today every mount is read-only).
+    /// Mount read-only (writes fail with EROFS; so they do when the sharer does not share `--writable`).
     #[arg(long)]
     read_only: bool,
     /// Most bytes the chunk cache keeps on disk (K, M, G), least recently used files evicted first.
@@ -183,22 +186,37 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         .join("mounts")
         .join(peer.name.as_str())
         .join(share);
-    let cache = ferry_cache::Cache::open(&dir, args.cache_size)
-        .with_context(|| format!("cannot open the cache {}", dir.display()))?;
+    let cache: Arc<dyn Store> = Arc::new(
+        ferry_cache::Cache::open(&dir, args.cache_size)
+            .with_context(|| format!("cannot open the cache {}", dir.display()))?,
+    );
     let stats = Arc::new(Stats::default());
     let source = Arc::new(remote);
     let reader = Reader::new(
         Arc::clone(&source),
-        Arc::new(cache),
+        Arc::clone(&cache),
         ReadConfig::default(),
         Arc::clone(&stats),
     );
+    // Asked once: whether the sharer takes writes (a share that is not --writable mounts read-only).
+    let writable = !args.read_only
+        && source
+            .writable()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .context("cannot ask the sharer whether it takes writes")?;
     let notice = Arc::new(move |line: &str| {
         log.event("notice", json!({ "message": line }), || line.to_string())
     });
     let mut fs = ShareFs::new(source, reader, notice);
     if args.no_passthrough {
         fs = fs.without_passthrough();
+    }
+    if writable {
+        // Working copies of files being written, beside the cache's files (which it does not touch).
+        let writes = dir.join("writes");
+        fs = fs
+            .writable(&writes, cache)
+            .with_context(|| format!("cannot keep working copies in {}", writes.display()))?;
     }
     let _ = changes.set(fs.changes());
     let fsname = format!("ferry:{}:{share}", peer.name);
@@ -230,12 +248,13 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     log.event(
         "mounted",
         json!({ "mountpoint": mountpoint.to_string_lossy(), "peer": peer.name.as_str(), "share": share,
-                "cache": dir.to_string_lossy() }),
+                "cache": dir.to_string_lossy(), "writable": writable }),
         || {
             format!(
-                "mounted {}:{share} on {} (Ctrl-C or `ferry unmount` unmounts)",
+                "mounted {}:{share} on {}{} (Ctrl-C or `ferry unmount` unmounts)",
                 peer.name,
-                escape(&mountpoint.to_string_lossy())
+                escape(&mountpoint.to_string_lossy()),
+                if writable { "" } else { ", read-only" }
             )
         },
     );

@@ -15,126 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::mounting::*;
 use common::*;
 use serde_json::Value;
 
-/// Whether FUSE mounts can be made here; prints why not (and fails in CI) otherwise.
-fn fuse_usable(test: &str) -> bool {
-    if !Path::new("/dev/fuse").exists() {
-        ferry_testkit::skip(test, "no /dev/fuse");
-        return false;
-    }
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        ferry_testkit::skip(test, "not root (the tests mount with mount(2))");
-        return false;
-    }
-    true
-}
-
-/// Whether `program` runs here; prints why not (and fails in CI) otherwise.
-fn have(test: &str, program: &str) -> bool {
-    let ok = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !ok {
-        ferry_testkit::skip(test, &format!("{program} is not installed"));
-    }
-    ok
-}
-
-/// A running `ferry mount` of `a`'s share at `b`; dropping it unmounts (SIGTERM, then lazily if needed).
-struct Mounted {
-    process: Option<Watched>,
-    dir: PathBuf,
-}
-
-impl Mounted {
-    fn start(w: &World, extra: &[&str]) -> Mounted {
-        let dir = w.path("mnt");
-        fs::create_dir_all(&dir).unwrap();
-        let child = w
-            .as_("b")
-            .args(["mount", "--json", "a"])
-            .arg(&dir)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn ferry mount");
-        let mut process = Watched::new(child);
-        process.wait_for(|e| e["event"] == "mounted");
-        Mounted {
-            process: Some(process),
-            dir,
-        }
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.join(rel)
-    }
-
-    /// The mount's stats line (SIGUSR1), as counters by name.
-    fn stats(&mut self) -> std::collections::HashMap<String, u64> {
-        let p = self.process.as_mut().unwrap();
-        p.signal(libc::SIGUSR1);
-        let e = p.wait_for(|e| e["event"] == "stats");
-        let line = e["line"].as_str().unwrap().to_string();
-        let words: Vec<&str> = line.split_whitespace().collect();
-        words
-            .chunks(2)
-            .map(|kv| (kv[0].to_string(), kv[1].parse().unwrap()))
-            .collect()
-    }
-
-    /// Waits for an event of the mount (a link lost or back).
-    fn wait_for(&mut self, stop: impl FnMut(&Value) -> bool) -> Value {
-        self.process.as_mut().unwrap().wait_for(stop)
-    }
-
-    /// Unmounts with SIGTERM and returns the process's output.
-    fn stop(mut self) -> std::process::Output {
-        let p = self.process.take().unwrap();
-        p.signal(libc::SIGTERM);
-        p.finish()
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Some(p) = self.process.take() {
-            p.signal(libc::SIGTERM);
-            let _ = p.finish();
-        }
-        // Whatever happened, no mount stays behind.
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.dir)
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Pairs `a` and `b`, and starts `a`'s share of the world's source.
-fn sharing(w: &World) -> Watched {
-    w.pair("a", "b");
-    w.share("a", &[]).0
-}
-
 fn hash(bytes: &[u8]) -> blake3::Hash {
     blake3::hash(bytes)
-}
-
-/// Waits until `check` holds (the mount sees a change made on the sharer); fails after 20 s.
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
-    while !check() {
-        assert!(Instant::now() < until, "{what}: not seen within 20 s");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn a_tree(src: &Path) {

@@ -3,7 +3,15 @@
 //! Entries and attributes are cached by the kernel for [`TTL`] and dropped sooner by the share's change
 //! notifications ([`Mounted::changes`] turns each changed path into `inval_inode` / `inval_entry`). Names
 //! from listings are single components (the wire checks them, [`inodes::child`] again); a symlink's target
-//! is shown as stored and never followed here. Every write answers `EROFS`: this mount reads.
+//! is shown as stored and never followed here.
+//!
+//! Writes (only when [`ShareFs::writable`]; otherwise every write answers `EROFS` and the mount is
+//! read-only) go to a working copy per file ([`crate::writes`]), pushed to the sharer on flush (each
+//! close), fsync, release, and after [`DEBOUNCE`] of quiet for a file kept open; a push that fails is the
+//! close's error. Names (create, mkdir, rename, unlink, rmdir, symlink) and attributes (chmod, utimens) go
+//! to the sharer at once. The kernel's own entries are kept right by its replies; what the sharer then
+//! announces invalidates them as for any change (never from within a request: the kernel holds the
+//! directory's lock there).
 //!
 //! A file whose content is complete in the store opens with FUSE passthrough: the kernel reads the cache
 //! file itself, and the daemon sees no read at all. Without the privilege for it, files open classically
@@ -17,7 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ferry_share::wire::{Entry, Kind, SharePath};
+use ferry_share::tree::{Version, GROUP};
+use ferry_share::wire::{Entry, Kind, SharePath, Time};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
@@ -26,7 +35,9 @@ use fuser::{
 
 use crate::files::{Handle, Reader};
 use crate::inodes::{child, Inodes, ROOT};
-use crate::source::{PutOutcome, Sink, Source, SourceError};
+use crate::source::{Sink, Source, SourceError};
+use crate::store::Store;
+use crate::writes::{self, Pushed, Writes, DEBOUNCE};
 
 /// How long the kernel may trust an entry or attributes without asking (changes invalidate sooner).
 pub const TTL: Duration = Duration::from_secs(1);
@@ -39,7 +50,10 @@ pub const MAX_BACKGROUND: u16 = 64;
 pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
 
 struct Open {
-    handle: Arc<Handle>,
+    /// The read path's handle; `None` while the file has a working copy (opened when first needed).
+    handle: Option<Arc<Handle>>,
+    /// Opened for writing: closing it pushes the working copy.
+    writing: bool,
     /// The inode, and whether its handle reads with passthrough (counted in the inode table until release).
     ino: u64,
     passthrough: bool,
@@ -58,6 +72,8 @@ struct Shared<S: Source + Sink> {
     backing: Mutex<HashMap<[u8; 32], Weak<BackingId>>>,
     passthrough: AtomicBool,
     notifier: OnceLock<Notifier>,
+    /// Set when the mount writes: the working copies, and the store pushed versions are seeded into.
+    writes: OnceLock<(Writes, Arc<dyn Store>)>,
     uid: u32,
     gid: u32,
     notice: Notice,
@@ -98,6 +114,7 @@ impl<S: Source + Sink> ShareFs<S> {
                 backing: Mutex::new(HashMap::new()),
                 passthrough: AtomicBool::new(false),
                 notifier: OnceLock::new(),
+                writes: OnceLock::new(),
                 uid,
                 gid,
                 notice,
@@ -110,6 +127,30 @@ impl<S: Source + Sink> ShareFs<S> {
     pub fn without_passthrough(mut self) -> Self {
         self.passthrough_wanted = false;
         self
+    }
+
+    /// Takes writes (the sharer's share is writable): working copies under `dir`, pushed versions seeded
+    /// into `store` (the read path's). A thread pushes files kept open once [`DEBOUNCE`] passed without
+    /// a write, and retries pushes that failed.
+    pub fn writable(self, dir: &Path, store: Arc<dyn Store>) -> std::io::Result<Self> {
+        let writes = Writes::new(dir)?;
+        let _ = self.shared.writes.set((writes, store));
+        let shared = Arc::downgrade(&self.shared);
+        std::thread::Builder::new()
+            .name("ferry-mount-push".into())
+            .spawn(move || loop {
+                std::thread::sleep(DEBOUNCE / 2);
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                shared.push_due();
+            })?;
+        Ok(self)
+    }
+
+    /// Whether the mount takes writes.
+    pub fn is_writable(&self) -> bool {
+        self.shared.writes.get().is_some()
     }
 
     /// Where change notifications go once mounted.
@@ -271,8 +312,9 @@ impl<S: Source + Sink> Shared<S> {
     }
 
     fn open(&self, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        if flags.acc_mode() != OpenAccMode::O_RDONLY {
-            return reply.error(Errno::EROFS);
+        let writing = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        if writing || self.copy(ino.0).is_some() {
+            return self.open_copy(ino, flags, writing, reply);
         }
         let path = match self.path(ino) {
             Ok(p) => p,
@@ -319,7 +361,8 @@ impl<S: Source + Sink> Shared<S> {
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             fh,
             Open {
-                handle: Arc::new(handle),
+                handle: Some(Arc::new(handle)),
+                writing: false,
                 ino: ino.0,
                 passthrough: backing.is_some(),
                 _backing: backing.clone(),
@@ -367,6 +410,443 @@ impl<S: Source + Sink> Shared<S> {
     }
 }
 
+/// The write side.
+impl<S: Source + Sink> Shared<S> {
+    fn writes(&self) -> Result<&Writes, Errno> {
+        self.writes.get().map(|(w, _)| w).ok_or(Errno::EROFS)
+    }
+
+    /// The working copy of `ino`, if it has one.
+    fn copy(&self, ino: u64) -> Option<writes::Shared> {
+        self.writes.get()?.0.get(ino)
+    }
+
+    /// `entry` as shown: with the working copy's size, mode and time when there is one.
+    fn shown(&self, ino: u64, mut entry: Entry) -> FileAttr {
+        if let Some(c) = self.copy(ino) {
+            writes::lock(&c).overlay(&mut entry);
+        }
+        self.attr(ino, &entry)
+    }
+
+    fn register(&self, ino: u64, writing: bool) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        // Counted as a classic open: no passthrough for the inode while it is written.
+        self.inodes().classic_open(ino, true);
+        self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            fh,
+            Open {
+                handle: None,
+                writing,
+                ino,
+                passthrough: false,
+                _backing: None,
+            },
+        );
+        fh
+    }
+
+    /// Opens a file through its working copy: one is made for a writer (from the file's content, or empty
+    /// with O_TRUNC); a reader of a file that has one reads it.
+    fn open_copy(&self, ino: INodeNo, flags: OpenFlags, writing: bool, reply: ReplyOpen) {
+        if writing {
+            let truncate = flags.0 & libc::O_TRUNC != 0;
+            if let Err(e) = self.working_copy(ino.0, truncate) {
+                return reply.error(e);
+            }
+        }
+        let fh = self.register(ino.0, writing);
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    /// The working copy of `ino`, made now if there is none: the current version's content (fetched through
+    /// the read path as needed), or nothing when `truncate`.
+    fn working_copy(&self, ino: u64, truncate: bool) -> Result<writes::Shared, Errno> {
+        let w = self.writes()?;
+        if let Some(c) = w.get(ino) {
+            if truncate {
+                writes::lock(&c).set_len(0).map_err(io_errno)?;
+            }
+            return Ok(c);
+        }
+        let path = self.path(INodeNo(ino))?;
+        let known = self.inodes().version(ino);
+        let handle = self.reader.open(&path, known).map_err(|e| errno_of(&e))?;
+        let version = handle.file().version();
+        let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
+        let mut copy = w.create(Some(version), mode & 0o7777).map_err(io_errno)?;
+        if truncate {
+            copy.set_len(0).map_err(io_errno)?;
+        } else {
+            let mut at = 0;
+            while at < version.size {
+                let bytes = self
+                    .reader
+                    .read(&handle, at, MAX_REQUEST)
+                    .map_err(|e| errno_of(&e))?;
+                if bytes.is_empty() || handle.file().version() != version {
+                    // Changed on the sharer while it was copied: the caller tries again.
+                    return Err(Errno::ESTALE);
+                }
+                copy.load(at, &bytes).map_err(io_errno)?;
+                at += bytes.len() as u64;
+            }
+        }
+        self.inodes().set_version(ino, version);
+        Ok(w.insert(ino, copy))
+    }
+
+    /// Pushes `ino`'s working copy if it has changes; the errno of a failure (the close's error).
+    fn push(&self, ino: u64, copy: &writes::Shared) -> Result<(), Errno> {
+        let mut c = writes::lock(copy);
+        if !c.is_dirty() {
+            return Ok(());
+        }
+        let path = self.path(INodeNo(ino))?;
+        match c.push(&*self.source, &path) {
+            Ok(Pushed::Clean) => Ok(()),
+            Ok(Pushed::Written(version)) => {
+                self.seed(version, &c);
+                let mut t = self.inodes();
+                t.changed(&path);
+                t.set_version(ino, version);
+                Ok(())
+            }
+            Ok(Pushed::Conflicted(name)) => {
+                drop(c);
+                // The sharer's version stays at the name: it is read from there again.
+                if let Ok(w) = self.writes() {
+                    w.remove(ino, copy);
+                }
+                self.inodes().changed(&path);
+                let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
+                let dir = match shown.rsplit_once('/') {
+                    Some((dir, _)) => format!("{dir}/"),
+                    None => String::new(),
+                };
+                (self.notice)(&format!(
+                    "conflict: {shown} changed on the sharer too: its version stays, yours is kept as \
+                     {dir}{}",
+                    String::from_utf8_lossy(&name)
+                ));
+                Ok(())
+            }
+            Err(e) => {
+                if let SourceError::Offline(why) = &e {
+                    (self.notice)(&format!(
+                        "{} is not on the sharer yet (kept here, tried again): {why}",
+                        String::from_utf8_lossy(path.as_bytes())
+                    ));
+                }
+                Err(errno_of(&e))
+            }
+        }
+    }
+
+    /// Pushes `ino`'s working copy, if any.
+    fn push_ino(&self, ino: u64) -> Result<(), Errno> {
+        match self.copy(ino) {
+            Some(c) => self.push(ino, &c),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a handle open for writing `ino` remains.
+    fn has_writers(&self, ino: u64) -> bool {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.values().any(|o| o.ino == ino && o.writing)
+    }
+
+    /// Pushes what is due (written, then quiet for [`DEBOUNCE`]), and lets go of copies that are pushed and
+    /// no longer open for writing.
+    fn push_due(&self) {
+        let Ok(w) = self.writes() else {
+            return;
+        };
+        for (ino, c) in w.all() {
+            if writes::lock(&c).is_due(DEBOUNCE) {
+                let _ = self.push(ino, &c);
+            }
+            if !writes::lock(&c).is_dirty() && !self.has_writers(ino) {
+                w.remove(ino, &c);
+            }
+        }
+    }
+
+    /// Puts the pushed content into the store as `version`, so that it reads locally (and with
+    /// passthrough) from now on without fetching it back.
+    fn seed(&self, version: Version, copy: &writes::WorkingCopy) {
+        let Some((_, store)) = self.writes.get() else {
+            return;
+        };
+        let Ok(chunks) = store.entry(version) else {
+            return;
+        };
+        let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
+        let mut at = 0;
+        while at < version.size && !chunks.is_complete() {
+            let Ok(bytes) = copy.read_at(at, step as u32) else {
+                return;
+            };
+            if bytes.is_empty() || chunks.insert(at, &bytes).is_err() {
+                return;
+            }
+            at += bytes.len() as u64;
+        }
+    }
+
+    /// The path of `name` in `parent`, for a write.
+    fn child_path(&self, parent: INodeNo, name: &OsStr) -> Result<SharePath, Errno> {
+        self.writes()?;
+        let dir = self.path(parent)?;
+        child(&dir, name.as_bytes()).ok_or(Errno::EINVAL)
+    }
+
+    /// A new name made by this mount: the table learns it (and that its directory changed); its attributes.
+    fn made(&self, parent: INodeNo, path: SharePath, entry: Entry) -> (u64, FileAttr) {
+        let mut t = self.inodes();
+        t.removed(&path);
+        let ino = t.looked_up(path, parent.0, entry.clone());
+        drop(t);
+        (ino, self.attr(ino, &entry))
+    }
+
+    fn create(&self, parent: INodeNo, name: &OsStr, mode: u32, reply: fuser::ReplyCreate) {
+        let path = match self.child_path(parent, name) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
+        let r = (|| {
+            let w = self.writes()?;
+            let mut copy = w.create(None, mode).map_err(io_errno)?;
+            // The name exists on the sharer from now on (empty), as on a local disk.
+            copy.set_len(0).map_err(io_errno)?;
+            match copy.push(&*self.source, &path).map_err(|e| errno_of(&e))? {
+                Pushed::Conflicted(name) => {
+                    // Something is there already: the empty sibling goes, the name is taken.
+                    if let Some(sibling) = sibling(&path, &name) {
+                        let _ = self.source.unlink(&sibling);
+                    }
+                    Err(Errno::EEXIST)
+                }
+                Pushed::Written(_) | Pushed::Clean => Ok(copy),
+            }
+        })();
+        let copy = match r {
+            Ok(c) => c,
+            Err(e) => return reply.error(e),
+        };
+        let version = copy.base();
+        let (ino, attr) = self.made(parent, path, new_entry(name, Kind::File, mode, b""));
+        if let Some(v) = version {
+            self.inodes().set_version(ino, v);
+        }
+        if let Ok(w) = self.writes() {
+            w.insert(ino, copy);
+        }
+        let fh = self.register(ino, true);
+        reply.created(
+            &TTL,
+            &attr,
+            Generation(0),
+            FileHandle(fh),
+            FopenFlags::empty(),
+        );
+    }
+
+    /// A name operation on the sharer; its failure as an errno.
+    fn remote(&self, r: Result<(), SourceError>) -> Result<(), Errno> {
+        r.map_err(|e| match e {
+            SourceError::Offline(why) => self.failed(why),
+            e => errno_of(&e),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setattr(
+        &self,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        mtime: Option<fuser::TimeOrNow>,
+    ) -> Result<FileAttr, Errno> {
+        self.writes()?;
+        if uid.is_some_and(|u| u != self.uid) || gid.is_some_and(|g| g != self.gid) {
+            return Err(Errno::EPERM);
+        }
+        let path = self.path(ino)?;
+        let mut entry = match self.inodes().entry(ino.0, false) {
+            Some(e) => e,
+            None => self.entry(ino.0, &path)?,
+        };
+        if let Some(size) = size {
+            let copy = self.working_copy(ino.0, size == 0)?;
+            writes::lock(&copy).set_len(size).map_err(io_errno)?;
+            // A truncate(2) of a file nobody writes lands at once.
+            if !self.has_writers(ino.0) {
+                self.push(ino.0, &copy)?;
+            }
+        }
+        let mtime = mtime.map(|t| {
+            let t = match t {
+                fuser::TimeOrNow::SpecificTime(t) => t,
+                fuser::TimeOrNow::Now => SystemTime::now(),
+            };
+            match t.duration_since(UNIX_EPOCH) {
+                Ok(d) => Time {
+                    secs: d.as_secs() as i64,
+                    nanos: d.subsec_nanos(),
+                },
+                Err(_) => Time { secs: 0, nanos: 0 },
+            }
+        });
+        let mode = mode.map(|m| m & 0o7777);
+        if mode.is_some() || mtime.is_some() {
+            self.remote(self.source.set_attr(&path, mode, mtime))?;
+            if let Some(c) = self.copy(ino.0) {
+                // The next push carries them too (else it would set the sharer's time).
+                let mut c = writes::lock(&c);
+                if let Some(m) = mode {
+                    c.set_mode(m);
+                }
+                if let Some(t) = mtime {
+                    c.set_mtime(t);
+                }
+            }
+            if let Some(m) = mode {
+                entry.mode = (entry.mode & !0o7777) | m;
+            }
+            if let Some(t) = mtime {
+                entry.mtime = t.secs;
+                entry.mtime_nsec = t.nanos;
+            }
+            self.inodes().set_entry(ino.0, entry.clone());
+        }
+        Ok(self.shown(ino.0, entry))
+    }
+
+    fn rename(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+    ) -> Result<(), Errno> {
+        if flags.contains(fuser::RenameFlags::RENAME_EXCHANGE)
+            || flags.contains(fuser::RenameFlags::RENAME_WHITEOUT)
+        {
+            return Err(Errno::EINVAL);
+        }
+        let from = self.child_path(parent, name)?;
+        let to = self.child_path(newparent, newname)?;
+        // What is written there goes first: the rename moves the sharer's file.
+        let moved = self.inodes().ino(&from);
+        if let Some(ino) = moved {
+            self.push_ino(ino)?;
+        }
+        let replace = !flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
+        self.remote(self.source.rename(&from, &to, replace))?;
+        let replaced = self.inodes().ino(&to);
+        if let (Some(ino), Ok(w)) = (replaced, self.writes()) {
+            if let Some(c) = w.get(ino) {
+                w.remove(ino, &c);
+            }
+        }
+        self.inodes().renamed(&from, &to);
+        Ok(())
+    }
+
+    /// Removes `name` (a file or symlink, or with `dir` an empty directory).
+    fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let path = self.child_path(parent, name)?;
+        match dir {
+            true => self.remote(self.source.rmdir(&path))?,
+            false => self.remote(self.source.unlink(&path))?,
+        }
+        let gone = self.inodes().ino(&path);
+        if let (Some(ino), Ok(w)) = (gone, self.writes()) {
+            if let Some(c) = w.get(ino) {
+                w.remove(ino, &c);
+            }
+        }
+        self.inodes().removed(&path);
+        Ok(())
+    }
+}
+
+/// Where a read of an open handle goes.
+enum Reading {
+    /// The file's working copy.
+    Copy(writes::Shared),
+    /// The read path.
+    Handle(Arc<Handle>),
+}
+
+impl<S: Source + Sink> Shared<S> {
+    /// Where a read of `fh` (of `ino`) goes: the working copy while there is one, else the read path
+    /// (a handle opened while there was a copy opens its read path now).
+    fn reading(&self, ino: u64, fh: u64) -> Result<Reading, Errno> {
+        if let Some(c) = self.copy(ino) {
+            return Ok(Reading::Copy(c));
+        }
+        let handle = {
+            let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            match open.get(&fh) {
+                Some(o) => o.handle.clone(),
+                None => return Err(Errno::EBADF),
+            }
+        };
+        if let Some(h) = handle {
+            return Ok(Reading::Handle(h));
+        }
+        let path = self.path(INodeNo(ino))?;
+        let known = self.inodes().version(ino);
+        let h = Arc::new(self.reader.open(&path, known).map_err(|e| errno_of(&e))?);
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(o) = open.get_mut(&fh) {
+            o.handle = Some(Arc::clone(&h));
+        }
+        Ok(Reading::Handle(h))
+    }
+}
+
+/// The path of a conflict copy named `name` beside `path`.
+fn sibling(path: &SharePath, name: &[u8]) -> Option<SharePath> {
+    let p = path.as_bytes();
+    let dir = match p.iter().rposition(|&b| b == b'/') {
+        Some(i) => SharePath::new(&p[..i]).ok()?,
+        None => SharePath::root(),
+    };
+    child(&dir, name)
+}
+
+/// The entry of a name this mount just made (the sharer's own is learned once it is asked again).
+fn new_entry(name: &OsStr, kind: Kind, mode: u32, target: &[u8]) -> Entry {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let mode = mode & 0o7777;
+    Entry {
+        name: name.as_bytes().to_vec(),
+        kind,
+        size: 0,
+        mode: match kind {
+            Kind::Symlink => 0o777,
+            _ => mode,
+        },
+        mtime: now.as_secs() as i64,
+        mtime_nsec: now.subsec_nanos(),
+        target: target.to_vec(),
+    }
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
 fn errno_of(e: &SourceError) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -392,6 +872,8 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            // open(O_TRUNC) comes as one open, not a truncate (which would land an empty file) first.
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
         ] {
             if caps.contains(wanted) {
                 let _ = config.add_capabilities(wanted);
@@ -414,7 +896,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.shared.lookup(parent, name) {
-            Ok((ino, e)) => reply.entry(&TTL, &self.shared.attr(ino, &e), Generation(0)),
+            Ok((ino, e)) => reply.entry(&TTL, &self.shared.shown(ino, e), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -425,10 +907,10 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         // An open handle answers with the version it reads (its size is what reads are cut at).
-        if let Some(fh) = fh {
+        if let (Some(fh), None) = (fh, self.shared.copy(ino.0)) {
             let open = self.shared.open.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(o) = open.get(&fh.0) {
-                let size = o.handle.file().version().size;
+            if let Some(h) = open.get(&fh.0).and_then(|o| o.handle.clone()) {
+                let size = h.file().version().size;
                 drop(open);
                 if let Some(mut e) = self.shared.inodes().entry(ino.0, false) {
                     e.size = size;
@@ -441,7 +923,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             .path(ino)
             .and_then(|p| self.shared.entry(ino.0, &p));
         match r {
-            Ok(e) => reply.attr(&TTL, &self.shared.attr(ino.0, &e)),
+            Ok(e) => reply.attr(&TTL, &self.shared.shown(ino.0, e)),
             Err(e) => reply.error(e),
         }
     }
@@ -465,7 +947,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -473,12 +955,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let handle = {
-            let open = self.shared.open.lock().unwrap_or_else(|e| e.into_inner());
-            match open.get(&fh.0) {
-                Some(o) => Arc::clone(&o.handle),
-                None => return reply.error(Errno::EBADF),
+        let handle = match self.shared.reading(ino.0, fh.0) {
+            Ok(Reading::Copy(c)) => {
+                return match writes::lock(&c).read_at(offset, size) {
+                    Ok(bytes) => reply.data(&bytes),
+                    Err(e) => reply.error(io_errno(e)),
+                }
             }
+            Ok(Reading::Handle(h)) => h,
+            Err(e) => return reply.error(e),
         };
         match self.shared.reader.read(&handle, offset, size) {
             Ok(bytes) => reply.data(&bytes),
@@ -512,8 +997,58 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             Some(o) => self.shared.inodes().classic_open(o.ino, false),
             None => {}
         }
+        // The last writer gone: what is still unpushed goes now (else the push thread retries it), and a
+        // pushed copy is let go.
+        if let Some(o) = gone.as_ref().filter(|o| o.writing) {
+            if !self.shared.has_writers(o.ino) {
+                if let Some(c) = self.shared.copy(o.ino) {
+                    let pushed = self.shared.push(o.ino, &c);
+                    if pushed.is_ok() && !writes::lock(&c).is_dirty() {
+                        if let Ok(w) = self.shared.writes() {
+                            w.remove(o.ino, &c);
+                        }
+                    }
+                }
+            }
+        }
         drop(gone);
         reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Each close: what it wrote is on the sharer when close(2) returns, or close fails.
+        let writing = {
+            let open = self.shared.open.lock().unwrap_or_else(|e| e.into_inner());
+            open.get(&fh.0).is_some_and(|o| o.writing)
+        };
+        match writing {
+            true => match self.shared.push_ino(ino.0) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            },
+            false => reply.ok(),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.shared.push_ino(ino.0) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -562,25 +1097,25 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        if mask.contains(fuser::AccessFlags::W_OK) {
+        if mask.contains(fuser::AccessFlags::W_OK) && self.shared.writes().is_err() {
             reply.error(Errno::EROFS)
         } else {
             reply.ok()
         }
     }
 
-    // Writes: none yet (the mount is also mounted read-only, so the kernel answers most of them itself).
+    // Writes (EROFS unless the mount is writable).
 
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
+        mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
@@ -589,7 +1124,10 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        match self.shared.setattr(ino, mode, uid, gid, size, mtime) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn mknod(
@@ -602,51 +1140,89 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        // Regular files come through create; devices, fifos and sockets are not shared.
+        match self.shared.writes() {
+            Ok(_) => reply.error(Errno::EPERM),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let mode = mode & !umask & 0o7777;
+        let r = self.shared.child_path(parent, name).and_then(|path| {
+            self.shared.remote(self.shared.source.mkdir(&path, mode))?;
+            Ok(path)
+        });
+        match r {
+            Ok(path) => {
+                let entry = new_entry(name, Kind::Dir, mode, b"");
+                let (_, attr) = self.shared.made(parent, path, entry);
+                reply.entry(&TTL, &attr, Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.shared.remove(parent, name, false) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.shared.remove(parent, name, true) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn symlink(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let target = target.as_os_str().as_bytes();
+        let r = self.shared.child_path(parent, link_name).and_then(|path| {
+            self.shared
+                .remote(self.shared.source.symlink(&path, target))?;
+            Ok(path)
+        });
+        match r {
+            Ok(path) => {
+                let entry = new_entry(link_name, Kind::Symlink, 0o777, target);
+                let (_, attr) = self.shared.made(parent, path, entry);
+                reply.entry(&TTL, &attr, Generation(0))
+            }
+            Err(e) => reply.error(e),
+        }
     }
 
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        match self.shared.rename(parent, name, newparent, newname, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn link(
@@ -657,34 +1233,47 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        // No hard links on a share (git, for one, renames instead when a link fails).
+        match self.shared.writes() {
+            Ok(_) => reply.error(Errno::EPERM),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        offset: u64,
+        data: &[u8],
         _write_flags: fuser::WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        // A copy pushed after a conflict is gone: the next write starts a new one on the sharer's version.
+        let r = self
+            .shared
+            .working_copy(ino.0, false)
+            .and_then(|c| writes::lock(&c).write_at(offset, data).map_err(io_errno));
+        match r {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
         _flags: i32,
         reply: fuser::ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        self.shared
+            .create(parent, name, mode & !umask & 0o7777, reply);
     }
 }

@@ -26,6 +26,8 @@ struct Node {
     version: Option<Version>,
     /// Set by a change notification: the next use asks the sharer again.
     stale: bool,
+    /// The same for the listing (a lookup of the directory itself refreshes its entry, not its listing).
+    listing_stale: bool,
     /// Handles open for classic (daemon) reads: while there are any, the kernel holds the inode in
     /// caching mode and answers a passthrough open of it with EIO.
     classic_opens: u32,
@@ -123,6 +125,10 @@ impl Inodes {
         node.lookups = node.lookups.saturating_sub(n);
         if node.lookups == 0 {
             let node = self.by_ino.remove(&ino).expect("present");
+            // A removed or renamed-over node no longer owns its path.
+            if self.by_path.get(&node.path) != Some(&ino) {
+                return;
+            }
             self.by_path.remove(&node.path);
             if let Some((entry, _)) = node.entry {
                 if self.remembered.len() >= REMEMBERED {
@@ -160,7 +166,7 @@ impl Inodes {
     pub fn listing(&self, ino: u64, fresh: bool) -> Option<Vec<Entry>> {
         let n = self.by_ino.get(&ino)?;
         let (l, at) = n.listing.as_ref()?;
-        (!fresh || (!n.stale && at.elapsed() < self.fresh_for)).then(|| l.clone())
+        (!fresh || (!n.listing_stale && at.elapsed() < self.fresh_for)).then(|| l.clone())
     }
 
     /// Remembers the listing of directory `ino`, and each child's entry for the inodes already known.
@@ -170,7 +176,7 @@ impl Inodes {
         };
         let dir = n.path.clone();
         n.listing = Some((entries.clone(), Instant::now()));
-        n.stale = false;
+        n.listing_stale = false;
         let now = Instant::now();
         for e in entries {
             let Some(path) = child(&dir, &e.name) else {
@@ -234,6 +240,52 @@ impl Inodes {
         }
     }
 
+    /// `path` was removed (by this mount): the name no longer leads to its inode, which lives on while
+    /// the kernel holds it (an open file); a new file there gets a new inode.
+    pub fn removed(&mut self, path: &SharePath) {
+        self.changed(path);
+        self.by_path.remove(path);
+        self.remembered.remove(path);
+    }
+
+    /// `from` was renamed to `to` (by this mount): its inode and those beneath it keep their numbers under
+    /// the new paths; whatever was at `to` is removed.
+    pub fn renamed(&mut self, from: &SharePath, to: &SharePath) {
+        self.changed(from);
+        self.removed(to);
+        let new_parent = split_parent(to).0;
+        let new_parent = self.by_path.get(&new_parent).copied();
+        let prefix = from.as_bytes().to_vec();
+        let moved: Vec<u64> = self
+            .by_path
+            .iter()
+            .filter(|(p, _)| {
+                let p = p.as_bytes();
+                p == prefix || (p.starts_with(&prefix) && p.get(prefix.len()) == Some(&b'/'))
+            })
+            .map(|(_, &ino)| ino)
+            .collect();
+        for ino in moved {
+            let n = self.by_ino.get_mut(&ino).expect("indexed");
+            let mut p = to.as_bytes().to_vec();
+            p.extend_from_slice(&n.path.as_bytes()[prefix.len()..]);
+            let Ok(path) = SharePath::new(&p) else {
+                continue;
+            };
+            self.by_path.remove(&n.path);
+            if n.path == *from {
+                if let Some(parent) = new_parent {
+                    n.parent = parent;
+                }
+            }
+            n.path = path.clone();
+            n.stale = true;
+            n.listing_stale = true;
+            self.by_path.insert(path, ino);
+        }
+        self.changed(to);
+    }
+
     /// `path` changed on the sharer: its node, its parent's listing and its descendants go stale; returns
     /// what the kernel must drop. The share's root means anything may have changed.
     pub fn changed(&mut self, path: &SharePath) -> Invalidations {
@@ -248,6 +300,7 @@ impl Inodes {
                 continue;
             }
             n.stale = true;
+            n.listing_stale = true;
             inv.inodes.push(*ino);
             if *ino != ROOT {
                 inv.entries.push((n.parent, last_component(p).to_vec()));
@@ -260,6 +313,7 @@ impl Inodes {
             if let Some(&pino) = self.by_path.get(&parent_path) {
                 let pn = self.by_ino.get_mut(&pino).expect("indexed");
                 pn.stale = true;
+                pn.listing_stale = true;
                 inv.inodes.push(pino);
                 if !inv.entries.iter().any(|(p, n)| *p == pino && n == name) {
                     inv.entries.push((pino, name.to_vec()));
@@ -281,6 +335,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         listing: None,
         version: None,
         stale: false,
+        listing_stale: false,
         classic_opens: 0,
         passthrough: (0, None),
     }
@@ -338,6 +393,50 @@ mod tests {
 
     fn p(s: &str) -> SharePath {
         SharePath::new(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_rename_moves_the_inode_and_its_descendants_and_a_removal_frees_the_name() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let d = t.looked_up(p("d"), ROOT, file("d", 0));
+        let f = t.looked_up(p("d/f"), d, file("f", 5));
+        let e = t.looked_up(p("e"), ROOT, file("e", 0));
+        let old = t.looked_up(p("x"), ROOT, file("x", 1));
+        t.renamed(&p("d"), &p("x"));
+        assert_eq!(t.path(d), Some(p("x")));
+        assert_eq!(t.path(f), Some(p("x/f")));
+        assert_eq!(t.ino(&p("x/f")), Some(f));
+        assert_eq!(t.ino(&p("d")), None);
+        assert_eq!(t.ino(&p("d/f")), None);
+        // The inode renamed over keeps living for the kernel, under no path; its forget frees nothing else.
+        t.forget(old, 1);
+        assert_eq!(t.ino(&p("x")), Some(d));
+        t.renamed(&p("x/f"), &p("e/f"));
+        assert_eq!(t.path(f), Some(p("e/f")));
+        t.removed(&p("e/f"));
+        assert_eq!(t.ino(&p("e/f")), None);
+        let g = t.ino_for(p("e/f"), e);
+        assert_ne!(g, f, "a new file at a removed name is a new inode");
+        t.forget(f, 1);
+        assert_eq!(t.ino(&p("e/f")), Some(g));
+    }
+
+    #[test]
+    fn a_lookup_of_a_directory_does_not_make_its_changed_listing_fresh_again() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let d = t.looked_up(p("d"), ROOT, file("d", 0));
+        t.set_listing(d, vec![file("f", 28)]);
+        t.changed(&p("d/f"));
+        assert!(t.listing(d, true).is_none());
+        t.looked_up(p("d"), ROOT, file("d", 0));
+        assert!(t.listing(d, true).is_none(), "still stale");
+        assert_eq!(
+            t.listing(d, false).unwrap()[0].size,
+            28,
+            "kept for offline use"
+        );
+        t.set_listing(d, vec![file("f", 8)]);
+        assert_eq!(t.listing(d, true).unwrap()[0].size, 8);
     }
 
     #[test]

@@ -32,19 +32,25 @@ pub struct Mounted<S: Source + Sink> {
     mountpoint: PathBuf,
 }
 
-/// Mounts `fs` at `mountpoint` (read-only: writes are answered `EROFS` by the kernel), named
-/// `fsname` in the mount table.
-pub fn mount<S: Source + Sink>(fs: ShareFs<S>, mountpoint: &Path, fsname: &str) -> io::Result<Mounted<S>> {
+/// Mounts `fs` at `mountpoint` (read-only unless [`ShareFs::is_writable`]: then the kernel answers
+/// writes `EROFS` itself), named `fsname` in the mount table.
+pub fn mount<S: Source + Sink>(
+    fs: ShareFs<S>,
+    mountpoint: &Path,
+    fsname: &str,
+) -> io::Result<Mounted<S>> {
     let changes = fs.changes();
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(fsname.to_string()),
         MountOption::Subtype("ferry".into()),
-        MountOption::RO,
         MountOption::NoDev,
         MountOption::NoSuid,
         MountOption::DefaultPermissions,
     ];
+    if !fs.is_writable() {
+        config.mount_options.push(MountOption::RO);
+    }
     config.acl = SessionACL::Owner;
     config.n_threads = Some(THREADS);
     config.clone_fd = true;

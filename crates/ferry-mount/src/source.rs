@@ -116,7 +116,12 @@ pub trait Sink: Send + Sync + 'static {
         Err(read_only())
     }
     /// Renames `from` to `to` (replacing `to` when `replace`).
-    fn rename(&self, _from: &SharePath, _to: &SharePath, _replace: bool) -> Result<(), SourceError> {
+    fn rename(
+        &self,
+        _from: &SharePath,
+        _to: &SharePath,
+        _replace: bool,
+    ) -> Result<(), SourceError> {
         Err(read_only())
     }
     /// Sets the permission bits and/or the modification time of `path`.

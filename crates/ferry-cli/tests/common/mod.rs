@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod mounting;
+
 /// The binary under test.
 pub fn ferry() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ferry"))

@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use ferry_share::tree::Version;
@@ -125,7 +125,10 @@ fn a_write_in_the_middle_sends_only_its_range_and_the_sharer_gets_the_whole() {
     assert_eq!(sharer.content("f"), want);
     assert_eq!(c.base(), Some(v));
     assert!(!c.is_dirty() && c.changed().is_empty());
-    assert_eq!(sharer.sent.lock().unwrap().last().unwrap(), &Some(vec![10..14]));
+    assert_eq!(
+        sharer.sent.lock().unwrap().last().unwrap(),
+        &Some(vec![10..14])
+    );
 }
 
 #[test]
@@ -163,7 +166,10 @@ fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
     let (_d, w) = writes();
     let mut c = w.create(None, 0o600).unwrap();
     c.write_at(0, b"mine").unwrap();
-    assert!(matches!(c.push(&sharer, &p("n")).unwrap(), Pushed::Written(_)));
+    assert!(matches!(
+        c.push(&sharer, &p("n")).unwrap(),
+        Pushed::Written(_)
+    ));
     assert_eq!(sharer.sent.lock().unwrap().last().unwrap(), &None);
     assert_eq!(sharer.content("n"), b"mine");
     // The sharer changes it behind the copy's back.
@@ -223,7 +229,10 @@ fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
         target: Vec::new(),
     };
     c.overlay(&mut e);
-    assert_eq!((e.size, e.mode, e.mtime, e.mtime_nsec), (5, 0o100755, 1_600_000_000, 5));
+    assert_eq!(
+        (e.size, e.mode, e.mtime, e.mtime_nsec),
+        (5, 0o100755, 1_600_000_000, 5)
+    );
     let ino = 7;
     let shared = w.insert(ino, c);
     let path = super::lock(&shared).path.clone();

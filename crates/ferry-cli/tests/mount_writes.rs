@@ -1,0 +1,308 @@
+//! Writes through `ferry mount` of a real `ferry share --writable`, through a real FUSE mount: files written
+//! in the mount are on the sharer byte for byte once closed, git commits there and fsck passes on the sharer,
+//! a conflict keeps both versions, names and attributes changed in the mount are the sharer's, and a mount
+//! that may not write answers EROFS.
+//!
+//! Without /dev/fuse or root the tests are skipped with a printed reason (failed in CI).
+
+mod common;
+
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use common::mounting::*;
+use common::*;
+
+fn digest(path: &Path) -> blake3::Hash {
+    blake3::hash(&fs::read(path).unwrap())
+}
+
+/// `git` with an identity, in `dir`; fails the test if it fails.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=ferry",
+            "-c",
+            "user.email=ferry@example.org",
+        ])
+        .args(["-c", "init.defaultBranch=main", "-c", "safe.directory=*"])
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("run git");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn files_written_in_the_mount_are_identical_on_the_sharer_once_closed() {
+    if !fuse_usable("files_written_in_the_mount_are_identical_on_the_sharer_once_closed") {
+        return;
+    }
+    let w = World::new();
+    let src = w.src();
+    let old = pseudo_random(2_000_003, 3);
+    fs::write(src.join("existing.bin"), &old).unwrap();
+    fs::write(src.join("log.txt"), b"line 1\n").unwrap();
+    fs::write(src.join("long.txt"), vec![b'x'; 100_000]).unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+
+    // New files: empty, one byte, several MiB.
+    fs::write(m.path("empty"), b"").unwrap();
+    assert_eq!(fs::read(src.join("empty")).unwrap(), b"");
+    fs::write(m.path("one"), b"1").unwrap();
+    assert_eq!(fs::read(src.join("one")).unwrap(), b"1");
+    let big = pseudo_random(7 << 20, 11);
+    let mut f = fs::File::create(m.path("big.bin")).unwrap();
+    for part in big.chunks(300_001) {
+        f.write_all(part).unwrap();
+    }
+    drop(f);
+    assert_eq!(digest(&src.join("big.bin")), blake3::hash(&big));
+    assert_eq!(digest(&m.path("big.bin")), blake3::hash(&big));
+
+    // An overwrite in the middle of an existing file (read from the sharer first).
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("existing.bin"))
+        .unwrap();
+    f.seek(SeekFrom::Start(1_000_000)).unwrap();
+    f.write_all(b"in the middle").unwrap();
+    drop(f);
+    let mut want = old.clone();
+    want[1_000_000..1_000_013].copy_from_slice(b"in the middle");
+    assert_eq!(digest(&src.join("existing.bin")), blake3::hash(&want));
+    assert_eq!(digest(&m.path("existing.bin")), blake3::hash(&want));
+
+    // An append.
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("log.txt"))
+        .unwrap();
+    f.write_all(b"line 2\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read(src.join("log.txt")).unwrap(), b"line 1\nline 2\n");
+    assert_eq!(fs::metadata(m.path("log.txt")).unwrap().len(), 14);
+
+    // A truncate by path, and one through an open file.
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("long.txt"))
+        .unwrap();
+    f.set_len(10).unwrap();
+    drop(f);
+    assert_eq!(fs::read(src.join("long.txt")).unwrap(), b"xxxxxxxxxx");
+    Command::new("truncate")
+        .args(["-s", "3"])
+        .arg(m.path("long.txt"))
+        .status()
+        .unwrap();
+    assert_eq!(fs::read(src.join("long.txt")).unwrap(), b"xxx");
+    // O_TRUNC replaces the whole content.
+    fs::write(m.path("existing.bin"), b"short now").unwrap();
+    assert_eq!(fs::read(src.join("existing.bin")).unwrap(), b"short now");
+    assert_eq!(fs::read(m.path("existing.bin")).unwrap(), b"short now");
+}
+
+#[test]
+fn git_commits_in_the_mount_and_fsck_passes_on_the_sharer() {
+    let test = "git_commits_in_the_mount_and_fsck_passes_on_the_sharer";
+    if !fuse_usable(test) || !have(test, "git") {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    let repo = m.path("repo");
+    fs::create_dir(&repo).unwrap();
+    git(&repo, &["init", "-q"]);
+    fs::write(repo.join("README"), b"written through ferry mount\n").unwrap();
+    fs::create_dir(repo.join("src")).unwrap();
+    fs::write(repo.join("src/data.bin"), pseudo_random(300_000, 8)).unwrap();
+    git(&repo, &["add", "."]);
+    git(
+        &repo,
+        &["commit", "-q", "-m", "first commit through the mount"],
+    );
+    fs::write(repo.join("README"), b"changed\n").unwrap();
+    git(&repo, &["commit", "-q", "-a", "-m", "second commit"]);
+    assert!(git(&repo, &["status", "--porcelain"]).is_empty());
+
+    let on_sharer = w.src().join("repo");
+    git(&on_sharer, &["fsck", "--full", "--strict"]);
+    let log = git(&on_sharer, &["log", "--format=%s"]);
+    assert_eq!(log, "second commit\nfirst commit through the mount\n");
+    assert!(git(&on_sharer, &["status", "--porcelain"]).is_empty());
+    assert_eq!(
+        git(&on_sharer, &["show", "HEAD~1:README"]),
+        "written through ferry mount\n"
+    );
+}
+
+#[test]
+fn a_conflict_keeps_both_versions_on_the_sharer() {
+    if !fuse_usable("a_conflict_keeps_both_versions_on_the_sharer") {
+        return;
+    }
+    let w = World::new();
+    let src = w.src();
+    fs::create_dir(src.join("d")).unwrap();
+    fs::write(src.join("d/notes.txt"), b"original\n").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &[]);
+    // Opened in the mount (based on "original"), changed on the sharer meanwhile, then written and closed.
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("d/notes.txt"))
+        .unwrap();
+    fs::write(src.join("d/notes.txt"), b"the sharer's change\n").unwrap();
+    f.write_all(b"the mount's").unwrap();
+    drop(f);
+    let notice = m.wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("conflict: ")
+    });
+    let message = notice["message"].as_str().unwrap();
+    assert!(message.contains("d/notes.txt.conflict-"), "{message}");
+    assert_eq!(
+        fs::read(src.join("d/notes.txt")).unwrap(),
+        b"the sharer's change\n"
+    );
+    let copies: Vec<_> = fs::read_dir(src.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("notes.txt.conflict-"))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    assert_eq!(
+        fs::read(src.join("d").join(&copies[0])).unwrap(),
+        b"the mount's"
+    );
+    // The mount shows both.
+    eventually("the conflict copy in the mount", || {
+        fs::read(m.path("d").join(&copies[0])).ok().as_deref() == Some(&b"the mount's"[..])
+    });
+    eventually("the sharer's version in the mount", || {
+        fs::read(m.path("d/notes.txt")).ok().as_deref() == Some(&b"the sharer's change\n"[..])
+    });
+}
+
+#[test]
+fn names_and_attributes_changed_in_the_mount_are_the_sharers() {
+    if !fuse_usable("names_and_attributes_changed_in_the_mount_are_the_sharers") {
+        return;
+    }
+    let w = World::new();
+    let src = w.src();
+    fs::write(src.join("a.txt"), b"a").unwrap();
+    fs::write(src.join("gone.txt"), b"gone").unwrap();
+    fs::create_dir(src.join("old-dir")).unwrap();
+    fs::write(src.join("old-dir/inside"), b"inside").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+
+    fs::create_dir(m.path("new-dir")).unwrap();
+    assert!(src.join("new-dir").is_dir());
+    fs::create_dir(m.path("to-remove")).unwrap();
+    fs::remove_dir(m.path("to-remove")).unwrap();
+    assert!(!src.join("to-remove").exists());
+    assert!(!m.path("to-remove").exists());
+
+    fs::rename(m.path("a.txt"), m.path("new-dir/b.txt")).unwrap();
+    assert!(!src.join("a.txt").exists());
+    assert_eq!(fs::read(src.join("new-dir/b.txt")).unwrap(), b"a");
+    assert_eq!(fs::read(m.path("new-dir/b.txt")).unwrap(), b"a");
+    fs::rename(m.path("old-dir"), m.path("moved-dir")).unwrap();
+    assert_eq!(fs::read(src.join("moved-dir/inside")).unwrap(), b"inside");
+    assert_eq!(fs::read(m.path("moved-dir/inside")).unwrap(), b"inside");
+    assert!(!m.path("old-dir").exists());
+
+    fs::remove_file(m.path("gone.txt")).unwrap();
+    assert!(!src.join("gone.txt").exists());
+    assert!(!m.path("gone.txt").exists());
+
+    fs::set_permissions(m.path("new-dir/b.txt"), fs::Permissions::from_mode(0o751)).unwrap();
+    assert_eq!(
+        fs::metadata(src.join("new-dir/b.txt")).unwrap().mode() & 0o7777,
+        0o751
+    );
+    assert_eq!(
+        fs::metadata(m.path("new-dir/b.txt")).unwrap().mode() & 0o7777,
+        0o751
+    );
+    set_mtime(&m.path("new-dir/b.txt"), 1_500_000_000, 250_000_000);
+    let on_sharer = fs::metadata(src.join("new-dir/b.txt")).unwrap();
+    assert_eq!(
+        (on_sharer.mtime(), on_sharer.mtime_nsec()),
+        (1_500_000_000, 250_000_000)
+    );
+    let in_mount = fs::metadata(m.path("new-dir/b.txt")).unwrap();
+    assert_eq!(in_mount.mtime(), 1_500_000_000);
+
+    std::os::unix::fs::symlink("new-dir/b.txt", m.path("link")).unwrap();
+    assert_eq!(
+        fs::read_link(src.join("link")).unwrap(),
+        Path::new("new-dir/b.txt")
+    );
+    assert_eq!(fs::read(m.path("link")).unwrap(), b"a");
+
+    // A hard link is refused clearly (EPERM), and nothing appears.
+    let e = fs::hard_link(m.path("new-dir/b.txt"), m.path("hard")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM));
+    assert!(!src.join("hard").exists());
+    // A name that exists stays: EEXIST, as on a local disk.
+    let e = fs::create_dir(m.path("new-dir")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+    let e = fs::remove_dir(m.path("moved-dir")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+}
+
+#[test]
+fn writes_are_erofs_in_a_read_only_mount_and_in_a_mount_of_a_share_that_is_not_writable() {
+    let test =
+        "writes_are_erofs_in_a_read_only_mount_and_in_a_mount_of_a_share_that_is_not_writable";
+    if !fuse_usable(test) {
+        return;
+    }
+    let erofs = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EROFS), "{what}");
+    };
+    for (share_args, mount_args) in [
+        (&["--writable"][..], &["--read-only"][..]),
+        (&[][..], &[][..]),
+    ] {
+        let w = World::new();
+        fs::write(w.src().join("f"), b"data").unwrap();
+        let _sharer = sharing_with(&w, share_args);
+        let m = Mounted::start(&w, mount_args);
+        erofs(fs::write(m.path("new"), b"x"), "create");
+        let append = fs::OpenOptions::new().append(true).open(m.path("f"));
+        erofs(append.map(drop), "open for writing");
+        erofs(fs::create_dir(m.path("d")), "mkdir");
+        erofs(fs::remove_file(m.path("f")), "unlink");
+        erofs(fs::rename(m.path("f"), m.path("g")), "rename");
+        erofs(
+            fs::set_permissions(m.path("f"), fs::Permissions::from_mode(0o600)),
+            "chmod",
+        );
+        erofs(std::os::unix::fs::symlink("f", m.path("l")), "symlink");
+        assert_eq!(fs::read(w.src().join("f")).unwrap(), b"data");
+        assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
+        assert_eq!(fs::read_dir(w.src()).unwrap().count(), 1);
+    }
+}
