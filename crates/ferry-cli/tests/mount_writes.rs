@@ -306,3 +306,58 @@ fn writes_are_erofs_in_a_read_only_mount_and_in_a_mount_of_a_share_that_is_not_w
         assert_eq!(fs::read_dir(w.src()).unwrap().count(), 1);
     }
 }
+
+#[test]
+fn a_file_kept_open_is_pushed_after_a_pause_in_its_writes() {
+    if !fuse_usable("a_file_kept_open_is_pushed_after_a_pause_in_its_writes") {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    let mut f = fs::File::create(m.path("open.log")).unwrap();
+    f.write_all(b"still open").unwrap();
+    // No close, no fsync: the pause is enough.
+    eventually("the open file on the sharer", || {
+        fs::read(w.src().join("open.log")).ok().as_deref() == Some(&b"still open"[..])
+    });
+    f.write_all(b", and more").unwrap();
+    drop(f);
+    assert_eq!(
+        fs::read(w.src().join("open.log")).unwrap(),
+        b"still open, and more"
+    );
+}
+
+#[test]
+fn a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back() {
+    if !fuse_usable("a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back") {
+        return;
+    }
+    let w = World::new();
+    let sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &["--deadline", "2s"]);
+    let mut f = fs::File::create(m.path("late.txt")).unwrap();
+    assert!(w.src().join("late.txt").exists());
+    sharer.signal(libc::SIGKILL);
+    let _ = sharer.finish();
+    f.write_all(b"written while the sharer was gone").unwrap();
+    // fsync (as close) fails with EIO within the deadline, never hangs; the bound is only there so that a
+    // hang fails the test.
+    let started = std::time::Instant::now();
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO));
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    drop(f);
+    // Nothing is lost: the mount still shows it, and pushes it once the sharer is back.
+    assert_eq!(
+        fs::read(m.path("late.txt")).unwrap(),
+        b"written while the sharer was gone"
+    );
+    let _sharer = w.share("a", &["--writable"]).0;
+    m.wait_for(|e| e["event"] == "link" && e["state"] == "back");
+    eventually("the file on the sharer after its return", || {
+        fs::read(w.src().join("late.txt")).ok().as_deref()
+            == Some(&b"written while the sharer was gone"[..])
+    });
+}

@@ -421,6 +421,21 @@ impl<S: Source + Sink> Shared<S> {
         self.writes.get()?.0.get(ino)
     }
 
+    /// Registers `copy` as `ino`'s; the inode keeps its path while it has one (also if the kernel forgets
+    /// it: the copy is pushed under that path).
+    fn keep_copy(&self, ino: u64, copy: writes::WorkingCopy) -> Result<writes::Shared, Errno> {
+        let c = self.writes()?.insert(ino, copy);
+        self.inodes().hold(ino, true);
+        Ok(c)
+    }
+
+    /// Lets go of `ino`'s working copy `copy` (pushed, or conflicted, or its file removed).
+    fn drop_copy(&self, ino: u64, copy: &writes::Shared) {
+        if self.writes().is_ok_and(|w| w.remove(ino, copy)) {
+            self.inodes().hold(ino, false);
+        }
+    }
+
     /// `entry` as shown: with the working copy's size, mode and time when there is one.
     fn shown(&self, ino: u64, mut entry: Entry) -> FileAttr {
         if let Some(c) = self.copy(ino) {
@@ -493,7 +508,7 @@ impl<S: Source + Sink> Shared<S> {
             }
         }
         self.inodes().set_version(ino, version);
-        Ok(w.insert(ino, copy))
+        self.keep_copy(ino, copy)
     }
 
     /// Pushes `ino`'s working copy if it has changes; the errno of a failure (the close's error).
@@ -503,7 +518,13 @@ impl<S: Source + Sink> Shared<S> {
             return Ok(());
         }
         let path = self.path(INodeNo(ino))?;
-        match c.push(&*self.source, &path) {
+        let pushed = c.push(&*self.source, &path);
+        let failed_before = c.failed(pushed.is_err());
+        let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
+        if failed_before && pushed.is_ok() {
+            (self.notice)(&format!("{shown} is on the sharer now"));
+        }
+        match pushed {
             Ok(Pushed::Clean) => Ok(()),
             Ok(Pushed::Written(version)) => {
                 self.seed(version, &c);
@@ -515,11 +536,8 @@ impl<S: Source + Sink> Shared<S> {
             Ok(Pushed::Conflicted(name)) => {
                 drop(c);
                 // The sharer's version stays at the name: it is read from there again.
-                if let Ok(w) = self.writes() {
-                    w.remove(ino, copy);
-                }
+                self.drop_copy(ino, copy);
                 self.inodes().changed(&path);
-                let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
                 let dir = match shown.rsplit_once('/') {
                     Some((dir, _)) => format!("{dir}/"),
                     None => String::new(),
@@ -532,10 +550,10 @@ impl<S: Source + Sink> Shared<S> {
                 Ok(())
             }
             Err(e) => {
-                if let SourceError::Offline(why) = &e {
+                if let (SourceError::Offline(why), false) = (&e, failed_before) {
                     (self.notice)(&format!(
-                        "{} is not on the sharer yet (kept here, tried again): {why}",
-                        String::from_utf8_lossy(path.as_bytes())
+                        "{shown} is not on the sharer yet (kept here, pushed once the sharer is back): \
+                         {why}"
                     ));
                 }
                 Err(errno_of(&e))
@@ -568,7 +586,7 @@ impl<S: Source + Sink> Shared<S> {
                 let _ = self.push(ino, &c);
             }
             if !writes::lock(&c).is_dirty() && !self.has_writers(ino) {
-                w.remove(ino, &c);
+                self.drop_copy(ino, &c);
             }
         }
     }
@@ -641,8 +659,8 @@ impl<S: Source + Sink> Shared<S> {
         if let Some(v) = version {
             self.inodes().set_version(ino, v);
         }
-        if let Ok(w) = self.writes() {
-            w.insert(ino, copy);
+        if let Err(e) = self.keep_copy(ino, copy) {
+            return reply.error(e);
         }
         let fh = self.register(ino, true);
         reply.created(
@@ -749,14 +767,18 @@ impl<S: Source + Sink> Shared<S> {
         }
         let replace = !flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
         self.remote(self.source.rename(&from, &to, replace))?;
-        let replaced = self.inodes().ino(&to);
-        if let (Some(ino), Ok(w)) = (replaced, self.writes()) {
-            if let Some(c) = w.get(ino) {
-                w.remove(ino, &c);
-            }
+        if let Some(ino) = self.inodes().ino(&to) {
+            self.forget_copy(ino);
         }
         self.inodes().renamed(&from, &to);
         Ok(())
+    }
+
+    /// The file of `ino` is gone (removed, renamed over): so is what was written to it.
+    fn forget_copy(&self, ino: u64) {
+        if let Some(c) = self.copy(ino) {
+            self.drop_copy(ino, &c);
+        }
     }
 
     /// Removes `name` (a file or symlink, or with `dir` an empty directory).
@@ -766,11 +788,8 @@ impl<S: Source + Sink> Shared<S> {
             true => self.remote(self.source.rmdir(&path))?,
             false => self.remote(self.source.unlink(&path))?,
         }
-        let gone = self.inodes().ino(&path);
-        if let (Some(ino), Ok(w)) = (gone, self.writes()) {
-            if let Some(c) = w.get(ino) {
-                w.remove(ino, &c);
-            }
+        if let Some(ino) = self.inodes().ino(&path) {
+            self.forget_copy(ino);
         }
         self.inodes().removed(&path);
         Ok(())
@@ -1004,9 +1023,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
                 if let Some(c) = self.shared.copy(o.ino) {
                     let pushed = self.shared.push(o.ino, &c);
                     if pushed.is_ok() && !writes::lock(&c).is_dirty() {
-                        if let Ok(w) = self.shared.writes() {
-                            w.remove(o.ino, &c);
-                        }
+                        self.shared.drop_copy(o.ino, &c);
                     }
                 }
             }

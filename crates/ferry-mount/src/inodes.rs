@@ -28,6 +28,8 @@ struct Node {
     stale: bool,
     /// The same for the listing (a lookup of the directory itself refreshes its entry, not its listing).
     listing_stale: bool,
+    /// Kept when the kernel forgets it (a file with local writes: they are pushed under its path).
+    held: bool,
     /// Handles open for classic (daemon) reads: while there are any, the kernel holds the inode in
     /// caching mode and answers a passthrough open of it with EIO.
     classic_opens: u32,
@@ -123,7 +125,7 @@ impl Inodes {
             return;
         };
         node.lookups = node.lookups.saturating_sub(n);
-        if node.lookups == 0 {
+        if node.lookups == 0 && !node.held {
             let node = self.by_ino.remove(&ino).expect("present");
             // A removed or renamed-over node no longer owns its path.
             if self.by_path.get(&node.path) != Some(&ino) {
@@ -144,6 +146,17 @@ impl Inodes {
                 }
                 self.remembered.insert(node.path, (entry, node.version));
             }
+        }
+    }
+
+    /// Keeps `ino` (and its path) while `held`, also after the kernel forgot it; let go, it goes once
+    /// forgotten.
+    pub fn hold(&mut self, ino: u64, held: bool) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.held = held;
+        }
+        if !held {
+            self.forget(ino, 0);
         }
     }
 
@@ -336,6 +349,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         version: None,
         stale: false,
         listing_stale: false,
+        held: false,
         classic_opens: 0,
         passthrough: (0, None),
     }
@@ -437,6 +451,29 @@ mod tests {
         );
         t.set_listing(d, vec![file("f", 8)]);
         assert_eq!(t.listing(d, true).unwrap()[0].size, 8);
+    }
+
+    #[test]
+    fn a_held_inode_outlives_the_kernels_forget_until_let_go() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let a = t.looked_up(p("a"), ROOT, file("a", 1));
+        t.hold(a, true);
+        t.forget(a, 1);
+        assert_eq!(t.path(a), Some(p("a")));
+        assert_eq!(
+            t.looked_up(p("a"), ROOT, file("a", 1)),
+            a,
+            "the same inode again"
+        );
+        t.hold(a, false);
+        assert_eq!(t.path(a), Some(p("a")), "still looked up");
+        t.forget(a, 1);
+        assert_eq!(t.path(a), None);
+        let b = t.looked_up(p("b"), ROOT, file("b", 1));
+        t.hold(b, true);
+        t.forget(b, 1);
+        t.hold(b, false);
+        assert_eq!(t.path(b), None, "let go after the forget: gone");
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct WorkingCopy {
     mtime: Option<Time>,
     modified: SystemTime,
     last_write: Instant,
+    /// The last push failed (the link was lost): retried, and said once it lands.
+    failed: bool,
 }
 
 impl Drop for WorkingCopy {
@@ -87,6 +89,7 @@ impl WorkingCopy {
             mtime: None,
             modified: SystemTime::now(),
             last_write: Instant::now(),
+            failed: false,
         })
     }
 
@@ -210,6 +213,11 @@ impl WorkingCopy {
         &self.file
     }
 
+    /// Whether the last push failed; `failed` is the new state.
+    pub fn failed(&mut self, failed: bool) -> bool {
+        std::mem::replace(&mut self.failed, failed)
+    }
+
     /// Sends the copy to `sink` as `path` if it is dirty: only the changed ranges when there is a base.
     pub fn push(&mut self, sink: &dyn Sink, path: &SharePath) -> Result<Pushed, SourceError> {
         if !self.dirty {
@@ -285,12 +293,14 @@ impl Writes {
         )
     }
 
-    /// Forgets the copy of `ino` if it is still `copy`.
-    pub fn remove(&self, ino: u64, copy: &Shared) {
+    /// Forgets the copy of `ino` if it is still `copy`; whether it was.
+    pub fn remove(&self, ino: u64, copy: &Shared) -> bool {
         let mut copies = self.copies();
-        if copies.get(&ino).is_some_and(|c| Arc::ptr_eq(c, copy)) {
+        let is = copies.get(&ino).is_some_and(|c| Arc::ptr_eq(c, copy));
+        if is {
             copies.remove(&ino);
         }
+        is
     }
 
     /// Every copy, by inode.
