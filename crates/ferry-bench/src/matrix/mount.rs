@@ -10,6 +10,8 @@
 //! - random 4 KiB reads per second through the mount, cold (a fresh mount) and cached (after the file is
 //!   whole in the cache), [`THREADS`] readers at once.
 //!
+//! - writes: [`mount_write`]'s rows.
+//!
 //! Every sequential read through the mount is checked against the source's BLAKE3. Needs /dev/fuse and
 //! the privilege to mount (root); FUSE passthrough also needs CAP_SYS_ADMIN.
 
@@ -27,6 +29,10 @@ use super::{ferry_cmd, Ends, Scratch, Spawned};
 use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
 
 const BENCH: &str = "mount";
+
+// The write rows (a writable share, the same two homes).
+#[path = "mount_write.rs"]
+mod mount_write;
 
 /// Readers at once in the random-read rows.
 pub const THREADS: usize = 16;
@@ -184,6 +190,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         "reads/s",
     ));
     drop(share);
+    mount_write::run(opts, &ends, &paired, &scratch, &src, report)?;
     Ok(())
 }
 

@@ -75,8 +75,18 @@ impl Paired {
 
     /// `ferry share DIR` in the server's namespace (on its address, or registered at the relay), ready.
     pub(super) fn share(&self, ends: &Ends<'_>, dir: &FsPath) -> io::Result<Sharer> {
+        self.share_with(ends, dir, &[])
+    }
+
+    /// [`Paired::share`] with `extra` arguments (`--writable`).
+    pub(super) fn share_with(
+        &self,
+        ends: &Ends<'_>,
+        dir: &FsPath,
+        extra: &[&str],
+    ) -> io::Result<Sharer> {
         let mut cmd = ferry_cmd(ends.ferry, ends.server(), &self.share_home);
-        cmd.args(["share", "--json"]);
+        cmd.args(["share", "--json"]).args(extra);
         match ends.relay_addrs() {
             Some((_, via_server)) => {
                 cmd.args(["--force-relay", "--relay", &via_server.to_string()])
