@@ -527,7 +527,8 @@ impl<S: Source + Sink> Shared<S> {
         match pushed {
             Ok(Pushed::Clean) => Ok(()),
             Ok(Pushed::Written(version)) => {
-                self.seed(version, &c);
+                drop(c);
+                self.seed(version, copy);
                 let mut t = self.inodes();
                 t.changed(&path);
                 t.set_version(ino, version);
@@ -592,25 +593,36 @@ impl<S: Source + Sink> Shared<S> {
     }
 
     /// Puts the pushed content into the store as `version`, so that it reads locally (and with
-    /// passthrough) from now on without fetching it back.
-    fn seed(&self, version: Version, copy: &writes::WorkingCopy) {
+    /// passthrough) from now on without fetching it back. On a thread of its own, after the push's
+    /// answer: a close does not wait for it (a read meanwhile fetches what is not there yet).
+    fn seed(&self, version: Version, copy: &writes::Shared) {
         let Some((_, store)) = self.writes.get() else {
             return;
         };
-        let Ok(chunks) = store.entry(version) else {
-            return;
-        };
-        let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
-        let mut at = 0;
-        while at < version.size && !chunks.is_complete() {
-            let Ok(bytes) = copy.read_at(at, step as u32) else {
-                return;
-            };
-            if bytes.is_empty() || chunks.insert(at, &bytes).is_err() {
-                return;
-            }
-            at += bytes.len() as u64;
-        }
+        let (store, copy) = (Arc::clone(store), Arc::clone(copy));
+        let _ = std::thread::Builder::new()
+            .name("ferry-mount-seed".into())
+            .spawn(move || {
+                let c = writes::lock(&copy);
+                // Written again meanwhile: that version is seeded by its own push.
+                if c.base() != Some(version) || c.is_dirty() {
+                    return;
+                }
+                let Ok(chunks) = store.entry(version) else {
+                    return;
+                };
+                let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
+                let mut at = 0;
+                while at < version.size && !chunks.is_complete() {
+                    let Ok(bytes) = c.read_at(at, step as u32) else {
+                        return;
+                    };
+                    if bytes.is_empty() || chunks.insert(at, &bytes).is_err() {
+                        return;
+                    }
+                    at += bytes.len() as u64;
+                }
+            });
     }
 
     /// The path of `name` in `parent`, for a write.
