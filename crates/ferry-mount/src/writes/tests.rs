@@ -1,5 +1,6 @@
 //! Working copies against an in-memory sharer that applies puts as the real one does: ranges over the
 //! base's content, the conflict rule.
+#![allow(clippy::single_range_in_vec_init)]
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,10 +14,13 @@ use ferry_share::wire::{SharePath, Time};
 use super::{Pushed, WorkingCopy, Writes};
 use crate::source::{PutOutcome, Sink, SourceError};
 
-/// Files by path, each with a counter standing in for its root; every put's ranges are recorded.
+/// A file's content, the counter standing in for its root, its mode.
+type FakeFile = (Vec<u8>, u8, u32);
+
+/// Files by path; every put's ranges are recorded.
 #[derive(Default)]
 struct FakeSharer {
-    files: Mutex<HashMap<SharePath, (Vec<u8>, u8, u32)>>,
+    files: Mutex<HashMap<SharePath, FakeFile>>,
     sent: Mutex<Vec<Option<Vec<Range<u64>>>>>,
 }
 
