@@ -361,3 +361,29 @@ fn a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back() {
             == Some(&b"written while the sharer was gone"[..])
     });
 }
+
+#[test]
+fn a_written_file_reads_from_the_local_cache_without_coming_back_from_the_sharer() {
+    if !fuse_usable("a_written_file_reads_from_the_local_cache_without_coming_back_from_the_sharer")
+    {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &[]);
+    let content = pseudo_random(3_000_000, 17);
+    fs::write(m.path("made-here.bin"), &content).unwrap();
+    // The pushed version goes into the chunk cache: an open of it soon passes through to the cache file
+    // (an open reads nothing).
+    let before = m.stats()["passthrough-opens"];
+    eventually("a passthrough open of the written file", || {
+        drop(fs::File::open(m.path("made-here.bin")).unwrap());
+        m.stats()["passthrough-opens"] > before
+    });
+    assert_eq!(digest(&m.path("made-here.bin")), blake3::hash(&content));
+    assert_eq!(
+        m.stats()["from-peer"],
+        0,
+        "nothing came back from the sharer"
+    );
+}

@@ -258,9 +258,14 @@ pub fn lock(copy: &Shared) -> MutexGuard<'_, WorkingCopy> {
 }
 
 impl Writes {
-    /// Copies kept in `dir` (created if needed). Copies a crashed mount left there are kept, not read.
+    /// Copies kept in `dir` (created if needed, private to the user). Copies a crashed mount left there are
+    /// kept, not read.
     pub fn new(dir: &Path) -> io::Result<Writes> {
-        std::fs::create_dir_all(dir)?;
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
         Ok(Writes {
             dir: dir.to_path_buf(),
             copies: Mutex::new(HashMap::new()),
