@@ -252,6 +252,8 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
         m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
         tx.send(&msg).map_err(err)?;
     }
+    // An empty early part: the lie's data comes after the answer.
+    tx.send(&[wire::MSG_EARLY_END]).map_err(err)?;
     tx.flush().map_err(err)
 }
 
@@ -313,6 +315,7 @@ fn send_many(
         msg[1..5].copy_from_slice(&n.to_le_bytes());
         tx.send(&msg).map_err(err)?;
     }
+    tx.send(&[wire::MSG_EARLY_END]).map_err(err)?;
     tx.flush().map_err(err)
 }
 
