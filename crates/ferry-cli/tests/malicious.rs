@@ -304,11 +304,12 @@ fn send_many(
         msg.put_u32(0);
         let mut n = 0u32;
         while i < many.count {
-            let e = (many.entry)(i);
-            if msg.len() + e.encoded_len() > wire::MAX_PAGE {
+            // The pages carry each entry relative to the one before it.
+            let (e, prev) = ((many.entry)(i), i.checked_sub(1).map(many.entry));
+            if msg.len() + e.compact_len(prev.as_ref()) > wire::MAX_PAGE {
                 break;
             }
-            e.encode(&mut msg);
+            e.encode_compact(prev.as_ref(), &mut msg);
             n += 1;
             i += 1;
         }

@@ -197,10 +197,12 @@ pub fn read_offer<S: PacketSource>(
             limit: opts.max_manifest,
         });
     }
-    // Grows with what actually arrives, never with what was announced.
-    let mut entries = Vec::new();
+    // Grows with what actually arrives, never with what was announced; every entry is counted
+    // by its plain encoding (a compact entry may stand for a 4 KiB path in a few bytes).
+    let mut entries: Vec<Entry> = Vec::new();
     let mut received = 0u64;
     let mut id = blake3::Hasher::new();
+    let mut plain = Vec::with_capacity(64 * 1024);
     while (entries.len() as u64) < header.entries {
         let packet = recv_packet(source)?;
         let mut r = Reader::new(packet);
@@ -209,20 +211,24 @@ pub fn read_offer<S: PacketSource>(
         if count == 0 || entries.len() as u64 + count > header.entries {
             return Err(TransferError::protocol("manifest page count out of range"));
         }
-        let body = &packet[5..];
-        received += body.len() as u64;
-        if received > header.manifest_bytes {
-            return Err(TransferError::protocol(
-                "manifest longer than the offer announced",
-            ));
-        }
-        id.update(body);
-        let mut r = Reader::new(body);
         for _ in 0..count {
-            entries.push(Entry::decode(&mut r)?);
+            let e = Entry::decode_compact(entries.last(), &mut r)?;
+            received += e.encoded_len() as u64;
+            if received > header.manifest_bytes {
+                return Err(TransferError::protocol(
+                    "manifest longer than the offer announced",
+                ));
+            }
+            e.encode(&mut plain);
+            if plain.len() >= 60 * 1024 {
+                id.update(&plain);
+                plain.clear();
+            }
+            entries.push(e);
         }
         r.finish()?;
     }
+    id.update(&plain);
     if received != header.manifest_bytes {
         return Err(TransferError::protocol(
             "manifest shorter than the offer announced",
