@@ -205,7 +205,7 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
     }
 }
 
-/// The smallest early packet worth sending: below it the early part ends.
+/// The early part ends when less than this is left of its budget.
 const MIN_EARLY_PACKET: usize = 16 << 10;
 
 /// Sends the early part: `stream`'s first packets as [`wire::MSG_EARLY`], at most
@@ -217,10 +217,13 @@ fn send_early<K: PacketSink>(
 ) -> Result<(), TransferError> {
     let mut sent = 0;
     while !stream.finished {
-        let len = sink.packet_limit(max_packet).min(wire::MAX_EARLY - sent);
-        if len < MIN_EARLY_PACKET {
+        // The channel's small first packets (4 KiB) are what the early part is for: only the
+        // budget's end stops it.
+        let room = wire::MAX_EARLY - sent;
+        if room < MIN_EARLY_PACKET {
             break;
         }
+        let len = sink.packet_limit(max_packet).min(room);
         let buf = sink.payload_buf(len);
         let used = stream.fill(buf)?;
         buf[0] = wire::MSG_EARLY;

@@ -7,8 +7,8 @@ use common::*;
 use ferry_transfer::plain::{PlainSink, PlainSource};
 use ferry_transfer::wire;
 use ferry_transfer::{
-    receive, send, walk, PacketSource, ReceiveOptions, ReceiveReport, SendOptions, SendReport,
-    TransferError,
+    receive, send, walk, PacketSink, PacketSource, ReceiveOptions, ReceiveReport, SendOptions,
+    SendReport, TransferError,
 };
 use std::fs;
 use std::io;
@@ -33,6 +33,27 @@ impl<S: PacketSource> PacketSource for Tap<S> {
     }
 }
 
+/// A sink that asks for the channel's small first packets (`ferry_channel::sizing` starts at 4 KiB).
+struct SmallFirst<K>(K);
+
+impl<K: PacketSink> PacketSink for SmallFirst<K> {
+    fn send(&mut self, payload: &[u8]) -> io::Result<()> {
+        self.0.send(payload)
+    }
+    fn payload_buf(&mut self, len: usize) -> &mut [u8] {
+        self.0.payload_buf(len)
+    }
+    fn send_payload_buf(&mut self, len: usize) -> io::Result<()> {
+        self.0.send_payload_buf(len)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+    fn packet_limit(&self, max: usize) -> usize {
+        max.min(4096)
+    }
+}
+
 /// Sends `paths` to a receiver with `ropts` answering `yes`; returns both results and the message
 /// types the receiver read, in order.
 fn run_tapped(
@@ -44,13 +65,32 @@ fn run_tapped(
     Result<ReceiveReport, TransferError>,
     Vec<u8>,
 ) {
+    run_tapped_with(paths, ropts, yes, false)
+}
+
+/// [`run_tapped`], the sender's packets `small` ([`SmallFirst`]) or not.
+fn run_tapped_with(
+    paths: &[&Path],
+    ropts: &ReceiveOptions,
+    yes: bool,
+    small: bool,
+) -> (
+    Result<SendReport, TransferError>,
+    Result<ReceiveReport, TransferError>,
+    Vec<u8>,
+) {
     let walked = walk(paths).unwrap();
     let (a, b) = tcp_pair();
     let sender = std::thread::spawn(move || {
         let mut source = PlainSource::new(a.try_clone().unwrap());
-        let mut sink = PlainSink::new(a.try_clone().unwrap());
+        let mut plain = PlainSink::new(a.try_clone().unwrap());
+        let mut small_first = SmallFirst(PlainSink::new(a.try_clone().unwrap()));
+        let sink: &mut dyn PacketSink = match small {
+            true => &mut small_first,
+            false => &mut plain,
+        };
         let r = send(
-            &mut sink,
+            &mut &mut *sink,
             &mut source,
             &walked.manifest,
             &SendOptions::default(),
@@ -117,6 +157,23 @@ fn accepted_without_claims_the_data_goes_on_after_the_early_part() {
     assert!(types[end + 1..].contains(&wire::MSG_DATA), "{types:?}");
     assert!(!types[end + 1..].contains(&wire::MSG_EARLY), "{types:?}");
     assert_eq!(fs::read(out.join("big")).unwrap(), data(size, 4));
+}
+
+#[test]
+fn small_first_packets_fill_the_early_part_too() {
+    // A channel's sink asks for 4 KiB packets at first: the early part is made of them.
+    let t = TempDir::new("early-small-first");
+    fs::write(t.join("big"), data(MIB, 7)).unwrap();
+    let out = t.join("out");
+    let ropts = opts(&out, &t.join("cache"));
+    let (s, r, types) = run_tapped_with(&[&t.join("big")], &ropts, true, true);
+    assert_eq!(s.unwrap().bytes_sent, r.unwrap().bytes_received);
+    let early = count(&types, wire::MSG_EARLY);
+    assert!(
+        early >= 200,
+        "{early} early packets of at most 4 KiB: {types:?}"
+    );
+    assert_eq!(fs::read(out.join("big")).unwrap(), data(MIB, 7));
 }
 
 #[test]
