@@ -1,5 +1,5 @@
 //! Arbitrary packets (cut by u16 lengths) as the receiver's side of a real `send` of a small fixed
-//! tree: accept with resume pages (chunk and complete claims, checked against the manifest), decline,
+//! tree, read after the sender's early part: accept with resume pages (the early part then void) (chunk and complete claims, checked against the manifest), decline,
 //! an error message, then the final done. The sender must never panic, and may finish only after an
 //! accept.
 #![no_main]

@@ -1,6 +1,7 @@
 //! Arbitrary packets (cut by u16 lengths) as the sender's file data after a valid, fixed offer, into
-//! a real `receive` in a scratch directory: file records (start, data, chunk hashes, end, finish)
-//! and whatever else arrives where data should. The receiver must never panic; when it reports
+//! a real `receive` in a scratch directory: the early part (early packets of file records, its end
+//! marker, its bound), then file records (start, data, chunk hashes, end, finish) and whatever else
+//! arrives where data should. The receiver must never panic; when it reports
 //! success, every file is in place with exactly its offered size and the sender was told Done.
 #![no_main]
 

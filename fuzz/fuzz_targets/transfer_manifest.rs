@@ -3,8 +3,9 @@
 //! picks the mode:
 //! - even: the bytes are the packets themselves (offer header, pages), cut by u16 lengths;
 //! - odd: the bytes are the body of one manifest page (entries), behind a page header and an offer
-//!   header made to match it (count from the second byte, size, offer id and totals from the
-//!   entries that decode), so the fuzzer's bytes reach every entry and tree rule.
+//!   header made to match it (count from the second byte, plain size, offer id and totals from
+//!   the entries that decode, each relative to the one before), so the fuzzer's bytes reach every
+//!   entry and tree rule.
 //!
 //! Decoding must never panic or allocate beyond the limit; an accepted manifest has the announced
 //! size and re-encodes to entries that decode to the same.
@@ -29,19 +30,27 @@ fuzz_target!(|data: &[u8]| {
         let Some((&count, body)) = rest.split_first() else {
             return;
         };
-        // Totals from the entries that decode; the header still announces `count` of them.
+        // Totals, plain size and offer id from the entries that decode (each relative to the
+        // one before it); the header still announces `count` of them.
         let mut r = Reader::new(body);
-        let decodable: Vec<Entry> = (0..count)
-            .map_while(|_| Entry::decode(&mut r).ok())
-            .collect();
-        let totals = Totals::of(&decodable).unwrap_or_default();
+        let mut decodable: Vec<Entry> = Vec::new();
+        while decodable.len() < usize::from(count) {
+            match Entry::decode_compact(decodable.last(), &mut r) {
+                Ok(e) => decodable.push(e),
+                Err(_) => break,
+            }
+        }
+        let m = Manifest {
+            entries: decodable,
+            ..Default::default()
+        };
         let mut header = Vec::new();
         OfferHeader {
             entries: u64::from(count),
-            manifest_bytes: body.len() as u64,
-            totals,
+            manifest_bytes: m.encoded_len(),
+            totals: Totals::of(&m.entries).unwrap_or_default(),
             bytes_allocated: 0,
-            offer_id: blake3_of(body),
+            offer_id: m.offer_id(),
             text: false,
         }
         .encode(&mut header);
@@ -59,14 +68,23 @@ fuzz_target!(|data: &[u8]| {
         };
         assert!(m.received_cost() <= LIMIT);
         assert_eq!(m.encoded_len(), header.manifest_bytes);
-        // Decoding keeps only the permission bits of a mode, so the re-encoding may differ from
-        // the wire in those (the offer id is taken over the bytes received); it decodes again to
-        // exactly the same entries.
-        let mut again = Vec::new();
-        for e in &m.entries {
-            e.encode(&mut again);
+        // The pages' encoding and the plain one (the offer id's) both decode again to exactly
+        // the same entries.
+        let (mut again, mut next) = (Vec::new(), 0);
+        let mut decoded: Vec<Entry> = Vec::new();
+        while next < m.entries.len() {
+            m.encode_page(&mut next, wire::MAX_PAGE, &mut again);
+            let mut r = Reader::new(&again[5..]);
+            while !r.is_empty() {
+                decoded.push(Entry::decode_compact(decoded.last(), &mut r).expect("re-decodes"));
+            }
         }
-        let mut r = Reader::new(&again);
+        assert_eq!(decoded, m.entries);
+        let mut plain = Vec::new();
+        for e in &m.entries {
+            e.encode(&mut plain);
+        }
+        let mut r = Reader::new(&plain);
         for e in &m.entries {
             assert_eq!(&Entry::decode(&mut r).expect("re-decodes"), e);
         }
@@ -76,11 +94,3 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
-
-/// BLAKE3 of `bytes`, through the transfer crate's own hasher (the standard BLAKE3 of the bytes).
-fn blake3_of(bytes: &[u8]) -> [u8; 32] {
-    let mut h = ferry_transfer::hash::FileHasher::default();
-    h.start(bytes.len() as u64, &[]);
-    h.update(bytes);
-    h.finish().expect("all bytes hashed")
-}

@@ -252,6 +252,8 @@ fn send_offer(tx: &mut SecureWriter<TcpStream>, lie: &Lie) -> Result<(), String>
         m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
         tx.send(&msg).map_err(err)?;
     }
+    // An empty early part: the lie's data comes after the answer.
+    tx.send(&[wire::MSG_EARLY_END]).map_err(err)?;
     tx.flush().map_err(err)
 }
 
@@ -302,17 +304,19 @@ fn send_many(
         msg.put_u32(0);
         let mut n = 0u32;
         while i < many.count {
-            let e = (many.entry)(i);
-            if msg.len() + e.encoded_len() > wire::MAX_PAGE {
+            // The pages carry each entry relative to the one before it.
+            let (e, prev) = ((many.entry)(i), i.checked_sub(1).map(many.entry));
+            if msg.len() + e.compact_len(prev.as_ref()) > wire::MAX_PAGE {
                 break;
             }
-            e.encode(&mut msg);
+            e.encode_compact(prev.as_ref(), &mut msg);
             n += 1;
             i += 1;
         }
         msg[1..5].copy_from_slice(&n.to_le_bytes());
         tx.send(&msg).map_err(err)?;
     }
+    tx.send(&[wire::MSG_EARLY_END]).map_err(err)?;
     tx.flush().map_err(err)
 }
 

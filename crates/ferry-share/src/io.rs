@@ -184,7 +184,9 @@ where
         while let Some(out) = server.poll_transmit() {
             writer.send(&out)?;
         }
-        let idle = match server.next_piece() {
+        // Pieces start small on a fresh (or rested) connection, as the transfer engine's packets do:
+        // the first bytes can be verified before TCP's window has grown.
+        let idle = match server.next_piece_within(writer.packet_limit()) {
             Some(piece) => {
                 let sent = if piece.range.end - piece.range.start < SMALL_PIECE {
                     // A small piece is built in place among the answers waiting to go out in one

@@ -657,14 +657,25 @@ impl Server {
     /// The next piece to build, when no answer is waiting to go out: reads take turns. After building it,
     /// call [`Server::piece_sent`] (or [`Server::fail`]).
     pub fn next_piece(&mut self) -> Option<Piece> {
+        self.next_piece_within(usize::MAX)
+    }
+
+    /// [`Server::next_piece`] for a packet of at most about `limit` bytes (the channel's small-first
+    /// packet sizing, `ferry_channel::sizing`): the piece's data is `limit` less one group for the proof,
+    /// rounded down to whole groups, at least one group and at most the configured largest piece.
+    pub fn next_piece_within(&mut self, limit: usize) -> Option<Piece> {
         if !self.out.is_empty() {
             return None;
         }
         let (id, left) = self.reads.pop_front()?;
+        let limit = u64::try_from(limit)
+            .unwrap_or(u64::MAX)
+            .saturating_sub(GROUP);
+        let len = (limit - limit % GROUP).clamp(GROUP, self.config.max_piece);
         let end = if left.is_empty() {
             left.end // the one piece of an empty file
         } else {
-            (left.start + self.config.max_piece).min(left.end)
+            (left.start + len).min(left.end)
         };
         let piece = Piece {
             id,

@@ -55,6 +55,10 @@ struct Pair {
     events: Vec<Event>,
     /// Every packet the server sent, in order, by kind byte.
     sent_kinds: Vec<u8>,
+    /// The packet size the server's pieces are built for (`Server::next_piece_within`).
+    piece_limit: usize,
+    /// The length of every piece built.
+    piece_lens: Vec<u64>,
 }
 
 impl Pair {
@@ -66,6 +70,8 @@ impl Pair {
             tamper: None,
             events: Vec::new(),
             sent_kinds: Vec::new(),
+            piece_limit: usize::MAX,
+            piece_lens: Vec::new(),
         }
     }
 
@@ -130,7 +136,8 @@ impl Pair {
                 self.deliver(p);
                 moved = true;
             }
-            if let Some(piece) = self.server.next_piece() {
+            if let Some(piece) = self.server.next_piece_within(self.piece_limit) {
+                self.piece_lens.push(piece.range.end - piece.range.start);
                 let (_, data) = &self.share.files[paths[&piece.id].as_bytes()];
                 let ob = Outboard::compute(&data[..], data.len() as u64).unwrap();
                 let mut packet = Vec::new();
@@ -243,6 +250,33 @@ fn stat_list_and_verified_reads_of_any_range() {
         assert!(pair.events.contains(&Event::Done { id }), "read {id} done");
     }
     assert_eq!(pair.server.in_flight(), 0);
+}
+
+#[test]
+fn pieces_built_for_small_packets_are_whole_groups_and_verify() {
+    let mut pair = Pair::new(sample_share(), ServerConfig::default(), 64);
+    let big = pair.share.files[&b"big.bin".to_vec()].1.clone();
+    // A fresh channel's first packets (`ferry_channel::sizing`): 4 KiB, then 40 KiB.
+    let group = ferry_share::tree::GROUP;
+    pair.piece_limit = 4 << 10;
+    let first = pair.client.read(path("big.bin"), None, 0, 100_000).unwrap();
+    pair.pump(&BTreeMap::from([(first, "big.bin")]));
+    pair.piece_limit = 40 << 10;
+    let second = pair
+        .client
+        .read(path("big.bin"), None, 100_000, big.len() as u64 - 100_000)
+        .unwrap();
+    pair.pump(&BTreeMap::from([(second, "big.bin")]));
+    assert_eq!(pair.data_of(first), &big[..100_000]);
+    assert_eq!(pair.data_of(second), &big[100_000..]);
+    // Reads are served in whole groups (the first read's 13 pieces cover 106,496 bytes).
+    let lens = &pair.piece_lens;
+    let first_pieces = 100_000u64.div_ceil(group) as usize;
+    assert!(lens[..first_pieces].iter().all(|&n| n == group), "{lens:?}");
+    let second = &lens[first_pieces..];
+    let (last, whole) = second.split_last().unwrap();
+    assert!(whole.iter().all(|&n| n == 4 * group), "{lens:?}");
+    assert!(*last <= 4 * group, "{lens:?}");
 }
 
 #[test]

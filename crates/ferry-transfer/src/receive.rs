@@ -197,10 +197,12 @@ pub fn read_offer<S: PacketSource>(
             limit: opts.max_manifest,
         });
     }
-    // Grows with what actually arrives, never with what was announced.
-    let mut entries = Vec::new();
+    // Grows with what actually arrives, never with what was announced; every entry is counted
+    // by its plain encoding (a compact entry may stand for a 4 KiB path in a few bytes).
+    let mut entries: Vec<Entry> = Vec::new();
     let mut received = 0u64;
     let mut id = blake3::Hasher::new();
+    let mut plain = Vec::with_capacity(64 * 1024);
     while (entries.len() as u64) < header.entries {
         let packet = recv_packet(source)?;
         let mut r = Reader::new(packet);
@@ -209,20 +211,24 @@ pub fn read_offer<S: PacketSource>(
         if count == 0 || entries.len() as u64 + count > header.entries {
             return Err(TransferError::protocol("manifest page count out of range"));
         }
-        let body = &packet[5..];
-        received += body.len() as u64;
-        if received > header.manifest_bytes {
-            return Err(TransferError::protocol(
-                "manifest longer than the offer announced",
-            ));
-        }
-        id.update(body);
-        let mut r = Reader::new(body);
         for _ in 0..count {
-            entries.push(Entry::decode(&mut r)?);
+            let e = Entry::decode_compact(entries.last(), &mut r)?;
+            received += e.encoded_len() as u64;
+            if received > header.manifest_bytes {
+                return Err(TransferError::protocol(
+                    "manifest longer than the offer announced",
+                ));
+            }
+            e.encode(&mut plain);
+            if plain.len() >= 60 * 1024 {
+                id.update(&plain);
+                plain.clear();
+            }
+            entries.push(e);
         }
         r.finish()?;
     }
+    id.update(&plain);
     if received != header.manifest_bytes {
         return Err(TransferError::protocol(
             "manifest shorter than the offer announced",
@@ -353,10 +359,15 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
         (&top_level, top_level_count),
         resumable_bytes,
     );
-    ask(&offer, accept, progress, &pstate, sink)?;
+    ask(&offer, accept, progress, &pstate, sink, source)?;
     let unreadable = hash_existing(
         &mut dest, &entries, &same_size, &mut held, progress, &pstate,
     );
+    // Claims make the early part void: read to its end before answering (see `wire`).
+    let early = held.is_empty();
+    if !early {
+        drain_early(source)?;
+    }
     send_accept(sink, &held)?;
     if !same_size.is_empty() {
         // What differs from the sender's file: a conflict, or replaced when overwriting.
@@ -407,7 +418,7 @@ fn receive_inner<S: PacketSource, K: PacketSink>(
     let threaded = header.totals.files > 0
         && header.totals.bytes / header.totals.files < writer::THREAD_BELOW_MEAN_SIZE;
     let (report, done) = writer::with_writer(&mut dest, &entries, threaded, |writer| {
-        let rx = Incoming::new(&entries, header.totals, held, writer, state.as_mut());
+        let rx = Incoming::new(&entries, header.totals, held, writer, state.as_mut(), early);
         rx.run(source, progress, &mut pstate)
     })?;
     report_done(&report, done, &entries, progress, &mut pstate);
@@ -448,10 +459,14 @@ fn receive_stream<S: PacketSource, K: PacketSink>(
     let (top_level, top_level_count) = top_level_names(entries, &[0]);
     let (offer, mut pstate) = offer_of(header, entries, (&top_level, top_level_count), 0);
     let held = HashMap::new();
-    ask(&offer, accept, progress, &pstate, sink)?;
+    ask(&offer, accept, progress, &pstate, sink, source)?;
     send_accept(sink, &held)?;
     let (report, done) = writer::with_stream(out, |writer| {
-        Incoming::new(entries, header.totals, held, writer, None).run(source, progress, &mut pstate)
+        Incoming::new(entries, header.totals, held, writer, None, true).run(
+            source,
+            progress,
+            &mut pstate,
+        )
     })?;
     report_done(&report, done, entries, progress, &mut pstate);
     sink.send(&[wire::MSG_DONE])?;
@@ -484,22 +499,34 @@ fn offer_of<'a>(
     (offer, pstate)
 }
 
-/// Shows the offer and asks `accept`: declines (and tells the sender), or reports the acceptance;
-/// the caller then sends the answer.
-fn ask<K: PacketSink>(
+/// Shows the offer and asks `accept`: declines (tells the sender, and reads the early part to its
+/// end so that the sender is not cut off while writing it), or reports the acceptance; the caller
+/// then sends the answer.
+fn ask<K: PacketSink, S: PacketSource>(
     offer: &Offer<'_>,
     accept: &mut dyn FnMut(&Offer<'_>) -> bool,
     progress: &mut dyn Progress,
     pstate: &ProgressState,
     sink: &mut K,
+    source: &mut S,
 ) -> Result<(), TransferError> {
     progress.offer(pstate);
     if !accept(offer) {
         sink.send(&[wire::MSG_DECLINE])?;
         sink.flush()?;
+        let _ = drain_early(source);
         return Err(TransferError::Declined);
     }
     progress.accepted(pstate);
+    Ok(())
+}
+
+/// Reads the early part to its end marker and drops it (at most [`wire::MAX_EARLY`] bytes).
+fn drain_early<S: PacketSource>(source: &mut S) -> Result<(), TransferError> {
+    let mut early = wire::EarlyPart::new();
+    while !early.ended() {
+        early.take(recv_packet(source)?)?;
+    }
     Ok(())
 }
 
@@ -690,8 +717,11 @@ fn send_accept<K: PacketSink>(
         }
     }
     close(&mut page, &mut count, &mut pages);
-    let mut accept = vec![wire::MSG_ACCEPT];
-    accept.put_u32(pages.len() as u32);
+    let mut accept = Vec::new();
+    wire::Answer::Accept {
+        resume_pages: pages.len() as u32,
+    }
+    .encode(&mut accept);
     sink.send(&accept)?;
     for p in &pages {
         sink.send(p)?;
@@ -733,6 +763,10 @@ struct Incoming<'a, 'b> {
     unlogged_done: HashMap<u32, [u8; 32]>,
     /// Files the sender skipped since the last packet, with its reason (for progress).
     skipped: Vec<(u32, String)>,
+    /// The early part, while it is taken as the start of the data and its end not read yet.
+    early: Option<wire::EarlyPart>,
+    /// The final record was read.
+    finished: bool,
     report: ReceiveReport,
 }
 
@@ -743,8 +777,11 @@ impl<'a, 'b> Incoming<'a, 'b> {
         held: HashMap<u32, Held>,
         writer: &'a mut FileWriter<'b>,
         state: Option<&'a mut PartialState>,
+        early: bool,
     ) -> Self {
         Incoming {
+            early: early.then(wire::EarlyPart::new),
+            finished: false,
             entries,
             held,
             writer,
@@ -784,8 +821,27 @@ impl<'a, 'b> Incoming<'a, 'b> {
     ) -> Result<(), TransferError> {
         loop {
             let packet = recv_packet(source)?;
-            let mut r = Reader::new(packet);
-            wire::expect_type(&mut r, wire::MSG_DATA, "file data")?;
+            let body = match self.early.as_mut() {
+                Some(early) => match early.take(packet)? {
+                    Some(_) if self.finished => {
+                        return Err(TransferError::protocol("records after the end of the data"))
+                    }
+                    Some(body) => body,
+                    None => {
+                        self.early = None;
+                        if self.finished {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                },
+                None => {
+                    let mut r = Reader::new(packet);
+                    wire::expect_type(&mut r, wire::MSG_DATA, "file data")?;
+                    &packet[1..]
+                }
+            };
+            let mut r = Reader::new(body);
             let mut finished = false;
             while !r.is_empty() {
                 if finished {
@@ -851,7 +907,8 @@ impl<'a, 'b> Incoming<'a, 'b> {
             if let Some(cur) = &self.cur {
                 progress.progress(pstate, &self.entries[cur.index as usize]);
             }
-            if finished {
+            self.finished = finished;
+            if finished && self.early.is_none() {
                 return Ok(());
             }
         }

@@ -149,32 +149,29 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
         manifest.encode_page(&mut next, opts.max_packet.min(wire::MAX_PAGE), &mut msg);
         sink.send(&msg)?;
     }
-    sink.flush()?;
     drop(msg);
+
+    // The early part: the data as a receiver without claims takes it, before the answer.
+    let mut stream = Stream::new(manifest, HashMap::new(), opener);
+    if let Err(e) = send_early(sink, &mut stream, opts.max_packet) {
+        return Err(match e {
+            TransferError::Io(e) => answer_error_or(source, e),
+            e => e,
+        });
+    }
 
     let claims = read_answer(source, manifest)?;
     progress.accepted(&state);
-    let existing: Vec<u32> = claims
+    if !claims.is_empty() {
+        // The receiver dropped the early part: the stream starts again, with the claims.
+        stream = Stream::new(manifest, claims, opener);
+    }
+    let existing: Vec<u32> = stream
+        .claims
         .iter()
         .filter(|(_, c)| matches!(c, Claim::Existing(_)))
         .map(|(&i, _)| i)
         .collect();
-    let mut stream = Stream {
-        manifest,
-        claims,
-        next_entry: 0,
-        cur: None,
-        hasher: FileHasher::default(),
-        emitted: 0,
-        scratch: Vec::new(),
-        dirs: SourceDirs::default(),
-        opener,
-        skip: None,
-        finished: false,
-        report: SendReport::default(),
-        completed: Vec::new(),
-        skipped: Vec::new(),
-    };
     if !existing.is_empty() {
         let bytes = existing
             .iter()
@@ -184,31 +181,14 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
         let differ = stream.compare_existing(existing)?;
         send_verdict(sink, &differ, opts.max_packet.min(wire::MAX_PAGE))?;
     }
+    stream.report_to(&mut state, progress);
     while !stream.finished {
         let buf = sink.payload_buf(sink.packet_limit(opts.max_packet));
         let used = stream.fill(buf)?;
         if let Err(e) = sink.send_payload_buf(used) {
             return Err(peer_error_or(source, e));
         }
-        let r = &stream.report;
-        state.bytes_done = r.bytes_sent + r.bytes_resumed + r.bytes_skipped;
-        state.bytes_resumed = r.bytes_resumed;
-        state.bytes_skipped = r.bytes_skipped;
-        state.files_skipped = r.files_skipped;
-        if let Some(i) = stream.cur.as_ref().map(|c| c.index).or(stream.last_index()) {
-            progress.progress(&state, &manifest.entries[i]);
-        }
-        for &i in &stream.completed {
-            state.files_done += 1;
-            progress.file_done(&state, &manifest.entries[i]);
-        }
-        stream.completed.clear();
-        for (i, reason) in stream.skipped.drain(..) {
-            state.skipped += 1;
-            state.totals.files -= 1;
-            state.totals.bytes -= manifest.entries[i].size;
-            progress.skipped(&state, &manifest.entries[i], &reason);
-        }
+        stream.report_to(&mut state, progress);
     }
     if let Err(e) = sink.flush() {
         return Err(peer_error_or(source, e));
@@ -223,6 +203,49 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
             Ok(stream.report)
         }
     }
+}
+
+/// The early part ends when less than this is left of its budget.
+const MIN_EARLY_PACKET: usize = 16 << 10;
+
+/// Sends the early part: `stream`'s first packets as [`wire::MSG_EARLY`], at most
+/// [`wire::MAX_EARLY`] bytes in all, then [`wire::MSG_EARLY_END`]; flushes.
+fn send_early<K: PacketSink>(
+    sink: &mut K,
+    stream: &mut Stream<'_>,
+    max_packet: usize,
+) -> Result<(), TransferError> {
+    let mut sent = 0;
+    while !stream.finished {
+        // The channel's small first packets (4 KiB) are what the early part is for: only the
+        // budget's end stops it.
+        let room = wire::MAX_EARLY - sent;
+        if room < MIN_EARLY_PACKET {
+            break;
+        }
+        let len = sink.packet_limit(max_packet).min(room);
+        let buf = sink.payload_buf(len);
+        let used = stream.fill(buf)?;
+        buf[0] = wire::MSG_EARLY;
+        sink.send_payload_buf(used)?;
+        sent += used;
+    }
+    sink.send(&[wire::MSG_EARLY_END])?;
+    sink.flush()?;
+    Ok(())
+}
+
+/// After a failed write before the answer was read: the receiver may have answered and gone (a
+/// decline, an error of its own): prefer what it said.
+fn answer_error_or<S: PacketSource>(source: &mut S, e: io::Error) -> TransferError {
+    if let Ok(Some(packet)) = source.recv() {
+        match wire::Answer::decode(packet) {
+            Ok(wire::Answer::Decline) => return TransferError::Declined,
+            Err(remote @ TransferError::Remote { .. }) => return remote,
+            _ => {}
+        }
+    }
+    TransferError::Io(e)
 }
 
 /// A text offer is one file of at most [`wire::MAX_TEXT`] bytes (what every receiver takes).
@@ -289,20 +312,10 @@ fn read_answer<S: PacketSource>(
     manifest: &Manifest,
 ) -> Result<HashMap<u32, Claim>, TransferError> {
     let packet = source.recv()?.ok_or(TransferError::UnexpectedEnd)?;
-    let mut r = Reader::new(packet);
-    let t = r.u8()?;
-    match t {
-        wire::MSG_DECLINE => return Err(TransferError::Declined),
-        wire::MSG_ERROR => return Err(wire::decode_error_body(&mut r)),
-        wire::MSG_ACCEPT => {}
-        _ => {
-            return Err(TransferError::protocol(format!(
-                "expected accept, got message type {t}"
-            )))
-        }
-    }
-    let pages = r.u32()? as u64;
-    r.finish()?;
+    let pages = match wire::Answer::decode(packet)? {
+        wire::Answer::Decline => return Err(TransferError::Declined),
+        wire::Answer::Accept { resume_pages } => u64::from(resume_pages),
+    };
     let files = manifest
         .entries
         .iter()
@@ -421,6 +434,54 @@ struct Stream<'m> {
 }
 
 impl<'m> Stream<'m> {
+    fn new(
+        manifest: &'m Manifest,
+        claims: HashMap<u32, Claim>,
+        opener: Option<&'m dyn OpenSource>,
+    ) -> Self {
+        Stream {
+            manifest,
+            claims,
+            next_entry: 0,
+            cur: None,
+            hasher: FileHasher::default(),
+            emitted: 0,
+            scratch: Vec::new(),
+            dirs: SourceDirs::default(),
+            opener,
+            skip: None,
+            finished: false,
+            report: SendReport::default(),
+            completed: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Reports what was sent since the last call (the early part's packets are reported once the
+    /// receiver accepted them).
+    fn report_to(&mut self, state: &mut ProgressState, progress: &mut dyn Progress) {
+        let manifest = self.manifest;
+        let r = &self.report;
+        state.bytes_done = r.bytes_sent + r.bytes_resumed + r.bytes_skipped;
+        state.bytes_resumed = r.bytes_resumed;
+        state.bytes_skipped = r.bytes_skipped;
+        state.files_skipped = r.files_skipped;
+        if let Some(i) = self.cur.as_ref().map(|c| c.index).or(self.last_index()) {
+            progress.progress(state, &manifest.entries[i]);
+        }
+        for &i in &self.completed {
+            state.files_done += 1;
+            progress.file_done(state, &manifest.entries[i]);
+        }
+        self.completed.clear();
+        for (i, reason) in self.skipped.drain(..) {
+            state.skipped += 1;
+            state.totals.files -= 1;
+            state.totals.bytes -= manifest.entries[i].size;
+            progress.skipped(state, &manifest.entries[i], &reason);
+        }
+    }
+
     fn last_index(&self) -> Option<usize> {
         self.completed.last().copied()
     }

@@ -6,6 +6,8 @@
 //! | --- | --- | --- |
 //! | [`MSG_OFFER`] | sender | version u8, flags u8 ([`OFFER_TEXT`]; other bits refused), entries u64, manifest bytes u64 (the sum of the pages' bodies), files u64, dirs u64, symlinks u64, bytes u64, allocated bytes u64 (at most bytes: what the files' data takes on the sender's disk, holes of sparse files not counted), offer id [32] |
 //! | [`MSG_MANIFEST`] | sender | count u32, then `count` entries (see [`crate::manifest`]); at most [`MAX_PAGE`] bytes |
+//! | [`MSG_EARLY`] | sender | right after the last manifest page, before the answer: records as in [`MSG_DATA`]; all of them together at most [`MAX_EARLY`] bytes (see [Early data](#early-data)) |
+//! | [`MSG_EARLY_END`] | sender | — (ends the early part; always sent, also when it is empty or holds the final record) |
 //! | [`MSG_ACCEPT`] | receiver | resume pages u32 (that many [`MSG_RESUME`] packets follow) |
 //! | [`MSG_DECLINE`] | receiver | — |
 //! | [`MSG_RESUME`] | receiver | count u32, then records: index u32, kind u8 ([`HELD_CHUNKS`]: first u32, n u32, n × cv[32]; [`HELD_COMPLETE`] and [`HELD_EXISTING`]: hash[32]) |
@@ -23,13 +25,31 @@
 //! file's BLAKE3); [`REC_FINISH`] (no more files); [`REC_SKIP`] index u32, reason length u16,
 //! reason (UTF-8, ≤ [`MAX_SKIP_REASON`]) — the file `index` could not be opened and is not sent:
 //! it takes the place of that file's [`REC_START`] and the receiver drops the entry.
+//!
+//! # Early data
+//!
+//! The sender does not wait for the answer before streaming: right after the manifest it sends the
+//! first part of the data stream as it would send it to a receiver that holds nothing (no resume
+//! claims), in [`MSG_EARLY`] packets of at most [`MAX_EARLY`] bytes in all, closed by one
+//! [`MSG_EARLY_END`], and only then reads the answer. The early part counts exactly when the answer
+//! is an accept without resume pages ([`Answer::uses_early`]): then the receiver takes its records
+//! as the start of the data and the sender goes on with [`MSG_DATA`] packets from where the early
+//! part stopped (nothing more when it held [`REC_FINISH`]). After any other answer both sides drop
+//! it: the sender starts the data stream again from the first file, with the claims, after its
+//! verdict if any. The receiver reads the early part to its end marker before it answers with
+//! claims (resume pages may be large: neither side then blocks writing while the other does) and
+//! after it declines (the sender is not cut off while writing it); a receiver that waits for a
+//! user's yes reads nothing meanwhile, and the bounded early part waits in the buffers.
+//! [`EarlyPart`] is the receiver's bookkeeping: an early part over [`MAX_EARLY`] bytes, or anything
+//! else before its end marker, is a protocol error.
 
 use crate::TransferError;
 
 /// Version byte of the offer (2: the offer announces its manifest's size; 3: the flags byte, the
 /// allocated bytes, [`HELD_EXISTING`] claims and their [`MSG_VERDICT`], skipped files and sparse
-/// files' holes as records of their own).
-pub const VERSION: u8 = 3;
+/// files' holes as records of their own; 4: the early part, [`MSG_EARLY`] and [`MSG_EARLY_END`],
+/// after the manifest).
+pub const VERSION: u8 = 4;
 
 /// Offer flag: the offer is a text message, one file of at most [`MAX_TEXT`] bytes that the
 /// receiver shows instead of writing (unless told to write it).
@@ -56,6 +76,15 @@ pub const MSG_DONE: u8 = 7;
 pub const MSG_ERROR: u8 = 8;
 /// Which of the receiver's [`HELD_EXISTING`] files differ from the sender's.
 pub const MSG_VERDICT: u8 = 9;
+/// File data records sent before the answer (the early part).
+pub const MSG_EARLY: u8 = 10;
+/// The end of the early part.
+pub const MSG_EARLY_END: u8 = 11;
+
+/// Most bytes of all [`MSG_EARLY`] packets of one offer together (their type bytes included): what
+/// a receiver may have to read and drop after an answer that does not use them (1 MiB, about what a
+/// wide-area link carries in one round trip once the manifest has warmed the connection up).
+pub const MAX_EARLY: usize = 1 << 20;
 
 /// Data record: start of a file.
 pub const REC_START: u8 = 1;
@@ -181,6 +210,106 @@ impl OfferHeader {
     }
 }
 
+/// The receiver's answer to an offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Accepted; this many [`MSG_RESUME`] pages follow.
+    Accept {
+        /// Resume pages that follow.
+        resume_pages: u32,
+    },
+    /// Declined.
+    Decline,
+}
+
+impl Answer {
+    /// Encodes the answer message.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match *self {
+            Answer::Accept { resume_pages } => {
+                out.put_u8(MSG_ACCEPT);
+                out.put_u32(resume_pages);
+            }
+            Answer::Decline => out.put_u8(MSG_DECLINE),
+        }
+    }
+
+    /// Decodes an answer message (including its type byte); an error message from the peer becomes
+    /// [`TransferError::Remote`].
+    pub fn decode(packet: &[u8]) -> Result<Self, TransferError> {
+        let mut r = Reader::new(packet);
+        let answer = match r.u8()? {
+            MSG_DECLINE => Answer::Decline,
+            MSG_ERROR => return Err(decode_error_body(&mut r)),
+            MSG_ACCEPT => Answer::Accept {
+                resume_pages: r.u32()?,
+            },
+            t => {
+                return Err(TransferError::protocol(format!(
+                    "expected accept, got message type {t}"
+                )))
+            }
+        };
+        r.finish()?;
+        Ok(answer)
+    }
+
+    /// Whether the early part counts as the start of the data: an accept without resume claims.
+    pub fn uses_early(&self) -> bool {
+        *self == Answer::Accept { resume_pages: 0 }
+    }
+}
+
+/// The receiver's side of the early part: which packets belong to it, and its bound.
+#[derive(Debug, Clone, Default)]
+pub struct EarlyPart {
+    bytes: usize,
+    ended: bool,
+}
+
+impl EarlyPart {
+    /// An early part not read yet.
+    pub fn new() -> Self {
+        EarlyPart::default()
+    }
+
+    /// Whether its end marker has been read.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Takes the next packet while the part is open: the records of an [`MSG_EARLY`] packet, or
+    /// `None` for the end marker (the part is then ended). More than [`MAX_EARLY`] bytes, any other
+    /// message, or a packet after the end is a protocol error (an error message from the peer
+    /// becomes [`TransferError::Remote`]).
+    pub fn take<'p>(&mut self, packet: &'p [u8]) -> Result<Option<&'p [u8]>, TransferError> {
+        if self.ended {
+            return Err(TransferError::protocol("early data after its end"));
+        }
+        let mut r = Reader::new(packet);
+        match r.u8()? {
+            MSG_EARLY => {
+                self.bytes += packet.len();
+                if self.bytes > MAX_EARLY {
+                    return Err(TransferError::protocol(format!(
+                        "early data over {MAX_EARLY} bytes"
+                    )));
+                }
+                Ok(Some(&packet[1..]))
+            }
+            MSG_EARLY_END => {
+                r.finish()?;
+                self.ended = true;
+                Ok(None)
+            }
+            MSG_ERROR => Err(decode_error_body(&mut r)),
+            t => Err(TransferError::protocol(format!(
+                "expected early data or its end, got message type {t}"
+            ))),
+        }
+    }
+}
+
 /// Reads the type byte and fails with a clear message if it is not `want` (an error message from
 /// the peer becomes [`TransferError::Remote`]).
 pub fn expect_type(r: &mut Reader<'_>, want: u8, what: &str) -> Result<(), TransferError> {
@@ -278,6 +407,50 @@ mod tests {
         }
         .encode(&mut more_allocated_than_bytes);
         assert!(OfferHeader::decode(&more_allocated_than_bytes).is_err());
+    }
+
+    #[test]
+    fn answers_round_trip_and_only_a_plain_accept_uses_the_early_part() {
+        for (answer, uses) in [
+            (Answer::Accept { resume_pages: 0 }, true),
+            (Answer::Accept { resume_pages: 3 }, false),
+            (Answer::Decline, false),
+        ] {
+            let mut buf = Vec::new();
+            answer.encode(&mut buf);
+            assert_eq!(Answer::decode(&buf).unwrap(), answer);
+            assert_eq!(answer.uses_early(), uses);
+            buf.push(0);
+            assert!(Answer::decode(&buf).is_err());
+        }
+        assert!(Answer::decode(&[MSG_DATA]).is_err());
+    }
+
+    #[test]
+    fn early_part_is_bounded_and_ends_once() {
+        let mut early = EarlyPart::new();
+        let packet = vec![MSG_EARLY; MAX_EARLY / 2];
+        assert_eq!(
+            early.take(&packet).unwrap().unwrap().len(),
+            packet.len() - 1
+        );
+        assert!(early.take(&packet).unwrap().is_some());
+        // One byte over the bound.
+        assert!(matches!(
+            early.clone().take(&[MSG_EARLY]),
+            Err(TransferError::Protocol(_))
+        ));
+        assert!(early.clone().take(&[MSG_DATA, REC_FINISH]).is_err());
+        assert!(early.clone().take(&[MSG_EARLY_END, 0]).is_err());
+        assert_eq!(early.take(&[MSG_EARLY_END]).unwrap(), None);
+        assert!(early.ended());
+        assert!(early.take(&[MSG_EARLY_END]).is_err());
+        let mut err = Vec::new();
+        encode_error(&TransferError::Declined, &mut err);
+        assert!(matches!(
+            EarlyPart::new().take(&err),
+            Err(TransferError::Remote { .. })
+        ));
     }
 
     #[test]

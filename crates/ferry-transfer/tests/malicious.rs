@@ -37,6 +37,16 @@ fn attack(
     announced: Option<u64>,
     data: Vec<Vec<u8>>,
 ) -> (TempDir, TransferError) {
+    attack_early(entries, announced, Vec::new(), data)
+}
+
+/// [`attack`] whose early part is `early` (packets sent as they are, then the end marker).
+fn attack_early(
+    entries: Vec<Entry>,
+    announced: Option<u64>,
+    early: Vec<Vec<u8>>,
+    data: Vec<Vec<u8>>,
+) -> (TempDir, TransferError) {
     let t = TempDir::new("evil");
     let out = t.join("out");
     let (a, b) = tcp_pair();
@@ -63,7 +73,13 @@ fn attack(
             m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
             sink.send(&msg).unwrap();
         }
-        sink.flush().unwrap();
+        for p in &early {
+            if sink.send(p).and_then(|_| sink.flush()).is_err() {
+                return;
+            }
+        }
+        let _ = sink.send(&[wire::MSG_EARLY_END]);
+        let _ = sink.flush();
         // Wait for the answer (an error message ends the attack).
         let Ok(Some(answer)) = source.recv() else {
             return;
@@ -373,4 +389,106 @@ fn skip_records_out_of_place_are_refused() {
         vec![data_packet(&[&skip_record(0, b"x"), &skip_record(0, b"x")])],
     );
     assert!(matches!(err, TransferError::Protocol(_)), "{err:?}");
+}
+
+/// A data packet's records as an early packet.
+fn early_packet(records: &[&[u8]]) -> Vec<u8> {
+    let mut p = data_packet(records);
+    p[0] = wire::MSG_EARLY;
+    p
+}
+
+#[test]
+fn an_early_part_over_its_bound_is_refused() {
+    let size = 3 << 20;
+    let content = vec![5u8; size];
+    let half = wire::MAX_EARLY / 2;
+    // Two packets of records that are right in themselves, together over the bound.
+    let early = vec![
+        early_packet(&[&start(0), &bytes(&content[..half])]),
+        early_packet(&[&bytes(&content[half..2 * half])]),
+    ];
+    let (t, err) = attack_early(vec![file(b"f", size as u64)], None, early, Vec::new());
+    match err {
+        TransferError::Protocol(m) => assert!(m.contains("early data over"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_no_final_and_no_temp(&t);
+}
+
+#[test]
+fn early_records_after_the_final_record_or_data_inside_the_early_part_are_refused() {
+    let content = [7u8; 10];
+    let h = *blake3::hash(&content).as_bytes();
+    let whole = [
+        &start(0)[..],
+        &bytes(&content),
+        &end(&h),
+        &[wire::REC_FINISH],
+    ];
+    let after_finish = vec![early_packet(&whole), early_packet(&[&[wire::REC_FINISH]])];
+    let (_, err) = attack_early(vec![file(b"f", 10)], None, after_finish, Vec::new());
+    assert!(
+        matches!(&err, TransferError::Protocol(m) if m.contains("after the end")),
+        "{err:?}"
+    );
+    let data_inside = vec![data_packet(&whole)];
+    let (_, err) = attack_early(vec![file(b"f", 10)], None, data_inside, Vec::new());
+    assert!(
+        matches!(&err, TransferError::Protocol(m) if m.contains("early data or its end")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn an_early_part_holding_the_whole_stream_is_taken() {
+    // The fake sender's early part holds every record, the final one too; nothing follows.
+    let content = [9u8; 100];
+    let h = *blake3::hash(&content).as_bytes();
+    let whole = early_packet(&[&start(0), &bytes(&content), &end(&h), &[wire::REC_FINISH]]);
+    let t = TempDir::new("early-whole");
+    let out = t.join("out");
+    let (a, b) = tcp_pair();
+    let sender = std::thread::spawn(move || {
+        let mut sink = PlainSink::new(a.try_clone().unwrap());
+        let mut source = PlainSource::new(a.try_clone().unwrap());
+        let m = Manifest {
+            entries: vec![file(b"f", 100)],
+            ..Default::default()
+        };
+        let mut msg = Vec::new();
+        OfferHeader {
+            entries: 1,
+            manifest_bytes: m.encoded_len(),
+            totals: Totals::of(&m.entries).unwrap(),
+            bytes_allocated: 0,
+            offer_id: m.offer_id(),
+            text: false,
+        }
+        .encode(&mut msg);
+        sink.send(&msg).unwrap();
+        let mut next = 0;
+        m.encode_page(&mut next, wire::MAX_PAGE, &mut msg);
+        sink.send(&msg).unwrap();
+        sink.send(&whole).unwrap();
+        sink.send(&[wire::MSG_EARLY_END]).unwrap();
+        sink.flush().unwrap();
+        let answer = source.recv().unwrap().unwrap().to_vec();
+        let done = source.recv().unwrap().unwrap().to_vec();
+        (answer, done)
+    });
+    let mut sink = PlainSink::new(b.try_clone().unwrap());
+    let mut source = PlainSource::new(b);
+    let r = receive(
+        &mut source,
+        &mut sink,
+        &opts(&out, &t.join("cache")),
+        &mut |_| true,
+        &mut (),
+    );
+    let (answer, done) = sender.join().unwrap();
+    r.expect("received");
+    assert!(wire::Answer::decode(&answer).unwrap().uses_early());
+    assert_eq!(done, [wire::MSG_DONE]);
+    assert_eq!(std::fs::read(out.join("f")).unwrap(), content);
 }

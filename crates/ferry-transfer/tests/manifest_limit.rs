@@ -26,6 +26,11 @@ fn manifest(n: usize) -> Manifest {
 
 /// The offer of `m` announcing `manifest_bytes`, as length-prefixed packets in small pages.
 fn offer_stream(m: &Manifest, manifest_bytes: u64) -> Vec<u8> {
+    offer_in_pages(m, manifest_bytes, 1000)
+}
+
+/// The offer of `m` announcing `manifest_bytes`, in pages of at most `page` bytes.
+fn offer_in_pages(m: &Manifest, manifest_bytes: u64, page: usize) -> Vec<u8> {
     let mut packets = Vec::new();
     let mut msg = Vec::new();
     OfferHeader {
@@ -40,7 +45,7 @@ fn offer_stream(m: &Manifest, manifest_bytes: u64) -> Vec<u8> {
     packets.push(msg.clone());
     let mut next = 0;
     while next < m.entries.len() {
-        m.encode_page(&mut next, 1000, &mut msg);
+        m.encode_page(&mut next, page, &mut msg);
         packets.push(msg.clone());
     }
     let mut stream = Vec::new();
@@ -114,6 +119,54 @@ fn a_manifest_shorter_than_announced_is_refused() {
     let stream = offer_stream(&m, m.encoded_len() + 1);
     match read(&stream, u64::MAX) {
         Err(TransferError::Protocol(msg)) => assert!(msg.contains("shorter"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn long_names_sharing_a_prefix_count_by_their_full_length() {
+    // Each ~3,800-byte name differs from the one before only at its end: a few bytes each on the
+    // wire, but every name is held whole, so the limit counts the plain encoding.
+    // (read_offer checks each name, not the tree: the parents need not be entries.)
+    let base = "d/".to_string() + &vec!["x".repeat(200); 19].join("/") + "/";
+    let mut entries = vec![Entry {
+        path: b"d".to_vec(),
+        kind: EntryKind::Dir,
+        size: 0,
+        mode: 0o755,
+        mtime: 1,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }];
+    entries.extend((0..200).map(|i| Entry {
+        path: format!("{base}{i:04}").into_bytes(),
+        kind: EntryKind::File,
+        size: 3,
+        mode: 0o644,
+        mtime: 1,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }));
+    let m = Manifest {
+        entries,
+        ..Default::default()
+    };
+    assert!(
+        m.compact_len() * 50 < m.encoded_len(),
+        "{}",
+        m.compact_len()
+    );
+    let cost = m.received_cost();
+    let stream = offer_in_pages(&m, m.encoded_len(), 64 << 10);
+    assert_eq!(read(&stream, cost).unwrap(), m.entries);
+    assert!(matches!(
+        read(&stream, cost - 1),
+        Err(TransferError::ManifestTooLarge { .. })
+    ));
+    // Announcing the wire's size instead is a lie found at the second entry.
+    let lie = offer_in_pages(&m, m.compact_len(), 64 << 10);
+    match read(&lie, u64::MAX) {
+        Err(TransferError::Protocol(msg)) => assert!(msg.contains("longer"), "{msg}"),
         other => panic!("{other:?}"),
     }
 }
