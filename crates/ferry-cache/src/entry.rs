@@ -292,6 +292,33 @@ impl Entry {
     /// as needed. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
     /// nothing of the entry is kept.
     pub fn insert(&self, offset: u64, bytes: &[u8]) -> Result<bool, CacheError> {
+        self.insert_groups(offset, bytes, None)
+    }
+
+    /// [`insert`](Entry::insert) of bytes whose group values the caller has from verifying them (the share
+    /// client's [`verify_piece_cvs`](ferry_share::tree::verify_piece_cvs): one value per group of `bytes`,
+    /// in order), so they are not hashed again. Like [`insert`](Entry::insert) it trusts its caller per
+    /// group; a value that does not belong to its bytes makes that group fail its next check (a restart,
+    /// a change on disk) and the entry fail its root when complete. `Err(Range)` when there is not one
+    /// value per group.
+    pub fn insert_verified(
+        &self,
+        offset: u64,
+        bytes: &[u8],
+        cvs: &[[u8; 32]],
+    ) -> Result<bool, CacheError> {
+        if cvs.len() as u64 != (bytes.len() as u64).div_ceil(GROUP) {
+            return Err(CacheError::Range);
+        }
+        self.insert_groups(offset, bytes, Some(cvs))
+    }
+
+    fn insert_groups(
+        &self,
+        offset: u64,
+        bytes: &[u8],
+        verified: Option<&[Cv]>,
+    ) -> Result<bool, CacheError> {
         let size = self.inner.version.size;
         let end = offset
             .checked_add(bytes.len() as u64)
@@ -322,15 +349,22 @@ impl Entry {
         if need == 0 {
             return Ok(true);
         }
-        let cvs: Vec<Cv> = bytes
-            .chunks(GROUP as usize)
-            .zip(groups.clone())
-            .map(|(b, g)| group_cv(size, g, b))
-            .collect();
+        let hashed: Vec<Cv>;
+        let cvs = match verified {
+            Some(cvs) => cvs,
+            None => {
+                hashed = bytes
+                    .chunks(GROUP as usize)
+                    .zip(groups.clone())
+                    .map(|(b, g)| group_cv(size, g, b))
+                    .collect();
+                &hashed
+            }
+        };
         if !self.shared.reserve(&self.inner, need) {
             return Ok(false);
         }
-        let stored = self.store(groups, offset, bytes, &cvs);
+        let stored = self.store(groups, offset, bytes, cvs);
         let (added, dropped) = match &stored {
             Ok(Some(s)) => (s.added, s.dropped),
             Ok(None) | Err(_) => (0, 0),

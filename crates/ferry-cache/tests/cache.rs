@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_cache::{Cache, CacheError, Entry};
-use ferry_share::tree::{Outboard, Version, GROUP};
+use ferry_share::tree::{
+    covering, encode_piece, verify_piece_cvs, GroupCv, Outboard, Version, GROUP,
+};
 
 const G: usize = GROUP as usize;
 
@@ -153,6 +155,86 @@ fn groups_that_do_not_make_the_root_are_refused_whole() {
     assert!(put(&e, &data, 0..5));
     assert!(e.is_complete());
     assert_eq!(read(&e, 0, data.len()).unwrap(), data);
+}
+
+/// `data`'s groups `groups` verified as the share client verifies them: the bytes and each group's value.
+fn verified(data: &[u8], groups: std::ops::Range<usize>) -> (u64, Vec<u8>, Vec<GroupCv>) {
+    let ob = Outboard::compute(data, data.len() as u64).unwrap();
+    let range = covering(
+        data.len() as u64,
+        (groups.start * G) as u64,
+        (groups.len() * G) as u64,
+    );
+    let mut piece = Vec::new();
+    encode_piece(data, &ob, range.clone(), &mut piece).unwrap();
+    let (mut bytes, mut cvs) = (Vec::new(), Vec::new());
+    verify_piece_cvs(&ob.version(), range.clone(), &piece, &mut bytes, &mut cvs).unwrap();
+    (range.start, bytes, cvs)
+}
+
+#[test]
+fn groups_inserted_with_their_verified_values_complete_and_are_checked_like_hashed_ones() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    for len in [1, G, 5 * G + 9] {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let (data, v) = file(len, 40 + len as u64);
+        let (data_path, _) = files_of(t.path(), &v);
+        let e = cache.entry(v).unwrap();
+        let groups = len.div_ceil(G);
+        let (at, bytes, cvs) = verified(&data, groups / 2..groups);
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        let (at, bytes, cvs) = verified(&data, 0..groups / 2);
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        assert!(e.is_complete(), "len {len}");
+        assert_eq!(read(&e, 0, len).unwrap(), data);
+        // The values kept are the bytes' own: an altered byte is found, the rest still verifies.
+        flip(&data_path, (len - 1) as u64);
+        assert!(matches!(read(&e, len - 1, 1), Err(CacheError::Missing)));
+        assert_eq!(
+            e.missing(0..v.size),
+            vec![((groups - 1) * G) as u64..v.size]
+        );
+        drop((e, cache));
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        assert_eq!(
+            e.missing(0..v.size),
+            vec![((groups - 1) * G) as u64..v.size]
+        );
+        cache.remove(v).unwrap();
+    }
+}
+
+#[test]
+fn a_value_that_is_not_its_groups_is_refused() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let (data, v) = file(6 * G + 1, 50);
+    {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        let (at, bytes, mut cvs) = verified(&data, 0..3);
+        // One value too few or too many.
+        assert!(matches!(
+            e.insert_verified(at, &bytes, &cvs[..2]),
+            Err(CacheError::Range)
+        ));
+        cvs[1][5] ^= 1;
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        // Kept until checked: the next process hashes the group again and drops it.
+        assert_eq!(e.missing(0..3 * GROUP), vec![]);
+    }
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let e = cache.entry(v).unwrap();
+    assert_eq!(e.missing(0..3 * GROUP), vec![GROUP..2 * GROUP]);
+    // A wrong value that completes the entry fails its root: nothing of it is kept.
+    let (at, bytes, mut cvs) = verified(&data, 1..7);
+    cvs[5][0] ^= 1;
+    assert!(matches!(
+        e.insert_verified(at, &bytes, &cvs),
+        Err(CacheError::Mismatch)
+    ));
+    assert_eq!(e.missing(0..v.size), vec![0..v.size]);
+    assert_eq!(cache.used(), 0);
 }
 
 #[test]

@@ -498,13 +498,13 @@ impl<S: Source> Reader<S> {
                 match piece {
                     Piece::Version(v) if v != version => return Err(SourceError::Changed),
                     Piece::Version(_) => {}
-                    Piece::Data { offset, bytes } => {
-                        file.chunks
-                            .insert(offset, &bytes)
-                            .map_err(|e| SourceError::Failed {
+                    Piece::Data { offset, bytes, cvs } => {
+                        file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
+                            SourceError::Failed {
                                 errno: libc::EIO,
                                 message: e.to_string(),
-                            })?;
+                            }
+                        })?;
                         self.stats
                             .from_peer
                             .fetch_add(bytes.len() as u64, Ordering::Relaxed);

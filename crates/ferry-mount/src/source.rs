@@ -2,7 +2,7 @@
 //! binary, an in-memory fake in tests. Everything it returns came from the peer and is treated as hostile by
 //! the callers: names are single components (the wire checks them), sizes are clamped by the version.
 
-use ferry_share::tree::Version;
+use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::{Entry, SharePath};
 
 /// Why a request to the sharer failed.
@@ -46,6 +46,9 @@ pub enum Piece {
         offset: u64,
         /// The bytes.
         bytes: Vec<u8>,
+        /// The value of each group of the bytes as their verification computed it, in order; empty when
+        /// not known (the store hashes the groups itself).
+        cvs: Vec<GroupCv>,
     },
 }
 

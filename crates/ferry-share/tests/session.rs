@@ -168,6 +168,7 @@ impl Pair {
                 id: i,
                 offset,
                 bytes,
+                ..
             } = e
             {
                 if *i == id {

@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferry_share::tree::{Version, GROUP};
+use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::{Entry, SharePath};
 
 use super::{ReadConfig, Reader, Stats};
@@ -77,6 +77,7 @@ impl Source for FakeSharer {
                 out.push(Ok(Piece::Data {
                     offset: at,
                     bytes: content[at as usize..(at + n) as usize].to_vec(),
+                    cvs: Vec::new(),
                 }));
                 at += n;
             }
@@ -116,7 +117,7 @@ impl Chunks for MemChunks {
         buf.copy_from_slice(&b.0[offset as usize..offset as usize + buf.len()]);
         Ok(buf.len())
     }
-    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+    fn insert(&self, offset: u64, bytes: &[u8], _: &[GroupCv]) -> Result<(), StoreError> {
         let mut b = self.bytes.lock().unwrap();
         b.0[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
         let end = offset + bytes.len() as u64;
