@@ -31,6 +31,7 @@ use crate::report::{median, write_random_file};
 
 mod layers;
 pub mod mount;
+pub mod mount_sshfs;
 mod peers;
 mod plot;
 mod pull;

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use ferry_lab::PATHS;
 
+use super::mount_sshfs::{sshfs_figures, Readers};
 use super::pull::{Paired, Sharer};
 use super::{ferry_cmd, Ends, Scratch, Spawned};
 use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
@@ -39,6 +40,10 @@ pub struct Options {
     pub random_reads: usize,
     /// Samples per row.
     pub runs: usize,
+    /// Small files in the `tar x` row of the sshfs reference.
+    pub tar_files: usize,
+    /// Bytes of the file read for the daemon's peak RSS row (a sparse file; none: no such row).
+    pub rss_bytes: Option<u64>,
 }
 
 impl Default for Options {
@@ -47,6 +52,8 @@ impl Default for Options {
             file_bytes: 1 << 30,
             random_reads: 20_000,
             runs: 3,
+            tar_files: 10_000,
+            rss_bytes: None,
         }
     }
 }
@@ -58,6 +65,8 @@ impl Options {
             file_bytes: 64 << 20,
             random_reads: 2_000,
             runs: 1,
+            tar_files: 500,
+            rss_bytes: None,
         }
     }
 }
@@ -105,11 +114,12 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         hwm = hwm.max(m.peak_rss_kib());
         m.unmount()?;
     }
+    let uncached = median(&mut mounted);
     report.push(
         Row::new(
             BENCH,
             "uncached sequential read vs ferry pull",
-            median(&mut mounted),
+            uncached,
             "GB/s",
         )
         .with_baseline(median(&mut pulled)),
@@ -123,6 +133,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
 
     // Cached: the file is whole in the cache now (the last uncached read). Passthrough and classic.
     let data = cache_file(&paired, opts.file_bytes)?;
+    let mut cached = Vec::new();
     for (flags, case) in [
         (
             &[][..],
@@ -152,8 +163,10 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             &want,
             "a cached read through the mount",
         )?;
+        cached.push(median(&mut through));
         report.push(
-            Row::new(BENCH, case, median(&mut through), "GB/s").with_baseline(median(&mut direct)),
+            Row::new(BENCH, case, cached[cached.len() - 1], "GB/s")
+                .with_baseline(median(&mut direct)),
         );
         m.unmount()?;
     }
@@ -171,18 +184,77 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         warm.push(random_reads(&path, &source, opts, run as u64 + 100)?);
         m.unmount()?;
     }
+    let (cold, warm) = (median(&mut cold), median(&mut warm));
     report.push(Row::new(
         BENCH,
         format!("random 4 KiB reads, {THREADS} at once, cold (fresh cache)"),
-        median(&mut cold),
+        cold,
         "reads/s",
     ));
     report.push(Row::new(
         BENCH,
         format!("random 4 KiB reads, {THREADS} at once, cached"),
-        median(&mut warm),
+        warm,
         "reads/s",
     ));
+
+    // The same reads through sshfs, in this run.
+    let readers = Readers {
+        whole: &read_whole,
+        random: &|p: &FsPath, seed| random_reads(p, &source, opts, seed),
+        check: &|p: &FsPath| check(&hash_file(p)?, &want, "a read through sshfs"),
+    };
+    let sshfs_base = scratch.fresh("sshfs")?;
+    match sshfs_figures(
+        &sshfs_base,
+        &src_dir,
+        "file.bin",
+        gb,
+        opts.runs,
+        opts.tar_files,
+        &readers,
+    ) {
+        Ok(s) => {
+            let vs = |case: &str, ours: f64, theirs: f64, unit: &str| {
+                Row::new(BENCH, format!("{case}, ferry mount vs sshfs"), ours, unit)
+                    .with_baseline(theirs)
+            };
+            report.push(vs("uncached sequential read", uncached, s.uncached, "GB/s"));
+            report.push(vs(
+                "cached sequential read (passthrough; sshfs -o kernel_cache)",
+                cached[0],
+                s.cached,
+                "GB/s",
+            ));
+            report.push(vs(
+                "random 4 KiB reads, cold",
+                cold,
+                s.random_cold,
+                "reads/s",
+            ));
+            report.push(vs(
+                "random 4 KiB reads, cached",
+                warm,
+                s.random_cached,
+                "reads/s",
+            ));
+            report.push(Row::new(
+                BENCH,
+                format!(
+                    "sshfs: tar x of {} small files into the mount",
+                    opts.tar_files
+                ),
+                s.tar_x_files_per_s,
+                "files/s",
+            ));
+        }
+        Err(e) => report.push(Row::new(
+            BENCH,
+            format!("  no sshfs reference: {e}"),
+            f64::NAN,
+            "",
+        )),
+    }
     drop(share);
     Ok(())
 }
