@@ -1,7 +1,7 @@
 //! The cache on real files in a temporary directory, with versions made by the share protocol's tree.
 
 use std::fs::{self, OpenOptions};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -310,6 +310,37 @@ fn the_least_recently_used_entries_go_first_even_after_a_restart() {
 }
 
 #[test]
+fn a_file_larger_than_the_cache_is_read_through_it_dropping_what_is_behind() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let limit = 16 * GROUP;
+    let (data, v) = file(100 * G + 7, 60);
+    let (data_path, _) = files_of(t.path(), &v);
+    {
+        let cache = Cache::open(t.path(), limit).unwrap();
+        let e = cache.entry(v).unwrap();
+        for g in (0..101).step_by(4) {
+            assert!(put(&e, &data, g..(g + 4).min(101)), "group {g}");
+            assert!(cache.used() <= limit);
+            // What was just stored reads back; what is far behind was let go, its blocks freed.
+            let to = ((g + 4) * G).min(data.len());
+            assert_eq!(read(&e, g * G, to - g * G).unwrap(), &data[g * G..to]);
+        }
+        assert!(e.missing(0..GROUP) == vec![0..GROUP]);
+        assert!(fs::metadata(&data_path).unwrap().blocks() * 512 <= limit + 4 * GROUP);
+        // Bytes larger than the whole cache are not stored.
+        assert!(!e.insert(0, &data[..17 * G]).unwrap());
+    }
+    // What is kept still verifies in the next process: nothing was dropped on its check.
+    let cache = Cache::open(t.path(), limit).unwrap();
+    let e = cache.entry(v).unwrap();
+    assert_eq!(e.missing(96 * GROUP..v.size), vec![]);
+    assert_eq!(
+        read(&e, 96 * G, data.len() - 96 * G).unwrap(),
+        &data[96 * G..]
+    );
+}
+
+#[test]
 fn pinned_entries_are_never_evicted() {
     let t = ferry_testkit::temp_dir("ferry-cache-");
     let cache = Cache::open(t.path(), 3 * GROUP).unwrap();
@@ -319,13 +350,18 @@ fn pinned_entries_are_never_evicted() {
     assert!(put(&ea, &a, 0..2));
     let eb = cache.entry(vb).unwrap();
     assert!(put(&eb, &b, 0..1));
-    // Full of pinned entries: the caller serves the bytes from memory.
-    assert!(!put(&eb, &b, 1..2));
+    // Full of pinned entries: the entry makes room in itself, the other one keeps all it has.
+    assert!(put(&eb, &b, 1..2));
+    assert_eq!(eb.missing(0..vb.size), vec![0..GROUP]);
     assert_eq!(cache.used(), 3 * GROUP);
+    assert_eq!(read(&ea, 0, 2 * G).unwrap(), a);
+    // More than the cache holds is not stored: the caller serves the bytes from memory.
+    let (c, vc) = file(4 * G, 22);
+    assert!(!put(&cache.entry(vc).unwrap(), &c, 0..4));
     assert_eq!(read(&ea, 0, 2 * G).unwrap(), a);
     // Unpinned, the older one makes room.
     drop(ea);
-    assert!(put(&eb, &b, 1..2));
+    assert!(put(&eb, &b, 0..1));
     assert_eq!(cache.used(), 2 * GROUP);
     assert_eq!(
         cache.entry(va).unwrap().missing(0..va.size),
