@@ -88,6 +88,10 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     let src_dir = scratch.fresh("mount-src")?;
     let src = src_dir.join("file.bin");
     write_random_file(&src, opts.file_bytes, 0x6d6f_756e)?;
+    if let Some(bytes) = opts.rss_bytes {
+        // Holes: they cost the sharer's side no memory.
+        File::create(src_dir.join(SPARSE))?.set_len(bytes)?;
+    }
     let want = hash_file(&src)?;
     let ends = Ends::new(&PATHS[0], None, ferry)?;
     let paired = Paired::new(&ends, &scratch, &[&src])?;
@@ -199,6 +203,27 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         warm,
         "reads/s",
     ));
+
+    if let Some(bytes) = opts.rss_bytes {
+        forget_cache(&paired)?;
+        let (secs, hwm) = read_through_small_cache(&paired, &share, &mnt, ferry, bytes)?;
+        report.push(Row::new(
+            BENCH,
+            format!(
+                "mount daemon's peak RSS reading a {} file (--cache-size 1G)",
+                crate::channel::size_name(bytes as usize)
+            ),
+            hwm as f64 / 1024.0,
+            "MiB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            "  that read (uncached, the cache evicting behind it)",
+            bytes as f64 / 1e9 / secs,
+            "GB/s",
+        ));
+        forget_cache(&paired)?;
+    }
 
     // The same reads through sshfs, in this run.
     let readers = Readers {
@@ -314,6 +339,9 @@ impl Mount {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.child.child.try_wait()?.is_none() {
             if Instant::now() > deadline {
+                // Its stderr ends only when it does.
+                let _ = self.child.child.kill();
+                let _ = self.child.child.wait();
                 return Err(io::Error::other(format!(
                     "ferry mount did not end after ferry unmount: {}",
                     self.child.stderr()
@@ -329,6 +357,48 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// The sparse file of the RSS row, beside the file of the other rows.
+const SPARSE: &str = "sparse.bin";
+
+/// Reads the `bytes`-byte sparse file whole through a fresh mount with a 1 GiB cache (evicting as it
+/// goes), checking every byte is zero; seconds and the daemon's peak RSS, KiB.
+fn read_through_small_cache(
+    paired: &Paired,
+    share: &Sharer,
+    mnt: &FsPath,
+    ferry: &FsPath,
+    bytes: u64,
+) -> io::Result<(f64, u64)> {
+    let m = Mount::new(paired, share, mnt, ferry, &["--cache-size", "1G"])?;
+    let t0 = Instant::now();
+    let mut f = File::open(mnt.join(SPARSE))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Err(io::Error::other(format!(
+                "the sparse file read through the mount has a non-zero byte near {total}"
+            )));
+        }
+        total += n as u64;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Closed before the unmount (an open file keeps the mount busy).
+    drop(f);
+    if total != bytes {
+        return Err(io::Error::other(format!(
+            "read {total} of the sparse file's {bytes} bytes through the mount"
+        )));
+    }
+    let hwm = m.peak_rss_kib();
+    m.unmount()?;
+    Ok((secs, hwm))
 }
 
 /// One small read through a mount, then its cache forgotten: the sharer has the file's tree from then on.
