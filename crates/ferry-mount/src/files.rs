@@ -6,7 +6,7 @@
 //! [`Chunks`]; every read then copies from the store once its range is present. A missing range is claimed
 //! in the file's in-flight list by the first reader that needs it and fetched by that reader, split into
 //! [`ReadConfig::piece`]-sized reads of which [`ReadConfig::window`] are in flight at once; other readers of
-//! that range wait on the file's condition variable. A read that follows the previous one streams ahead on
+//! that range wait, each woken by the pieces of its own range. A read that follows the previous one streams ahead on
 //! a thread of its own, up to [`ReadConfig::ahead`] bytes past the reader. A file that changed on the
 //! sharer fails its fetch with [`SourceError::Changed`]: the handle opens the new version and the read
 //! starts over there, so no read mixes versions. A change notification marks open files stale (the next
@@ -224,6 +224,9 @@ struct FileState {
     next_sequential: u64,
     /// How far streaming was started.
     ahead_until: u64,
+    /// Readers waiting for a range, each woken only by a piece inside its range (or by a fetch that
+    /// ended): a piece wakes one reader, not every reader of the file.
+    waiting: Vec<(Range<u64>, Arc<Condvar>)>,
 }
 
 /// One version of one file, shared by all handles open on it.
@@ -231,7 +234,6 @@ pub struct OpenFile {
     path: SharePath,
     chunks: Arc<dyn Chunks>,
     state: Mutex<FileState>,
-    arrived: Condvar,
     /// The path changed on the sharer: streaming stops and the next read learns the version again.
     stale: AtomicBool,
     held: Held,
@@ -273,7 +275,19 @@ impl OpenFile {
             st.failures += 1;
             st.last_failure = Some(e);
         }
-        self.arrived.notify_all();
+        for (_, cv) in &st.waiting {
+            cv.notify_one();
+        }
+    }
+
+    /// Bytes `range` arrived: the readers waiting for any of them check again.
+    fn arrived(&self, range: Range<u64>) {
+        let st = self.state();
+        for (r, cv) in &st.waiting {
+            if r.start < range.end && range.start < r.end {
+                cv.notify_one();
+            }
+        }
     }
 }
 
@@ -431,7 +445,6 @@ impl<S: Source> Reader<S> {
             path: path.clone(),
             chunks,
             state: Mutex::new(FileState::default()),
-            arrived: Condvar::new(),
             stale: AtomicBool::new(false),
             held: Held {
                 pieces: Mutex::new(BTreeMap::new()),
@@ -603,7 +616,10 @@ impl<S: Source> Reader<S> {
             if st.failures > failures_before {
                 return Err(st.last_failure.clone().expect("set with failures"));
             }
-            st = file.arrived.wait(st).unwrap_or_else(|e| e.into_inner());
+            let me = Arc::new(Condvar::new());
+            st.waiting.push((range.clone(), Arc::clone(&me)));
+            st = me.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting.retain(|(_, cv)| !Arc::ptr_eq(cv, &me));
         }
     }
 
@@ -662,7 +678,7 @@ impl<S: Source> Reader<S> {
                         self.stats
                             .from_peer
                             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        file.arrived.notify_all();
+                        file.arrived(offset..offset + bytes.len() as u64);
                     }
                 }
             }

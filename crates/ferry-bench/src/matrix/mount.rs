@@ -25,7 +25,9 @@ use ferry_lab::PATHS;
 use super::mount_sshfs::{sshfs_figures, Readers};
 use super::pull::{Paired, Sharer};
 use super::{ferry_cmd, Ends, Scratch, Spawned};
-use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
+use crate::report::{
+    median, rusage_cpu, thread_cpu, vm_hwm_kib, write_random_file, xorshift, Report, Row,
+};
 
 const BENCH: &str = "mount";
 
@@ -103,13 +105,24 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     warm_sharer(&paired, &share, &mnt, ferry)?;
     // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved.
     let (mut mounted, mut pulled, mut hwm) = (Vec::new(), Vec::new(), 0u64);
+    // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
+    let (mut cpu_mount, mut cpu_daemon, mut cpu_pull) = (Vec::new(), Vec::new(), Vec::new());
+    let sharer = share.pid();
     for _ in 0..opts.runs {
         let out = scratch.fresh("pull-out")?;
+        let (s0, p0) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
         pulled.push(gb / paired.pull(&ends, &share, &src, &out)?.secs);
+        let (s1, p1) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
+        cpu_pull.push((s1 - s0 + p1 - p0) / gb);
         let _ = fs::remove_dir_all(&out);
         forget_cache(&paired)?;
         let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
+        let daemon = m.child.child.id();
+        let (s0, d0, r0) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
         let secs = read_whole(&mnt.join("file.bin"))?;
+        let (s1, d1, r1) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
+        cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
+        cpu_daemon.push((d1 - d0) / gb);
         mounted.push(gb / secs);
         // What the mount now serves from its cache is what it stored while streaming.
         check(
@@ -135,6 +148,25 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         "  mount daemon's peak RSS over those reads",
         hwm as f64 / 1024.0,
         "MiB",
+    ));
+    let med = |v: &mut Vec<f64>| median(v);
+    report.push(Row::new(
+        BENCH,
+        "  CPU per GB read through the mount: sharer + daemon + reader",
+        med(&mut cpu_mount),
+        "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "    of which the mount daemon",
+        med(&mut cpu_daemon),
+        "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  CPU per GB pulled: sharer + ferry pull",
+        med(&mut cpu_pull),
+        "s/GB",
     ));
 
     // Cached: the file is whole in the cache now (the last uncached read). Passthrough and classic.
@@ -357,6 +389,25 @@ impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.stop();
     }
+}
+
+/// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
+/// `/proc/PID/stat` always counts them); 0 when it cannot be read.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name (in parentheses, which may hold spaces): state is field 0, utime 11, stime 12.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// The sparse file of the RSS row, beside the file of the other rows.
