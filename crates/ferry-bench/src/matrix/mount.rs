@@ -319,7 +319,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
 }
 
 /// A running `ferry mount` of the sharer's default share on `mnt`; unmounted on drop.
-struct Mount {
+pub(super) struct Mount {
     child: Spawned,
     mnt: PathBuf,
     ferry: PathBuf,
@@ -336,8 +336,22 @@ impl Mount {
         let listen = share
             .listen()
             .ok_or_else(|| io::Error::other("ferry share reported no address"))?;
-        let mut cmd = ferry_cmd(ferry, None, paired.pull_home());
-        cmd.args(["mount", "--json", "--peer", listen])
+        Mount::start(paired, None, &["--peer", listen], mnt, ferry, flags)
+    }
+
+    /// `ferry mount` in network namespace `ns` (none: this one), reaching the sharer with `reach`
+    /// (`--peer ADDR`, or the relay's options).
+    pub(super) fn start(
+        paired: &Paired,
+        ns: Option<&ferry_lab::Netns>,
+        reach: &[&str],
+        mnt: &FsPath,
+        ferry: &FsPath,
+        flags: &[&str],
+    ) -> io::Result<Mount> {
+        let mut cmd = ferry_cmd(ferry, ns, paired.pull_home());
+        cmd.args(["mount", "--json"])
+            .args(reach)
             .args(flags)
             .arg(super::pull::SHARER)
             .arg(mnt);
@@ -356,7 +370,7 @@ impl Mount {
     }
 
     /// `ferry unmount`, then the daemon's exit.
-    fn unmount(mut self) -> io::Result<()> {
+    pub(super) fn unmount(mut self) -> io::Result<()> {
         self.stop()
     }
 
@@ -461,7 +475,7 @@ fn warm_sharer(paired: &Paired, share: &Sharer, mnt: &FsPath, ferry: &FsPath) ->
 }
 
 /// Removes the puller's chunk caches (the mount is not running).
-fn forget_cache(paired: &Paired) -> io::Result<()> {
+pub(super) fn forget_cache(paired: &Paired) -> io::Result<()> {
     match fs::remove_dir_all(mounts_dir(paired)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
