@@ -382,24 +382,26 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         // The mount's reads of the file: uncached (a fresh cache), then cached.
         match mount::unavailable() {
             Some(why) => out.note(path.name, &format!("ferry mount: no rows: {why}")),
-            None => {
-                let r = mount_lab::reads(&ends, &paired, &share, &cases[0], runs, &scratch)?;
-                for (layer, samples) in [
-                    ("ferry mount", r.uncached),
-                    ("ferry mount cached", r.cached),
-                ] {
-                    let c = cell(
-                        path.name,
-                        layer,
-                        cases[0].size.clone(),
-                        cases[0].bytes,
-                        wire,
-                        &samples,
-                        Some(r.verified),
-                    );
-                    push(&mut m, c);
+            None => match mount_lab::reads(&ends, &paired, &share, &cases[0], runs, &scratch) {
+                Err(e) => out.note(path.name, &format!("ferry mount: failed: {e}")),
+                Ok(r) => {
+                    for (layer, samples) in [
+                        ("ferry mount", r.uncached),
+                        ("ferry mount cached", r.cached),
+                    ] {
+                        let c = cell(
+                            path.name,
+                            layer,
+                            cases[0].size.clone(),
+                            cases[0].bytes,
+                            wire,
+                            &samples,
+                            Some(r.verified),
+                        );
+                        push(&mut m, c);
+                    }
                 }
-            }
+            },
         }
         drop(share);
 
