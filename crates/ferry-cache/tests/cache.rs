@@ -325,7 +325,7 @@ fn a_file_larger_than_the_cache_is_read_through_it_dropping_what_is_behind() {
             let to = ((g + 4) * G).min(data.len());
             assert_eq!(read(&e, g * G, to - g * G).unwrap(), &data[g * G..to]);
         }
-        assert!(e.missing(0..GROUP) == vec![0..GROUP]);
+        assert_eq!(e.missing(0..GROUP), vec![0..GROUP]);
         assert!(fs::metadata(&data_path).unwrap().blocks() * 512 <= limit + 4 * GROUP);
         // Bytes larger than the whole cache are not stored.
         assert!(!e.insert(0, &data[..17 * G]).unwrap());
