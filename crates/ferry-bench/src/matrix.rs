@@ -31,6 +31,8 @@ use crate::report::{median, write_random_file};
 
 mod layers;
 pub mod mount;
+mod mount_lab;
+pub mod mount_sshfs;
 mod peers;
 mod plot;
 mod pull;
@@ -377,6 +379,30 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         files_row(&mut m, "ferry pull", &cases, &mut |src, dst| {
             paired.pull(&ends, &share, src, dst)
         })?;
+        // The mount's reads of the file: uncached (a fresh cache), then cached.
+        match mount::unavailable() {
+            Some(why) => out.note(path.name, &format!("ferry mount: no rows: {why}")),
+            None => match mount_lab::reads(&ends, &paired, &share, &cases[0], runs, &scratch) {
+                Err(e) => out.note(path.name, &format!("ferry mount: failed: {e}")),
+                Ok(r) => {
+                    for (layer, samples) in [
+                        ("ferry mount", r.uncached),
+                        ("ferry mount cached", r.cached),
+                    ] {
+                        let c = cell(
+                            path.name,
+                            layer,
+                            cases[0].size.clone(),
+                            cases[0].bytes,
+                            wire,
+                            &samples,
+                            Some(r.verified),
+                        );
+                        push(&mut m, c);
+                    }
+                }
+            },
+        }
         drop(share);
 
         // scp and croc pay a round trip or more per file: in a short run, their small files only where

@@ -16,6 +16,9 @@ use crate::groups::{Cv, Groups};
 use crate::verify::{combines_to_root, group_count, group_cv, hash_again, present_bytes, span};
 use crate::{lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES};
 
+/// Bytes an entry larger than the cache drops of itself at once to make room ([`Entry::shed`]).
+const SHED_BATCH: u64 = 64 << 20;
+
 /// The state of one loaded version, shared by its handles.
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -287,11 +290,39 @@ impl Entry {
     }
 
     /// Stores verified bytes: `offset` group-aligned, `bytes` whole groups (a short one only at the end of
-    /// the file). Returns false if they were not stored because the cache is full of pinned entries (or the
-    /// entry was removed): the caller serves them from memory. Evicts least recently used unpinned entries
-    /// as needed. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
+    /// the file). Evicts least recently used unpinned entries as needed; when every other entry is pinned,
+    /// drops groups of this one outside the bytes (lowest first: a file larger than the cache is read
+    /// through it). Returns false if they were not stored because even that left no room (or the entry was
+    /// removed): the caller serves them from memory. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
     /// nothing of the entry is kept.
     pub fn insert(&self, offset: u64, bytes: &[u8]) -> Result<bool, CacheError> {
+        self.insert_groups(offset, bytes, None)
+    }
+
+    /// [`insert`](Entry::insert) of bytes whose group values the caller has from verifying them (the share
+    /// client's [`verify_piece_cvs`](ferry_share::tree::verify_piece_cvs): one value per group of `bytes`,
+    /// in order), so they are not hashed again. Like [`insert`](Entry::insert) it trusts its caller per
+    /// group; a value that does not belong to its bytes makes that group fail its next check (a restart,
+    /// a change on disk) and the entry fail its root when complete. `Err(Range)` when there is not one
+    /// value per group.
+    pub fn insert_verified(
+        &self,
+        offset: u64,
+        bytes: &[u8],
+        cvs: &[[u8; 32]],
+    ) -> Result<bool, CacheError> {
+        if cvs.len() as u64 != (bytes.len() as u64).div_ceil(GROUP) {
+            return Err(CacheError::Range);
+        }
+        self.insert_groups(offset, bytes, Some(cvs))
+    }
+
+    fn insert_groups(
+        &self,
+        offset: u64,
+        bytes: &[u8],
+        verified: Option<&[Cv]>,
+    ) -> Result<bool, CacheError> {
         let size = self.inner.version.size;
         let end = offset
             .checked_add(bytes.len() as u64)
@@ -322,15 +353,26 @@ impl Entry {
         if need == 0 {
             return Ok(true);
         }
-        let cvs: Vec<Cv> = bytes
-            .chunks(GROUP as usize)
-            .zip(groups.clone())
-            .map(|(b, g)| group_cv(size, g, b))
-            .collect();
-        if !self.shared.reserve(&self.inner, need) {
+        let hashed: Vec<Cv>;
+        let cvs = match verified {
+            Some(cvs) => cvs,
+            None => {
+                hashed = bytes
+                    .chunks(GROUP as usize)
+                    .zip(groups.clone())
+                    .map(|(b, g)| group_cv(size, g, b))
+                    .collect();
+                &hashed
+            }
+        };
+        if !self.shared.reserve(&self.inner, need)
+            && (need > self.shared.limit
+                || self.shed(need, groups.clone())? == 0
+                || !self.shared.reserve(&self.inner, need))
+        {
             return Ok(false);
         }
-        let stored = self.store(groups, offset, bytes, &cvs);
+        let stored = self.store(groups, offset, bytes, cvs);
         let (added, dropped) = match &stored {
             Ok(Some(s)) => (s.added, s.dropped),
             Ok(None) | Err(_) => (0, 0),
@@ -359,6 +401,68 @@ impl Entry {
                 Ok(true)
             }
         }
+    }
+
+    /// Makes room in this entry itself when every other entry is pinned (a file larger than the cache, read
+    /// through): drops at least `need` bytes ([`SHED_BATCH`] at once, so a sequential reader sheds
+    /// rarely) of its present groups outside `keep`, lowest first — behind a reader going forward — and
+    /// frees their blocks. Returns the bytes dropped.
+    fn shed(&self, need: u64, keep: Range<u64>) -> Result<u64, CacheError> {
+        let size = self.inner.version.size;
+        let want = need.max(SHED_BATCH);
+        let mut st = write(&self.inner.state);
+        if st.removed {
+            return Ok(0);
+        }
+        // A change on disk since the last check is found before this change hides it.
+        let mut dropped = 0;
+        if st.seen.is_none() || st.seen != Stamp::at(&self.inner.data_path) {
+            dropped = self.inner.revalidate(&mut st)?;
+        }
+        let mut cut: Vec<Range<u64>> = Vec::new();
+        let mut freed = 0;
+        for (first, cvs) in st.groups.runs() {
+            let end = first + cvs.len() as u64;
+            for part in [first..end.min(keep.start), first.max(keep.end)..end] {
+                let mut g = part.start;
+                while g < part.end && freed < want {
+                    freed += span(size, g..g + 1);
+                    g += 1;
+                }
+                if g > part.start {
+                    cut.push(part.start..g);
+                }
+            }
+            if freed >= want {
+                break;
+            }
+        }
+        if freed == 0 {
+            drop(st);
+            self.shared.release(&self.inner, dropped);
+            return Ok(dropped);
+        }
+        st.groups.retain(|g, _| !cut.iter().any(|r| r.contains(&g)));
+        if let Some(file) = &st.file {
+            for r in &cut {
+                let from = r.start * GROUP;
+                rustix::fs::fallocate(
+                    file,
+                    rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                    from,
+                    span(size, r.clone()),
+                )
+                .map_err(io::Error::from)?;
+            }
+        }
+        st.complete = false;
+        st.changed = true;
+        st.dirty += freed;
+        // The holes are this process's own change: not a reason to hash the rest again.
+        st.seen = Stamp::at(&self.inner.data_path);
+        drop(st);
+        self.shared.release(&self.inner, freed + dropped);
+        Ok(freed + dropped)
     }
 
     /// Writes the groups of `groups` not present yet (`None` when the entry was removed).

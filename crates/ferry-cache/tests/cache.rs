@@ -1,12 +1,14 @@
 //! The cache on real files in a temporary directory, with versions made by the share protocol's tree.
 
 use std::fs::{self, OpenOptions};
-use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ferry_cache::{Cache, CacheError, Entry};
-use ferry_share::tree::{Outboard, Version, GROUP};
+use ferry_share::tree::{
+    covering, encode_piece, verify_piece_cvs, GroupCv, Outboard, Version, GROUP,
+};
 
 const G: usize = GROUP as usize;
 
@@ -155,6 +157,86 @@ fn groups_that_do_not_make_the_root_are_refused_whole() {
     assert_eq!(read(&e, 0, data.len()).unwrap(), data);
 }
 
+/// `data`'s groups `groups` verified as the share client verifies them: the bytes and each group's value.
+fn verified(data: &[u8], groups: std::ops::Range<usize>) -> (u64, Vec<u8>, Vec<GroupCv>) {
+    let ob = Outboard::compute(data, data.len() as u64).unwrap();
+    let range = covering(
+        data.len() as u64,
+        (groups.start * G) as u64,
+        (groups.len() * G) as u64,
+    );
+    let mut piece = Vec::new();
+    encode_piece(data, &ob, range.clone(), &mut piece).unwrap();
+    let (mut bytes, mut cvs) = (Vec::new(), Vec::new());
+    verify_piece_cvs(&ob.version(), range.clone(), &piece, &mut bytes, &mut cvs).unwrap();
+    (range.start, bytes, cvs)
+}
+
+#[test]
+fn groups_inserted_with_their_verified_values_complete_and_are_checked_like_hashed_ones() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    for len in [1, G, 5 * G + 9] {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let (data, v) = file(len, 40 + len as u64);
+        let (data_path, _) = files_of(t.path(), &v);
+        let e = cache.entry(v).unwrap();
+        let groups = len.div_ceil(G);
+        let (at, bytes, cvs) = verified(&data, groups / 2..groups);
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        let (at, bytes, cvs) = verified(&data, 0..groups / 2);
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        assert!(e.is_complete(), "len {len}");
+        assert_eq!(read(&e, 0, len).unwrap(), data);
+        // The values kept are the bytes' own: an altered byte is found, the rest still verifies.
+        flip(&data_path, (len - 1) as u64);
+        assert!(matches!(read(&e, len - 1, 1), Err(CacheError::Missing)));
+        assert_eq!(
+            e.missing(0..v.size),
+            vec![((groups - 1) * G) as u64..v.size]
+        );
+        drop((e, cache));
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        assert_eq!(
+            e.missing(0..v.size),
+            vec![((groups - 1) * G) as u64..v.size]
+        );
+        cache.remove(v).unwrap();
+    }
+}
+
+#[test]
+fn a_value_that_is_not_its_groups_is_refused() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let (data, v) = file(6 * G + 1, 50);
+    {
+        let cache = Cache::open(t.path(), 1 << 30).unwrap();
+        let e = cache.entry(v).unwrap();
+        let (at, bytes, mut cvs) = verified(&data, 0..3);
+        // One value too few or too many.
+        assert!(matches!(
+            e.insert_verified(at, &bytes, &cvs[..2]),
+            Err(CacheError::Range)
+        ));
+        cvs[1][5] ^= 1;
+        assert!(e.insert_verified(at, &bytes, &cvs).unwrap());
+        // Kept until checked: the next process hashes the group again and drops it.
+        assert_eq!(e.missing(0..3 * GROUP), vec![]);
+    }
+    let cache = Cache::open(t.path(), 1 << 30).unwrap();
+    let e = cache.entry(v).unwrap();
+    assert_eq!(e.missing(0..3 * GROUP), vec![GROUP..2 * GROUP]);
+    // A wrong value that completes the entry fails its root: nothing of it is kept.
+    let (at, bytes, mut cvs) = verified(&data, 1..7);
+    cvs[5][0] ^= 1;
+    assert!(matches!(
+        e.insert_verified(at, &bytes, &cvs),
+        Err(CacheError::Mismatch)
+    ));
+    assert_eq!(e.missing(0..v.size), vec![0..v.size]);
+    assert_eq!(cache.used(), 0);
+}
+
 #[test]
 fn a_reopened_cache_finds_its_entries_and_ranges() {
     let t = ferry_testkit::temp_dir("ferry-cache-");
@@ -228,6 +310,37 @@ fn the_least_recently_used_entries_go_first_even_after_a_restart() {
 }
 
 #[test]
+fn a_file_larger_than_the_cache_is_read_through_it_dropping_what_is_behind() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let limit = 16 * GROUP;
+    let (data, v) = file(100 * G + 7, 60);
+    let (data_path, _) = files_of(t.path(), &v);
+    {
+        let cache = Cache::open(t.path(), limit).unwrap();
+        let e = cache.entry(v).unwrap();
+        for g in (0..101).step_by(4) {
+            assert!(put(&e, &data, g..(g + 4).min(101)), "group {g}");
+            assert!(cache.used() <= limit);
+            // What was just stored reads back; what is far behind was let go, its blocks freed.
+            let to = ((g + 4) * G).min(data.len());
+            assert_eq!(read(&e, g * G, to - g * G).unwrap(), &data[g * G..to]);
+        }
+        assert_eq!(e.missing(0..GROUP), vec![0..GROUP]);
+        assert!(fs::metadata(&data_path).unwrap().blocks() * 512 <= limit + 4 * GROUP);
+        // Bytes larger than the whole cache are not stored.
+        assert!(!e.insert(0, &data[..17 * G]).unwrap());
+    }
+    // What is kept still verifies in the next process: nothing was dropped on its check.
+    let cache = Cache::open(t.path(), limit).unwrap();
+    let e = cache.entry(v).unwrap();
+    assert_eq!(e.missing(96 * GROUP..v.size), vec![]);
+    assert_eq!(
+        read(&e, 96 * G, data.len() - 96 * G).unwrap(),
+        &data[96 * G..]
+    );
+}
+
+#[test]
 fn pinned_entries_are_never_evicted() {
     let t = ferry_testkit::temp_dir("ferry-cache-");
     let cache = Cache::open(t.path(), 3 * GROUP).unwrap();
@@ -237,13 +350,18 @@ fn pinned_entries_are_never_evicted() {
     assert!(put(&ea, &a, 0..2));
     let eb = cache.entry(vb).unwrap();
     assert!(put(&eb, &b, 0..1));
-    // Full of pinned entries: the caller serves the bytes from memory.
-    assert!(!put(&eb, &b, 1..2));
+    // Full of pinned entries: the entry makes room in itself, the other one keeps all it has.
+    assert!(put(&eb, &b, 1..2));
+    assert_eq!(eb.missing(0..vb.size), vec![0..GROUP]);
     assert_eq!(cache.used(), 3 * GROUP);
+    assert_eq!(read(&ea, 0, 2 * G).unwrap(), a);
+    // More than the cache holds is not stored: the caller serves the bytes from memory.
+    let (c, vc) = file(4 * G, 22);
+    assert!(!put(&cache.entry(vc).unwrap(), &c, 0..4));
     assert_eq!(read(&ea, 0, 2 * G).unwrap(), a);
     // Unpinned, the older one makes room.
     drop(ea);
-    assert!(put(&eb, &b, 1..2));
+    assert!(put(&eb, &b, 0..1));
     assert_eq!(cache.used(), 2 * GROUP);
     assert_eq!(
         cache.entry(va).unwrap().missing(0..va.size),

@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// matrix: the paths to measure, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_name = "PATH,...")]
     paths: Vec<String>,
+    /// mount: also read a sparse file of this size through a mount with a 1 GiB cache, for the daemon's
+    /// peak RSS (e.g. 10G).
+    #[arg(long, value_name = "SIZE", value_parser = crate::transfer_cmd::parse_size)]
+    rss_size: Option<u64>,
 }
 
 /// Runs the selected layers.
@@ -106,6 +110,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 if let Some(r) = args.runs {
                     opts.runs = r.max(1);
                 }
+                opts.rss_bytes = args.rss_size;
                 let base = std::path::Path::new("/dev/shm");
                 matrix::mount::run(&opts, &std::env::current_exe()?, base, report)?;
             }

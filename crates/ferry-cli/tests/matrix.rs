@@ -85,6 +85,19 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
                 "{path}: {peer} has neither a row nor a note saying why: {layers:?} {notes:?}"
             );
         }
+        // The mount's reads (uncached, cached), or a note says why not (no /dev/fuse, not root).
+        let mount_rows: Vec<&String> = layers
+            .iter()
+            .filter(|l| l.starts_with("ferry mount"))
+            .collect();
+        let why = notes.iter().any(|n| n.starts_with("ferry mount: no rows"));
+        assert!(
+            mount_rows.len() == 2 || (mount_rows.is_empty() && why),
+            "{path}: the mount has neither its two rows nor a note saying why: {layers:?} {notes:?}"
+        );
+        if std::env::var_os("CI").is_some() {
+            assert_eq!(mount_rows.len(), 2, "{path}: CI mounts (root, /dev/fuse)");
+        }
         if ["wan", "high-bdp"].contains(path) {
             for tuned in [
                 "raw TCP sndbuf",

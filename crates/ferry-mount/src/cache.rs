@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use ferry_cache::{Cache, Entry};
-use ferry_share::tree::Version;
+use ferry_share::tree::{GroupCv, Version};
 
 use crate::store::{Chunks, Store, StoreError};
 
@@ -26,8 +26,13 @@ impl Chunks for Entry {
         Entry::read_at(self, buf, offset).map_err(failed)
     }
 
-    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
-        match Entry::insert(self, offset, bytes).map_err(failed)? {
+    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<(), StoreError> {
+        let stored = if cvs.is_empty() {
+            Entry::insert(self, offset, bytes)
+        } else {
+            Entry::insert_verified(self, offset, bytes, cvs)
+        };
+        match stored.map_err(failed)? {
             true => Ok(()),
             // Every entry is pinned by an open file: a larger --cache-size is the way out.
             false => Err(StoreError(

@@ -6,13 +6,13 @@
 //! [`Chunks`]; every read then copies from the store once its range is present. A missing range is claimed
 //! in the file's in-flight list by the first reader that needs it and fetched by that reader, split into
 //! [`ReadConfig::piece`]-sized reads of which [`ReadConfig::window`] are in flight at once; other readers of
-//! that range wait on the file's condition variable. A read that follows the previous one streams ahead on
+//! that range wait, each woken by the pieces of its own range. A read that follows the previous one streams ahead on
 //! a thread of its own, up to [`ReadConfig::ahead`] bytes past the reader. A file that changed on the
 //! sharer fails its fetch with [`SourceError::Changed`]: the handle opens the new version and the read
 //! starts over there, so no read mixes versions. A change notification marks open files stale (the next
 //! read learns the version again) and stops their streaming.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -38,6 +38,9 @@ pub struct ReadConfig {
     /// Read requests all fetches together keep in flight (below the share client's limit, so that stats
     /// and listings always find room).
     pub max_in_flight: u32,
+    /// Bytes of fetched pieces all files together keep in memory after storing them, so that the reads
+    /// that wait for them are answered without reading the cache file back.
+    pub hold: u64,
 }
 
 impl Default for ReadConfig {
@@ -47,6 +50,7 @@ impl Default for ReadConfig {
             window: 8,
             ahead: 16 << 20,
             max_in_flight: 192,
+            hold: 24 << 20,
         }
     }
 }
@@ -83,6 +87,132 @@ impl Stats {
 /// A failed read: the errno for the kernel and what happened.
 pub type ReadError = SourceError;
 
+/// The bytes a read answers: part of a fetched piece still held in memory (not copied), or a buffer of
+/// their own.
+#[derive(Debug, Clone)]
+pub struct ReadBytes {
+    buf: Arc<Vec<u8>>,
+    range: Range<usize>,
+}
+
+impl ReadBytes {
+    fn own(buf: Vec<u8>) -> ReadBytes {
+        let range = 0..buf.len();
+        ReadBytes {
+            buf: Arc::new(buf),
+            range,
+        }
+    }
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.range.clone()]
+    }
+}
+
+impl PartialEq<&[u8]> for ReadBytes {
+    fn eq(&self, other: &&[u8]) -> bool {
+        **self == **other
+    }
+}
+
+/// Verified pieces of one file version kept in memory after they were stored (by offset), within a byte
+/// budget shared by all files.
+#[derive(Debug)]
+struct Held {
+    pieces: Mutex<BTreeMap<u64, Arc<Vec<u8>>>>,
+    budget: Arc<Budget>,
+}
+
+#[derive(Debug)]
+struct Budget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+impl Held {
+    fn pieces(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Vec<u8>>>> {
+        self.pieces.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `bytes` (at `offset`) if the budget has room, after dropping the pieces that end at or before
+    /// `behind` (a sequential reader is past them).
+    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) {
+        let n = bytes.len() as u64;
+        let mut pieces = self.pieces();
+        let b = &self.budget;
+        if b.used.load(Ordering::Relaxed) + n > b.limit {
+            while let Some(e) = pieces.first_entry() {
+                if *e.key() + e.get().len() as u64 > behind {
+                    break;
+                }
+                b.used.fetch_sub(e.remove().len() as u64, Ordering::Relaxed);
+            }
+            if b.used.load(Ordering::Relaxed) + n > b.limit {
+                return;
+            }
+        }
+        b.used.fetch_add(n, Ordering::Relaxed);
+        if let Some(old) = pieces.insert(offset, bytes) {
+            b.used.fetch_sub(old.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// `want` from the pieces held, if they hold all of it: a part of one piece, or a copy of the
+    /// neighbouring pieces it spans. A piece whose end the read reaches is dropped (read to its end).
+    fn take(&self, want: &Range<u64>) -> Option<ReadBytes> {
+        let mut pieces = self.pieces();
+        let (&first, piece) = pieces.range(..=want.start).next_back()?;
+        if first + piece.len() as u64 <= want.start {
+            return None;
+        }
+        let out = if want.end <= first + piece.len() as u64 {
+            ReadBytes {
+                buf: Arc::clone(piece),
+                range: (want.start - first) as usize..(want.end - first) as usize,
+            }
+        } else {
+            let mut buf = Vec::with_capacity((want.end - want.start) as usize);
+            let mut at = want.start;
+            for (&o, p) in pieces.range(first..want.end) {
+                if o > at {
+                    return None;
+                }
+                let to = want.end.min(o + p.len() as u64);
+                buf.extend_from_slice(&p[(at - o) as usize..(to - o) as usize]);
+                at = to;
+            }
+            if at != want.end {
+                return None;
+            }
+            ReadBytes::own(buf)
+        };
+        let read_to_end: Vec<u64> = pieces
+            .range(first..want.end)
+            .filter(|(o, p)| **o + p.len() as u64 <= want.end)
+            .map(|(o, _)| *o)
+            .collect();
+        for o in read_to_end {
+            if let Some(p) = pieces.remove(&o) {
+                self.budget
+                    .used
+                    .fetch_sub(p.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Some(out)
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let n: u64 = self.pieces().values().map(|p| p.len() as u64).sum();
+        self.budget.used.fetch_sub(n, Ordering::Relaxed);
+    }
+}
+
 #[derive(Debug, Default)]
 struct FileState {
     /// Ranges claimed by a fetch.
@@ -94,6 +224,9 @@ struct FileState {
     next_sequential: u64,
     /// How far streaming was started.
     ahead_until: u64,
+    /// Readers waiting for a range, each woken only by a piece inside its range (or by a fetch that
+    /// ended): a piece wakes one reader, not every reader of the file.
+    waiting: Vec<(Range<u64>, Arc<Condvar>)>,
 }
 
 /// One version of one file, shared by all handles open on it.
@@ -101,9 +234,9 @@ pub struct OpenFile {
     path: SharePath,
     chunks: Arc<dyn Chunks>,
     state: Mutex<FileState>,
-    arrived: Condvar,
     /// The path changed on the sharer: streaming stops and the next read learns the version again.
     stale: AtomicBool,
+    held: Held,
 }
 
 impl OpenFile {
@@ -142,7 +275,19 @@ impl OpenFile {
             st.failures += 1;
             st.last_failure = Some(e);
         }
-        self.arrived.notify_all();
+        for (_, cv) in &st.waiting {
+            cv.notify_one();
+        }
+    }
+
+    /// Bytes `range` arrived: the readers waiting for any of them check again.
+    fn arrived(&self, range: Range<u64>) {
+        let st = self.state();
+        for (r, cv) in &st.waiting {
+            if r.start < range.end && range.start < r.end {
+                cv.notify_one();
+            }
+        }
     }
 }
 
@@ -172,6 +317,8 @@ pub struct Reader<S: Source> {
     open: Mutex<OpenFiles>,
     /// Read requests in flight, all fetches together.
     slots: Slots,
+    /// Bytes of pieces held by all files.
+    held: Arc<Budget>,
 }
 
 /// A counting semaphore for read requests in flight. A fetch that holds requests and finds no free slot
@@ -227,6 +374,10 @@ impl<S: Source> Reader<S> {
                 free: Mutex::new(config.max_in_flight.max(1)),
                 freed: Condvar::new(),
             },
+            held: Arc::new(Budget {
+                used: AtomicU64::new(0),
+                limit: config.hold,
+            }),
         })
     }
 
@@ -294,8 +445,11 @@ impl<S: Source> Reader<S> {
             path: path.clone(),
             chunks,
             state: Mutex::new(FileState::default()),
-            arrived: Condvar::new(),
             stale: AtomicBool::new(false),
+            held: Held {
+                pieces: Mutex::new(BTreeMap::new()),
+                budget: Arc::clone(&self.held),
+            },
         });
         open.retain(|_, w| w.strong_count() > 0);
         open.insert(key, Arc::downgrade(&f));
@@ -323,7 +477,7 @@ impl<S: Source> Reader<S> {
         handle: &Handle,
         offset: u64,
         size: u32,
-    ) -> Result<Vec<u8>, ReadError> {
+    ) -> Result<ReadBytes, ReadError> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         // A file that changed again and again is given a few chances, then the read fails.
         for _ in 0..4 {
@@ -351,15 +505,24 @@ impl<S: Source> Reader<S> {
         file: &Arc<OpenFile>,
         offset: u64,
         size: u32,
-    ) -> Result<Vec<u8>, ReadError> {
+    ) -> Result<ReadBytes, ReadError> {
         let len = file.version().size;
         let end = offset.saturating_add(u64::from(size)).min(len);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(ReadBytes::own(Vec::new()));
         }
         let want = offset..end;
         self.stream_if_sequential(file, &want);
-        let mut fetched = false;
+        let mut fetched = self.ensure(file, want.clone())?;
+        // Answered from the pieces fetched for it while they are held: the cache file is not read back.
+        if let Some(bytes) = file.held.take(&want) {
+            if !fetched {
+                self.stats
+                    .from_cache
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            }
+            return Ok(bytes);
+        }
         let mut buf = vec![0; (end - offset) as usize];
         // A store that loses bytes between the check and the copy (evicted, or found altered) is
         // filled again once.
@@ -387,7 +550,7 @@ impl<S: Source> Reader<S> {
                 .from_cache
                 .fetch_add(buf.len() as u64, Ordering::Relaxed);
         }
-        Ok(buf)
+        Ok(ReadBytes::own(buf))
     }
 
     /// A read starting where the last one ended streams ahead of the reader.
@@ -453,7 +616,10 @@ impl<S: Source> Reader<S> {
             if st.failures > failures_before {
                 return Err(st.last_failure.clone().expect("set with failures"));
             }
-            st = file.arrived.wait(st).unwrap_or_else(|e| e.into_inner());
+            let me = Arc::new(Condvar::new());
+            st.waiting.push((range.clone(), Arc::clone(&me)));
+            st = me.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting.retain(|(_, cv)| !Arc::ptr_eq(cv, &me));
         }
     }
 
@@ -498,17 +664,21 @@ impl<S: Source> Reader<S> {
                 match piece {
                     Piece::Version(v) if v != version => return Err(SourceError::Changed),
                     Piece::Version(_) => {}
-                    Piece::Data { offset, bytes } => {
-                        file.chunks
-                            .insert(offset, &bytes)
-                            .map_err(|e| SourceError::Failed {
+                    Piece::Data { offset, bytes, cvs } => {
+                        // Held before it is stored: a reader that finds it stored finds it held.
+                        let bytes = Arc::new(bytes);
+                        let behind = file.state().next_sequential;
+                        file.held.keep(offset, Arc::clone(&bytes), behind);
+                        file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
+                            SourceError::Failed {
                                 errno: libc::EIO,
                                 message: e.to_string(),
-                            })?;
+                            }
+                        })?;
                         self.stats
                             .from_peer
                             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        file.arrived.notify_all();
+                        file.arrived(offset..offset + bytes.len() as u64);
                     }
                 }
             }

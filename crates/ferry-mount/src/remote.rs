@@ -26,7 +26,7 @@ impl Pieces for ReadHandle {
     fn next_piece(&mut self) -> Result<Option<Piece>, SourceError> {
         Ok(self.next().map_err(sorted)?.map(|p| match p {
             ReadPiece::Version(v) => Piece::Version(v),
-            ReadPiece::Data { offset, bytes } => Piece::Data { offset, bytes },
+            ReadPiece::Data { offset, bytes, cvs } => Piece::Data { offset, bytes, cvs },
         }))
     }
 }

@@ -3,7 +3,7 @@
 //! the callers: names are single components (the wire checks them), sizes are clamped by the version.
 
 pub use ferry_share::remote::PutOutcome;
-use ferry_share::tree::Version;
+use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::{Entry, SharePath, Time};
 
 /// Why a request to the sharer failed.
@@ -47,6 +47,9 @@ pub enum Piece {
         offset: u64,
         /// The bytes.
         bytes: Vec<u8>,
+        /// The value of each group of the bytes as their verification computed it, in order; empty when
+        /// not known (the store hashes the groups itself).
+        cvs: Vec<GroupCv>,
     },
 }
 

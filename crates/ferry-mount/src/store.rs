@@ -6,7 +6,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::sync::Arc;
 
-use ferry_share::tree::Version;
+use ferry_share::tree::{GroupCv, Version};
 
 /// A failure of the store (a full disk, a cache file altered behind its back).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -21,8 +21,9 @@ pub trait Chunks: Send + Sync {
     fn missing(&self, range: Range<u64>) -> Vec<Range<u64>>;
     /// Copies present bytes at `offset` into `buf`; fails if any of them is missing (or no longer verifies).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError>;
-    /// Stores verified bytes at `offset`.
-    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError>;
+    /// Stores verified bytes at `offset`, with the value of each of their groups from their verification
+    /// (`cvs`, empty when not known: then the store hashes them).
+    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<(), StoreError>;
     /// Whether every byte is present.
     fn is_complete(&self) -> bool;
     /// A file holding exactly the version's bytes, when complete and verified (for FUSE passthrough).

@@ -12,7 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 
-use crate::tree::{covering, verify_piece, Version};
+use crate::tree::{covering, verify_piece_cvs, GroupCv, Version, GROUP};
 use crate::wire::{
     self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
     Time, PROTOCOL_VERSION,
@@ -66,6 +66,9 @@ pub enum Event {
         offset: u64,
         /// The bytes.
         bytes: Vec<u8>,
+        /// The verified value of each group the bytes make up, in order, as the verification computed
+        /// them ([`crate::tree::verify_piece_cvs`]); empty when the read's ends cut a group.
+        cvs: Vec<GroupCv>,
     },
     /// A read (or another request) completed.
     Done {
@@ -459,7 +462,13 @@ impl Client {
                 let range = offset..offset + u64::from(len);
                 let in_order = offset == *next && range.end <= *end;
                 let mut bytes = Vec::with_capacity(len as usize);
-                if !in_order || verify_piece(version, range.clone(), piece, &mut bytes).is_err() {
+                let mut cvs = Vec::with_capacity(
+                    range.end.div_ceil(GROUP) as usize - (range.start / GROUP) as usize,
+                );
+                if !in_order
+                    || verify_piece_cvs(version, range.clone(), piece, &mut bytes, &mut cvs)
+                        .is_err()
+                {
                     // Stop the read's other pieces; they are dropped when they come.
                     self.cancel(id);
                     return Ok(Some(Event::Failed {
@@ -474,10 +483,14 @@ impl Client {
                 // In place: the piece's bytes are not copied again.
                 bytes.truncate((to - range.start) as usize);
                 bytes.drain(..(from - range.start) as usize);
+                if from != range.start || to != range.end {
+                    cvs.clear();
+                }
                 Event::Data {
                     id,
                     offset: from,
                     bytes,
+                    cvs,
                 }
             }
             (

@@ -667,6 +667,7 @@ impl<R: Read, W: Write> Session<R, W> {
                     id: i,
                     offset,
                     bytes,
+                    ..
                 } if i == id => out.write_all_at(&bytes, offset)?,
                 Event::Done { id: i } if i == id => {
                     return version.ok_or(SessionError::Integrity);

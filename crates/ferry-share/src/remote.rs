@@ -32,7 +32,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use crate::client::{Busy, Client, Event, Failure, PutError};
-use crate::tree::Version;
+use crate::tree::{GroupCv, Version};
 use crate::wire::{
     Entry, ErrorCode, PutHeader, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
     PUT_DATA_HEADER_LEN,
@@ -180,6 +180,9 @@ pub enum ReadPiece {
         offset: u64,
         /// The bytes.
         bytes: Vec<u8>,
+        /// The verified value of each group the bytes make up, in order (empty when the read's ends cut
+        /// a group): what a cache keeps to check its copy, without hashing the bytes again.
+        cvs: Vec<GroupCv>,
     },
 }
 
@@ -452,7 +455,9 @@ impl Remote {
                     progress = Instant::now();
                     match piece {
                         ReadPiece::Version(v) => known = Some(v),
-                        ReadPiece::Data { offset: o, bytes } => {
+                        ReadPiece::Data {
+                            offset: o, bytes, ..
+                        } => {
                             // The client hands on pieces in order and inside the range asked.
                             let from =
                                 usize::try_from(o - offset).map_err(|_| RemoteError::Integrity)?;
@@ -703,7 +708,9 @@ impl ReadHandle {
                 Ok(None)
             }
             Some(Event::Version { version, .. }) => Ok(Some(ReadPiece::Version(version))),
-            Some(Event::Data { offset, bytes, .. }) => Ok(Some(ReadPiece::Data { offset, bytes })),
+            Some(Event::Data {
+                offset, bytes, cvs, ..
+            }) => Ok(Some(ReadPiece::Data { offset, bytes, cvs })),
             Some(other) => {
                 self.queue.clear();
                 Err(unexpected(Some(other)))

@@ -17,8 +17,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use bao_tree::io::sync::{DecodeResponseIter, OutboardMut, ReadAt};
-use bao_tree::io::BaoContentItem;
+use bao_tree::io::sync::{OutboardMut, ReadAt};
 use bao_tree::iter::BaoChunk;
 use bao_tree::{BaoTree, BlockSize, ChunkNum, ChunkRanges, TreeNode};
 
@@ -242,10 +241,6 @@ impl OutboardMut for FileOut<'_> {
 
 type Hash = bao_tree::blake3::Hash;
 
-fn blake3_hash(bytes: [u8; 32]) -> Hash {
-    Hash::from_bytes(bytes)
-}
-
 /// The groups that cover `[offset, offset + len)`, cut at `size`: the byte range a piece for it spans.
 pub fn covering(size: u64, offset: u64, len: u64) -> Range<u64> {
     let end = offset.saturating_add(len).min(size);
@@ -376,6 +371,23 @@ pub fn verify_piece(
     piece: &[u8],
     out: &mut Vec<u8>,
 ) -> Result<(), VerifyError> {
+    verify_piece_cvs(version, range, piece, out, &mut Vec::new())
+}
+
+/// A group's BLAKE3 chaining value at its place in its version's tree; for a one-group file the root hash
+/// itself (BLAKE3 has no non-root value for the whole input).
+pub type GroupCv = [u8; 32];
+
+/// [`verify_piece`], also appending to `cvs` the value ([`GroupCv`]) of every group of the piece, in order:
+/// each group is hashed once, to verify it, and a cache that keeps these values to check its copy later
+/// need not hash the bytes again. Nothing is appended to either unless the whole piece verifies.
+pub fn verify_piece_cvs(
+    version: &Version,
+    range: Range<u64>,
+    piece: &[u8],
+    out: &mut Vec<u8>,
+    cvs: &mut Vec<GroupCv>,
+) -> Result<(), VerifyError> {
     let size = version.size;
     if !is_piece_range(size, &range) {
         return Err(VerifyError::Range);
@@ -391,36 +403,96 @@ pub fn verify_piece(
             Err(VerifyError::Length)
         };
     }
-    let tree = tree_of(size);
-    let ranges = chunks(&range);
-    let mut reader = piece;
-    let mark = out.len();
+    if range.is_empty() {
+        return if piece.is_empty() {
+            Ok(())
+        } else {
+            Err(VerifyError::Length)
+        };
+    }
+    let (mark, cv_mark) = (out.len(), cvs.len());
+    let r = decode(version, range, piece, out, cvs);
+    if r.is_err() {
+        out.truncate(mark);
+        cvs.truncate(cv_mark);
+    }
+    r
+}
+
+/// Walks the piece in the tree's pre-order as bao's decoder does: every parent pair must hash to the value
+/// its own parent gave (the root first), every group to the value its parent gave; the groups' data is
+/// hashed straight from the piece and copied once, into `out`.
+fn decode(
+    version: &Version,
+    range: Range<u64>,
+    piece: &[u8],
+    out: &mut Vec<u8>,
+    cvs: &mut Vec<GroupCv>,
+) -> Result<(), VerifyError> {
+    use bao_tree::blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
+    let tree = tree_of(version.size);
+    let mut expected_values: Vec<GroupCv> = Vec::with_capacity(64);
+    expected_values.push(version.root);
+    let mut at = 0usize;
     let mut expected = range.start;
-    let items = DecodeResponseIter::new(blake3_hash(version.root), tree, &mut reader, &ranges);
-    for item in items {
+    out.reserve((range.end - range.start) as usize);
+    for item in tree.ranges_pre_order_chunks_iter_ref(&chunks(&range), 0) {
         match item {
-            Ok(BaoContentItem::Leaf(leaf)) => {
-                if leaf.offset != expected {
-                    out.truncate(mark);
+            BaoChunk::Parent {
+                is_root,
+                left,
+                right,
+                ..
+            } => {
+                let pair = piece.get(at..at + 64).ok_or(VerifyError::Length)?;
+                at += 64;
+                let l: GroupCv = pair[..32].try_into().expect("32 bytes");
+                let r: GroupCv = pair[32..].try_into().expect("32 bytes");
+                let value = if is_root {
+                    *merge_subtrees_root(&l, &r, Mode::Hash).as_bytes()
+                } else {
+                    merge_subtrees_non_root(&l, &r, Mode::Hash)
+                };
+                if expected_values.pop() != Some(value) {
                     return Err(VerifyError::Mismatch);
                 }
-                expected += leaf.data.len() as u64;
-                out.extend_from_slice(&leaf.data);
+                if right {
+                    expected_values.push(r);
+                }
+                if left {
+                    expected_values.push(l);
+                }
             }
-            Ok(BaoContentItem::Parent(_)) => {}
-            Err(bao_tree::io::DecodeError::LeafNotFound(_))
-            | Err(bao_tree::io::DecodeError::ParentNotFound(_)) => {
-                out.truncate(mark);
-                return Err(VerifyError::Length);
-            }
-            Err(_) => {
-                out.truncate(mark);
-                return Err(VerifyError::Mismatch);
+            BaoChunk::Leaf {
+                start_chunk,
+                size,
+                is_root,
+                ..
+            } => {
+                let data = piece.get(at..at + size).ok_or(VerifyError::Length)?;
+                at += size;
+                let offset = start_chunk.to_bytes();
+                if offset != expected {
+                    return Err(VerifyError::Mismatch);
+                }
+                let value = if is_root {
+                    *bao_tree::blake3::hash(data).as_bytes()
+                } else {
+                    bao_tree::blake3::Hasher::new()
+                        .set_input_offset(offset)
+                        .update(data)
+                        .finalize_non_root()
+                };
+                if expected_values.pop() != Some(value) {
+                    return Err(VerifyError::Mismatch);
+                }
+                out.extend_from_slice(data);
+                cvs.push(value);
+                expected += size as u64;
             }
         }
     }
-    if expected != range.end.max(range.start) || !reader.is_empty() {
-        out.truncate(mark);
+    if expected != range.end || at != piece.len() {
         return Err(VerifyError::Length);
     }
     Ok(())
@@ -514,6 +586,85 @@ mod tests {
         }
         let last = last_group(v.size);
         assert_eq!(last, 5 * GROUP..len as u64);
+    }
+
+    /// Each group's value computed on its own, as a cache hashing the group again would.
+    fn group_value(size: u64, g: u64, bytes: &[u8]) -> GroupCv {
+        use blake3::hazmat::HasherExt;
+        if size <= GROUP {
+            return *blake3::hash(bytes).as_bytes();
+        }
+        blake3::Hasher::new()
+            .set_input_offset(g * GROUP)
+            .update(bytes)
+            .finalize_non_root()
+    }
+
+    #[test]
+    fn a_verified_piece_gives_the_value_of_each_of_its_groups() {
+        let g = GROUP as usize;
+        // One group, a lone right-edge group (odd counts), a short last group, deeper trees.
+        for len in [
+            1,
+            1024,
+            g,
+            g + 1,
+            2 * g,
+            3 * g,
+            3 * g + 5,
+            5 * g + 777,
+            37 * g + 1,
+        ] {
+            let d = data(len);
+            let ob = Outboard::compute(&d[..], len as u64).unwrap();
+            let v = ob.version();
+            let groups = v.size.div_ceil(GROUP);
+            for (first, n) in [(0, groups), (0, 1), (groups - 1, 1), (groups / 2, 3)] {
+                let range = covering(v.size, first * GROUP, n * GROUP);
+                let mut piece = Vec::new();
+                encode_piece(&d[..], &ob, range.clone(), &mut piece).unwrap();
+                let (mut out, mut cvs) = (Vec::new(), vec![[7; 32]]);
+                verify_piece_cvs(&v, range.clone(), &piece, &mut out, &mut cvs).unwrap();
+                let want: Vec<GroupCv> = std::iter::once([7; 32])
+                    .chain(
+                        d[range.start as usize..range.end as usize]
+                            .chunks(g)
+                            .enumerate()
+                            .map(|(i, b)| group_value(v.size, range.start / GROUP + i as u64, b)),
+                    )
+                    .collect();
+                assert_eq!(cvs, want, "len {len} range {range:?}");
+                assert_eq!(out, &d[range.start as usize..range.end as usize]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_value_or_a_bad_byte_gives_no_values() {
+        let len = 5 * GROUP as usize + 3;
+        let d = data(len);
+        let ob = Outboard::compute(&d[..], len as u64).unwrap();
+        let v = ob.version();
+        let range = covering(v.size, 0, v.size);
+        let mut piece = Vec::new();
+        encode_piece(&d[..], &ob, range.clone(), &mut piece).unwrap();
+        let parents = piece.len() - len;
+        // A group's value in its parent's pair (the last parent holds two groups' values), and a byte of
+        // each group.
+        let bad_spots = [parents - 64, parents - 1]
+            .into_iter()
+            .chain((0..6).map(|i| parents + i * GROUP as usize));
+        for at in bad_spots {
+            let mut bad = piece.clone();
+            bad[at] ^= 0x10;
+            let (mut out, mut cvs) = (vec![1], vec![[1; 32]]);
+            assert_eq!(
+                verify_piece_cvs(&v, range.clone(), &bad, &mut out, &mut cvs),
+                Err(VerifyError::Mismatch),
+                "byte {at}"
+            );
+            assert_eq!((out, cvs), (vec![1], vec![[1; 32]]), "nothing appended");
+        }
     }
 
     #[test]

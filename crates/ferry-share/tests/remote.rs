@@ -230,7 +230,9 @@ fn read_all(remote: &Remote, path: &SharePath, offset: u64, len: u64) -> Vec<u8>
     while let Some(piece) = handle.next().unwrap() {
         match piece {
             ReadPiece::Version(v) => version = Some(v),
-            ReadPiece::Data { offset: o, bytes } => {
+            ReadPiece::Data {
+                offset: o, bytes, ..
+            } => {
                 assert!(version.is_some(), "data before the version");
                 assert_eq!(o, offset + out.len() as u64, "pieces in order");
                 out.extend(bytes);

@@ -175,6 +175,7 @@ impl Pair {
                 id: i,
                 offset,
                 bytes,
+                ..
             } = e
             {
                 if *i == id {

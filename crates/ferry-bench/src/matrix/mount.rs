@@ -24,9 +24,12 @@ use std::time::{Duration, Instant};
 
 use ferry_lab::PATHS;
 
+use super::mount_sshfs::{sshfs_figures, Readers};
 use super::pull::{Paired, Sharer};
 use super::{ferry_cmd, Ends, Scratch, Spawned};
-use crate::report::{median, vm_hwm_kib, write_random_file, xorshift, Report, Row};
+use crate::report::{
+    median, rusage_cpu, thread_cpu, vm_hwm_kib, write_random_file, xorshift, Report, Row,
+};
 
 const BENCH: &str = "mount";
 
@@ -45,6 +48,10 @@ pub struct Options {
     pub random_reads: usize,
     /// Samples per row.
     pub runs: usize,
+    /// Small files in the `tar x` row of the sshfs reference.
+    pub tar_files: usize,
+    /// Bytes of the file read for the daemon's peak RSS row (a sparse file; none: no such row).
+    pub rss_bytes: Option<u64>,
 }
 
 impl Default for Options {
@@ -53,6 +60,8 @@ impl Default for Options {
             file_bytes: 1 << 30,
             random_reads: 20_000,
             runs: 3,
+            tar_files: 10_000,
+            rss_bytes: None,
         }
     }
 }
@@ -64,6 +73,8 @@ impl Options {
             file_bytes: 64 << 20,
             random_reads: 2_000,
             runs: 1,
+            tar_files: 500,
+            rss_bytes: None,
         }
     }
 }
@@ -85,6 +96,10 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     let src_dir = scratch.fresh("mount-src")?;
     let src = src_dir.join("file.bin");
     write_random_file(&src, opts.file_bytes, 0x6d6f_756e)?;
+    if let Some(bytes) = opts.rss_bytes {
+        // Holes: they cost the sharer's side no memory.
+        File::create(src_dir.join(SPARSE))?.set_len(bytes)?;
+    }
     let want = hash_file(&src)?;
     let ends = Ends::new(&PATHS[0], None, ferry)?;
     let paired = Paired::new(&ends, &scratch, &[&src])?;
@@ -92,15 +107,28 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     let mnt = scratch.fresh("mnt")?;
     let gb = opts.file_bytes as f64 / 1e9;
 
+    // The sharer hashes a file's tree on its first read: done before anything is timed.
+    warm_sharer(&paired, &share, &mnt, ferry)?;
     // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved.
     let (mut mounted, mut pulled, mut hwm) = (Vec::new(), Vec::new(), 0u64);
+    // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
+    let (mut cpu_mount, mut cpu_daemon, mut cpu_pull) = (Vec::new(), Vec::new(), Vec::new());
+    let sharer = share.pid();
     for _ in 0..opts.runs {
         let out = scratch.fresh("pull-out")?;
+        let (s0, p0) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
         pulled.push(gb / paired.pull(&ends, &share, &src, &out)?.secs);
+        let (s1, p1) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
+        cpu_pull.push((s1 - s0 + p1 - p0) / gb);
         let _ = fs::remove_dir_all(&out);
         forget_cache(&paired)?;
         let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
+        let daemon = m.child.child.id();
+        let (s0, d0, r0) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
         let secs = read_whole(&mnt.join("file.bin"))?;
+        let (s1, d1, r1) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
+        cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
+        cpu_daemon.push((d1 - d0) / gb);
         mounted.push(gb / secs);
         // What the mount now serves from its cache is what it stored while streaming.
         check(
@@ -111,11 +139,12 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         hwm = hwm.max(m.peak_rss_kib());
         m.unmount()?;
     }
+    let uncached = median(&mut mounted);
     report.push(
         Row::new(
             BENCH,
             "uncached sequential read vs ferry pull",
-            median(&mut mounted),
+            uncached,
             "GB/s",
         )
         .with_baseline(median(&mut pulled)),
@@ -126,9 +155,29 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         hwm as f64 / 1024.0,
         "MiB",
     ));
+    let med = |v: &mut Vec<f64>| median(v);
+    report.push(Row::new(
+        BENCH,
+        "  CPU per GB read through the mount: sharer + daemon + reader",
+        med(&mut cpu_mount),
+        "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "    of which the mount daemon",
+        med(&mut cpu_daemon),
+        "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  CPU per GB pulled: sharer + ferry pull",
+        med(&mut cpu_pull),
+        "s/GB",
+    ));
 
     // Cached: the file is whole in the cache now (the last uncached read). Passthrough and classic.
     let data = cache_file(&paired, opts.file_bytes)?;
+    let mut cached = Vec::new();
     for (flags, case) in [
         (
             &[][..],
@@ -158,8 +207,10 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             &want,
             "a cached read through the mount",
         )?;
+        cached.push(median(&mut through));
         report.push(
-            Row::new(BENCH, case, median(&mut through), "GB/s").with_baseline(median(&mut direct)),
+            Row::new(BENCH, case, cached[cached.len() - 1], "GB/s")
+                .with_baseline(median(&mut direct)),
         );
         m.unmount()?;
     }
@@ -177,25 +228,105 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         warm.push(random_reads(&path, &source, opts, run as u64 + 100)?);
         m.unmount()?;
     }
+    let (cold, warm) = (median(&mut cold), median(&mut warm));
     report.push(Row::new(
         BENCH,
         format!("random 4 KiB reads, {THREADS} at once, cold (fresh cache)"),
-        median(&mut cold),
+        cold,
         "reads/s",
     ));
     report.push(Row::new(
         BENCH,
         format!("random 4 KiB reads, {THREADS} at once, cached"),
-        median(&mut warm),
+        warm,
         "reads/s",
     ));
+
+    if let Some(bytes) = opts.rss_bytes {
+        forget_cache(&paired)?;
+        let (secs, hwm) = read_through_small_cache(&paired, &share, &mnt, ferry, bytes)?;
+        report.push(Row::new(
+            BENCH,
+            format!(
+                "mount daemon's peak RSS reading a {} file (--cache-size 1G)",
+                crate::channel::size_name(bytes as usize)
+            ),
+            hwm as f64 / 1024.0,
+            "MiB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            "  that read (uncached, the cache evicting behind it)",
+            bytes as f64 / 1e9 / secs,
+            "GB/s",
+        ));
+        forget_cache(&paired)?;
+    }
+
+    // The same reads through sshfs, in this run.
+    let readers = Readers {
+        whole: &read_whole,
+        random: &|p: &FsPath, seed| random_reads(p, &source, opts, seed),
+        check: &|p: &FsPath| check(&hash_file(p)?, &want, "a read through sshfs"),
+    };
+    let sshfs_base = scratch.fresh("sshfs")?;
+    match sshfs_figures(
+        &sshfs_base,
+        &src_dir,
+        "file.bin",
+        gb,
+        opts.runs,
+        opts.tar_files,
+        &readers,
+    ) {
+        Ok(s) => {
+            let vs = |case: &str, ours: f64, theirs: f64, unit: &str| {
+                Row::new(BENCH, format!("{case}, ferry mount vs sshfs"), ours, unit)
+                    .with_baseline(theirs)
+            };
+            report.push(vs("uncached sequential read", uncached, s.uncached, "GB/s"));
+            report.push(vs(
+                "cached sequential read (passthrough; sshfs -o kernel_cache)",
+                cached[0],
+                s.cached,
+                "GB/s",
+            ));
+            report.push(vs(
+                "random 4 KiB reads, cold",
+                cold,
+                s.random_cold,
+                "reads/s",
+            ));
+            report.push(vs(
+                "random 4 KiB reads, cached",
+                warm,
+                s.random_cached,
+                "reads/s",
+            ));
+            report.push(Row::new(
+                BENCH,
+                format!(
+                    "sshfs: tar x of {} small files into the mount",
+                    opts.tar_files
+                ),
+                s.tar_x_files_per_s,
+                "files/s",
+            ));
+        }
+        Err(e) => report.push(Row::new(
+            BENCH,
+            format!("  no sshfs reference: {e}"),
+            f64::NAN,
+            "",
+        )),
+    }
     drop(share);
     mount_write::run(opts, &ends, &paired, &scratch, &src, report)?;
     Ok(())
 }
 
 /// A running `ferry mount` of the sharer's default share on `mnt`; unmounted on drop.
-struct Mount {
+pub(super) struct Mount {
     child: Spawned,
     mnt: PathBuf,
     ferry: PathBuf,
@@ -212,8 +343,22 @@ impl Mount {
         let listen = share
             .listen()
             .ok_or_else(|| io::Error::other("ferry share reported no address"))?;
-        let mut cmd = ferry_cmd(ferry, None, paired.pull_home());
-        cmd.args(["mount", "--json", "--peer", listen])
+        Mount::start(paired, None, &["--peer", listen], mnt, ferry, flags)
+    }
+
+    /// `ferry mount` in network namespace `ns` (none: this one), reaching the sharer with `reach`
+    /// (`--peer ADDR`, or the relay's options).
+    pub(super) fn start(
+        paired: &Paired,
+        ns: Option<&ferry_lab::Netns>,
+        reach: &[&str],
+        mnt: &FsPath,
+        ferry: &FsPath,
+        flags: &[&str],
+    ) -> io::Result<Mount> {
+        let mut cmd = ferry_cmd(ferry, ns, paired.pull_home());
+        cmd.args(["mount", "--json"])
+            .args(reach)
             .args(flags)
             .arg(super::pull::SHARER)
             .arg(mnt);
@@ -232,7 +377,7 @@ impl Mount {
     }
 
     /// `ferry unmount`, then the daemon's exit.
-    fn unmount(mut self) -> io::Result<()> {
+    pub(super) fn unmount(mut self) -> io::Result<()> {
         self.stop()
     }
 
@@ -247,6 +392,9 @@ impl Mount {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.child.child.try_wait()?.is_none() {
             if Instant::now() > deadline {
+                // Its stderr ends only when it does.
+                let _ = self.child.child.kill();
+                let _ = self.child.child.wait();
                 return Err(io::Error::other(format!(
                     "ferry mount did not end after ferry unmount: {}",
                     self.child.stderr()
@@ -264,8 +412,77 @@ impl Drop for Mount {
     }
 }
 
+/// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
+/// `/proc/PID/stat` always counts them); 0 when it cannot be read.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command name (in parentheses, which may hold spaces): state is field 0, utime 11, stime 12.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The sparse file of the RSS row, beside the file of the other rows.
+const SPARSE: &str = "sparse.bin";
+
+/// Reads the `bytes`-byte sparse file whole through a fresh mount with a 1 GiB cache (evicting as it
+/// goes), checking every byte is zero; seconds and the daemon's peak RSS, KiB.
+fn read_through_small_cache(
+    paired: &Paired,
+    share: &Sharer,
+    mnt: &FsPath,
+    ferry: &FsPath,
+    bytes: u64,
+) -> io::Result<(f64, u64)> {
+    let m = Mount::new(paired, share, mnt, ferry, &["--cache-size", "1G"])?;
+    let t0 = Instant::now();
+    let mut f = File::open(mnt.join(SPARSE))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|b| *b != 0) {
+            return Err(io::Error::other(format!(
+                "the sparse file read through the mount has a non-zero byte near {total}"
+            )));
+        }
+        total += n as u64;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Closed before the unmount (an open file keeps the mount busy).
+    drop(f);
+    if total != bytes {
+        return Err(io::Error::other(format!(
+            "read {total} of the sparse file's {bytes} bytes through the mount"
+        )));
+    }
+    let hwm = m.peak_rss_kib();
+    m.unmount()?;
+    Ok((secs, hwm))
+}
+
+/// One small read through a mount, then its cache forgotten: the sharer has the file's tree from then on.
+fn warm_sharer(paired: &Paired, share: &Sharer, mnt: &FsPath, ferry: &FsPath) -> io::Result<()> {
+    let m = Mount::new(paired, share, mnt, ferry, &[])?;
+    File::open(mnt.join("file.bin"))?.read_exact(&mut [0u8; 4096])?;
+    m.unmount()?;
+    forget_cache(paired)
+}
+
 /// Removes the puller's chunk caches (the mount is not running).
-fn forget_cache(paired: &Paired) -> io::Result<()> {
+pub(super) fn forget_cache(paired: &Paired) -> io::Result<()> {
     match fs::remove_dir_all(mounts_dir(paired)) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),

@@ -148,4 +148,9 @@ impl Sharer {
     pub(super) fn listen(&self) -> Option<&str> {
         self.listen.as_deref()
     }
+
+    /// Its process id.
+    pub(super) fn pid(&self) -> u32 {
+        self._child.child.id()
+    }
 }

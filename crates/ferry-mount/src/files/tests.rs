@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ferry_share::tree::{Version, GROUP};
+use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::{Entry, SharePath};
 
 use super::{ReadConfig, Reader, Stats};
@@ -77,6 +77,7 @@ impl Source for FakeSharer {
                 out.push(Ok(Piece::Data {
                     offset: at,
                     bytes: content[at as usize..(at + n) as usize].to_vec(),
+                    cvs: Vec::new(),
                 }));
                 at += n;
             }
@@ -88,6 +89,8 @@ impl Source for FakeSharer {
 struct MemChunks {
     version: Version,
     bytes: Mutex<(Vec<u8>, Vec<bool>)>,
+    /// Reads copied out of the store, all entries together.
+    reads: Arc<AtomicU64>,
 }
 
 impl Chunks for MemChunks {
@@ -112,11 +115,12 @@ impl Chunks for MemChunks {
         if !self.missing(offset..offset + buf.len() as u64).is_empty() {
             return Err(StoreError("missing".into()));
         }
+        self.reads.fetch_add(1, Ordering::Relaxed);
         let b = self.bytes.lock().unwrap();
         buf.copy_from_slice(&b.0[offset as usize..offset as usize + buf.len()]);
         Ok(buf.len())
     }
-    fn insert(&self, offset: u64, bytes: &[u8]) -> Result<(), StoreError> {
+    fn insert(&self, offset: u64, bytes: &[u8], _: &[GroupCv]) -> Result<(), StoreError> {
         let mut b = self.bytes.lock().unwrap();
         b.0[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
         let end = offset + bytes.len() as u64;
@@ -136,7 +140,7 @@ impl Chunks for MemChunks {
 }
 
 #[derive(Default)]
-struct MemStore(Mutex<HashMap<[u8; 32], Arc<MemChunks>>>);
+struct MemStore(Mutex<HashMap<[u8; 32], Arc<MemChunks>>>, Arc<AtomicU64>);
 
 impl Store for MemStore {
     fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError> {
@@ -148,6 +152,7 @@ impl Store for MemStore {
                     vec![0; version.size as usize],
                     vec![false; version.size.div_ceil(GROUP) as usize],
                 )),
+                reads: Arc::clone(&self.1),
             })
         });
         Ok(Arc::clone(e) as Arc<dyn Chunks>)
@@ -165,14 +170,74 @@ fn data(len: usize, seed: u8) -> Vec<u8> {
 }
 
 fn setup() -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>) {
+    let (sharer, reader, _) = setup_with(ReadConfig::default());
+    (sharer, reader)
+}
+
+/// Also the count of reads copied out of the store.
+fn setup_with(config: ReadConfig) -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>, Arc<AtomicU64>) {
     let sharer = Arc::new(FakeSharer::default());
+    let store = MemStore::default();
+    let store_reads = Arc::clone(&store.1);
     let reader = Reader::new(
         Arc::clone(&sharer),
-        Arc::new(MemStore::default()),
-        ReadConfig::default(),
+        Arc::new(store),
+        config,
         Arc::new(Stats::default()),
     );
-    (sharer, reader)
+    (sharer, reader, store_reads)
+}
+
+/// Reads `len` bytes of `h` sequentially in 128 KiB reads, checking after each that the pieces held stay
+/// within the budget.
+fn read_sequentially(reader: &Arc<Reader<FakeSharer>>, h: &super::Handle, len: u64) -> Vec<u8> {
+    let mut got = Vec::new();
+    while (got.len() as u64) < len {
+        let piece = reader.read(h, got.len() as u64, 128 * 1024).unwrap();
+        assert!(!piece.is_empty());
+        got.extend_from_slice(&piece);
+        let held = reader.held.used.load(Ordering::Relaxed);
+        assert!(held <= reader.config.hold, "{held} bytes held");
+    }
+    got
+}
+
+#[test]
+fn a_streamed_read_is_answered_from_the_fetched_pieces_not_read_back_from_the_store() {
+    let (sharer, reader, store_reads) = setup_with(ReadConfig::default());
+    let content = data(8 << 20, 7);
+    sharer.put("f", content.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    assert!(read_sequentially(&reader, &h, content.len() as u64) == content);
+    assert_eq!(store_reads.load(Ordering::Relaxed), 0);
+    // Read to their ends, the pieces are let go; what is read again comes from the store.
+    assert_eq!(reader.held.used.load(Ordering::Relaxed), 0);
+    assert_eq!(reader.read(&h, 4096, 10).unwrap(), &content[4096..4106]);
+    assert_eq!(store_reads.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn pieces_held_stay_within_their_budget_and_are_let_go_with_their_file() {
+    let config = ReadConfig {
+        hold: 1 << 20,
+        ..ReadConfig::default()
+    };
+    let (sharer, reader, _) = setup_with(config);
+    let content = data(6 << 20, 8);
+    sharer.put("f", content.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    // Beyond the budget, reads come from the store: the bytes are the same.
+    assert!(read_sequentially(&reader, &h, content.len() as u64) == content);
+    // Pieces no reader reached the end of are held until their file goes.
+    let h2 = reader.open(&p("f"), None).unwrap();
+    // Twice: the fake's roots are generations, and the first one of "g" would be "f"'s.
+    sharer.put("g", Vec::new());
+    sharer.put("g", data(1 << 20, 9));
+    let g = reader.open(&p("g"), None).unwrap();
+    assert_eq!(reader.read(&g, 0, 10).unwrap(), &data(1 << 20, 9)[..10]);
+    assert!(reader.held.used.load(Ordering::Relaxed) > 0);
+    drop((h, h2, g));
+    assert_eq!(reader.held.used.load(Ordering::Relaxed), 0);
 }
 
 #[test]
@@ -206,7 +271,7 @@ fn a_sequential_read_is_streamed_in_large_requests_and_fetched_once() {
     while off < content.len() as u64 {
         let piece = reader.read(&h, off, 128 * 1024).unwrap();
         off += piece.len() as u64;
-        got.extend(piece);
+        got.extend_from_slice(&piece);
     }
     assert!(got == content, "sequential read differs");
     let reads = sharer.reads.load(Ordering::Relaxed);
@@ -265,7 +330,7 @@ fn a_file_changed_on_the_sharer_is_read_whole_from_its_new_version() {
     // A notification makes the next read learn the version, even of cached ranges.
     sharer.put("f", data(10, 6));
     reader.changed(&p("f"));
-    assert_eq!(reader.read(&h, 0, 1000).unwrap(), data(10, 6));
+    assert_eq!(reader.read(&h, 0, 1000).unwrap(), &data(10, 6)[..]);
 }
 
 #[test]

@@ -1,0 +1,205 @@
+//! sshfs as the reference of `ferry bench mount`, in the same run: the sharer's folder mounted with sshfs
+//! over ssh to 127.0.0.1 (the private sshd of [`crate::sftp`], AES-128-GCM as ferry's channel), the same
+//! file read the same ways, and `tar x` of small files into it.
+//!
+//! sshfs runs with `-o kernel_cache` (its best case for the cached rows: the kernel keeps the pages it read
+//! across opens); every uncached read is through a fresh sshfs mount, which starts with no pages.
+
+use std::fs;
+use std::io;
+use std::path::{Path as FsPath, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::sftp::Sshd;
+
+const SSHFS: &str = "/usr/bin/sshfs";
+
+/// Why sshfs cannot be a reference here, if it cannot.
+pub fn sshfs_unavailable() -> Option<String> {
+    (!FsPath::new(SSHFS).exists())
+        .then(|| format!("{SSHFS} is not installed (apt-get install sshfs)"))
+}
+
+/// An sshfs mount of `remote` (a directory of this machine, through the sshd) on `mnt`; unmounted on drop.
+pub struct SshfsMount {
+    mnt: PathBuf,
+}
+
+impl SshfsMount {
+    /// Mounts `remote` on `mnt` through `sshd`.
+    pub fn new(sshd: &Sshd, remote: &FsPath, mnt: &FsPath) -> io::Result<SshfsMount> {
+        let ssh = format!("ssh {}", sshd.client_options().join(" "));
+        let out = Command::new(SSHFS)
+            .arg(format!("{}:{}", sshd.login()?, remote.display()))
+            .arg(mnt)
+            .args(["-p", &sshd.addr().port().to_string()])
+            .args(["-o", &format!("ssh_command={ssh}")])
+            .args(["-o", "kernel_cache"])
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "sshfs failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(SshfsMount {
+            mnt: mnt.to_path_buf(),
+        })
+    }
+
+    /// Where it is mounted.
+    pub fn path(&self) -> &FsPath {
+        &self.mnt
+    }
+}
+
+impl Drop for SshfsMount {
+    fn drop(&mut self) {
+        let _ = Command::new("fusermount3")
+            .arg("-u")
+            .arg(&self.mnt)
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Writes `count` small files (100 B to 8 KiB, 100 to a directory) under `dir`/tree and archives them into
+/// `dir`/small.tar; returns the archive.
+pub fn small_files_tarball(dir: &FsPath, count: usize) -> io::Result<PathBuf> {
+    let tree = dir.join("tree");
+    let mut seed = 0x7461_7278u64;
+    for i in 0..count {
+        let sub = tree.join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            fs::create_dir_all(&sub)?;
+        }
+        let len = 100 + (crate::report::xorshift(&mut seed) % 8092) as usize;
+        let mut bytes = vec![0u8; len];
+        crate::report::fill_random(&mut bytes, &mut seed);
+        fs::write(sub.join(format!("f{i:05}")), bytes)?;
+    }
+    let tar = dir.join("small.tar");
+    let status = Command::new("tar")
+        .arg("cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&tree)
+        .arg(".")
+        .status()?;
+    if !status.success() {
+        return Err(io::Error::other("tar c of the small files failed"));
+    }
+    fs::remove_dir_all(&tree)?;
+    Ok(tar)
+}
+
+/// `tar x` of `tar` into a fresh directory `into` (inside a mount); seconds until tar exits. The files
+/// are counted afterwards: all `count` must be there.
+pub fn tar_x_seconds(tar: &FsPath, into: &FsPath, count: usize) -> io::Result<f64> {
+    fs::create_dir_all(into)?;
+    let t0 = Instant::now();
+    let out = Command::new("tar")
+        .arg("xf")
+        .arg(tar)
+        .arg("-C")
+        .arg(into)
+        .stdin(Stdio::null())
+        .output()?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "tar x failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let mut found = 0;
+    for d in fs::read_dir(into)? {
+        found += fs::read_dir(d?.path())?.count();
+    }
+    if found != count {
+        return Err(io::Error::other(format!(
+            "tar x left {found} of {count} files"
+        )));
+    }
+    Ok(secs)
+}
+
+/// sshfs's figures on the bench's reads.
+pub struct SshfsFigures {
+    /// Uncached sequential read, GB/s.
+    pub uncached: f64,
+    /// Cached sequential read (its page cache), GB/s.
+    pub cached: f64,
+    /// Random 4 KiB reads per second, cold and cached.
+    pub random_cold: f64,
+    /// Random 4 KiB reads per second after a whole read.
+    pub random_cached: f64,
+    /// `tar x` of small files into the mount, files per second.
+    pub tar_x_files_per_s: f64,
+}
+
+/// What a reader of the file at a path measures: seconds of a whole sequential read, or random reads per
+/// second (the bench's own readers, so that both mounts are read the same way).
+pub struct Readers<'a> {
+    /// Seconds of a whole read of the file.
+    pub whole: &'a dyn Fn(&FsPath) -> io::Result<f64>,
+    /// Random reads per second of the file, with a seed.
+    pub random: &'a dyn Fn(&FsPath, u64) -> io::Result<f64>,
+    /// The file's BLAKE3 matches the source's.
+    pub check: &'a dyn Fn(&FsPath) -> io::Result<()>,
+}
+
+/// sshfs's rows' figures: `src_dir`/`name` (`gb` GB) read through fresh sshfs mounts `runs` times, and
+/// `tar_files` small files unpacked into one; scratch under `base`.
+pub fn sshfs_figures(
+    base: &FsPath,
+    src_dir: &FsPath,
+    name: &str,
+    gb: f64,
+    runs: usize,
+    tar_files: usize,
+    readers: &Readers<'_>,
+) -> io::Result<SshfsFigures> {
+    if let Some(why) = sshfs_unavailable() {
+        return Err(io::Error::other(why));
+    }
+    let sshd = Sshd::start(base)?;
+    let mnt = base.join("sshfs-mnt");
+    let _ = fs::create_dir_all(&mnt);
+    let (mut uncached, mut cached, mut cold, mut warm) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for run in 0..runs {
+        let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
+        let file = m.path().join(name);
+        uncached.push(gb / (readers.whole)(&file)?);
+        cached.push(gb / (readers.whole)(&file)?);
+        (readers.check)(&file)?;
+        drop(m);
+        let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
+        let file = m.path().join(name);
+        cold.push((readers.random)(&file, run as u64)?);
+        (readers.whole)(&file)?;
+        warm.push((readers.random)(&file, run as u64 + 100)?);
+    }
+    // Small files into the sharer's side through the mount: a scratch directory of its own.
+    let tar_dir = base.join("sshfs-tar");
+    let _ = fs::remove_dir_all(&tar_dir);
+    fs::create_dir_all(&tar_dir)?;
+    let tar = small_files_tarball(&tar_dir, tar_files)?;
+    let target = tar_dir.join("target");
+    fs::create_dir_all(&target)?;
+    let m = SshfsMount::new(&sshd, &target, &mnt)?;
+    let secs = tar_x_seconds(&tar, &m.path().join("x"), tar_files)?;
+    drop(m);
+    let _ = fs::remove_dir_all(&tar_dir);
+    let median = |v: &mut Vec<f64>| crate::report::median(v);
+    Ok(SshfsFigures {
+        uncached: median(&mut uncached),
+        cached: median(&mut cached),
+        random_cold: median(&mut cold),
+        random_cached: median(&mut warm),
+        tar_x_files_per_s: tar_files as f64 / secs,
+    })
+}
