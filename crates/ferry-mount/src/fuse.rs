@@ -617,7 +617,7 @@ impl<S: Source + Sink> Shared<S> {
                     let Ok(bytes) = c.read_at(at, step as u32) else {
                         return;
                     };
-                    if bytes.is_empty() || chunks.insert(at, &bytes).is_err() {
+                    if bytes.is_empty() || chunks.insert(at, &bytes, &[]).is_err() {
                         return;
                     }
                     at += bytes.len() as u64;
