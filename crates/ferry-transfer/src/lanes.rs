@@ -119,17 +119,18 @@ impl<W: Write + Send + 'static> LaneSink<W> {
         h
     }
 
-    /// Sends the end of stream, waits for every lane to write what it took and to close, and returns the
-    /// first lane's failure if any.
-    pub fn close(mut self) -> io::Result<()> {
+    /// Sends the end of stream, waits for every lane to write what it took and to close; the number of
+    /// lanes that carried the stream, or the first lane's failure.
+    pub fn close(mut self) -> io::Result<usize> {
         let end = LaneHeader::End(self.seq).encode().to_vec();
         self.enqueue(end)?;
         self.join_lanes();
         drop(self.queue.take());
+        let lanes = self.writers.len();
         for w in self.writers.drain(..) {
             let _ = w.join();
         }
-        self.check()
+        self.check().map(|()| lanes)
     }
 }
 
@@ -425,9 +426,7 @@ mod tests {
                     sink.send_payload_buf(p.len()).unwrap();
                 }
             }
-            let lanes = sink.lanes();
-            sink.close().unwrap();
-            lanes
+            sink.close().unwrap()
         });
         let mut got = Vec::new();
         while let Some(p) = source.recv().unwrap() {
