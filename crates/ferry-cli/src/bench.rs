@@ -26,6 +26,10 @@ pub struct BenchArgs {
     /// matrix: the paths to measure, comma-separated (default: all).
     #[arg(long, value_delimiter = ',', value_name = "PATH,...")]
     paths: Vec<String>,
+    /// matrix: only these rows, by layer name, comma-separated (e.g. `raw TCP,raw TCP ×4,ferry send`;
+    /// default: all).
+    #[arg(long, value_delimiter = ',', value_name = "LAYER,...")]
+    rows: Vec<String>,
 }
 
 /// Runs the selected layers.
@@ -139,6 +143,7 @@ fn run_matrix(args: &BenchArgs) -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?;
     }
+    opts.rows = args.rows.clone();
     let printer = matrix::Printer::new(args.json);
     let m = matrix::run(&opts, &std::env::current_exe()?, &printer)?;
     if let Some(dir) = &args.plots {
