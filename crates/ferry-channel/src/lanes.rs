@@ -426,7 +426,9 @@ mod tests {
     fn lanes_have_keys_of_their_own() {
         let keys = keys(5);
         let mut wire = Vec::new();
-        keys.sealer(1).seal_into(&mut wire, 0, b"for lane 1").unwrap();
+        keys.sealer(1)
+            .seal_into(&mut wire, 0, b"for lane 1")
+            .unwrap();
         // The same packet under lane 2's keys does not open: no key serves two lanes.
         let mut other = keys.opener(2);
         other.feed(&wire);
@@ -518,7 +520,11 @@ mod tests {
 
     #[test]
     fn headers_round_trip_and_malformed_ones_are_refused() {
-        for h in [LaneHeader::Data(0), LaneHeader::Data(1 << 40), LaneHeader::End(7)] {
+        for h in [
+            LaneHeader::Data(0),
+            LaneHeader::Data(1 << 40),
+            LaneHeader::End(7),
+        ] {
             let mut p = h.encode().to_vec();
             if matches!(h, LaneHeader::Data(_)) {
                 p.push(9);

@@ -318,7 +318,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     // The receiver learns the lane count first, before anything of the engine's.
     writer.send(&lanes_announcement(lanes))?;
     let mut sending = match lanes {
-        1 => Sending::One(ChannelSink(writer)),
+        1 => Sending::One(Box::new(ChannelSink(writer))),
         _ => {
             ui.info(&format!("Sending on up to {lanes} connections (lanes)"));
             Sending::Lanes(LaneSink::new(
@@ -349,14 +349,14 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
 
 /// The sending half of the data: the session's connection, or lanes.
 enum Sending {
-    One(ChannelSink),
+    One(Box<ChannelSink>),
     Lanes(LaneSink),
 }
 
 impl Sending {
     fn sink(&mut self) -> &mut dyn PacketSink {
         match self {
-            Sending::One(s) => s,
+            Sending::One(s) => s.as_mut(),
             Sending::Lanes(s) => s,
         }
     }
@@ -384,14 +384,14 @@ impl Sending {
 
 /// The receiving half of the data: the session's connection, or lanes.
 enum Receiving {
-    One(ChannelSource),
+    One(Box<ChannelSource>),
     Lanes(LaneSource),
 }
 
 impl Receiving {
     fn source(&mut self) -> &mut dyn PacketSource {
         match self {
-            Receiving::One(s) => s,
+            Receiving::One(s) => s.as_mut(),
             Receiving::Lanes(s) => s,
         }
     }
@@ -531,7 +531,7 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let (mut reader, writer) = halves;
     let announced = read_lanes_announcement(&mut reader)?;
     let mut receiving = match announced {
-        1 => Receiving::One(ChannelSource(reader)),
+        1 => Receiving::One(Box::new(ChannelSource(reader))),
         _ => {
             let cap = args.lanes.lanes.map_or(MAX_LANES, usize::from);
             Receiving::Lanes(receive_on_lanes(

@@ -239,7 +239,10 @@ impl<W: Write + Send + 'static> PacketSink for LaneSink<W> {
     }
 
     fn packet_limit(&self, max: usize) -> usize {
-        self.sizing.limit(Instant::now()).min(max).min(self.max_data)
+        self.sizing
+            .limit(Instant::now())
+            .min(max)
+            .min(self.max_data)
     }
 }
 
@@ -295,7 +298,11 @@ impl LaneSource {
 impl LaneJoiner {
     /// A lane is being dialled: the stream does not end before it joined or [`Self::gave_up`].
     pub fn expect(&self) {
-        self.shared.0.lock().expect("no reader panics holding it").alive += 1;
+        self.shared
+            .0
+            .lock()
+            .expect("no reader panics holding it")
+            .alive += 1;
     }
 
     /// A lane announced by [`Self::expect`] will not join.
@@ -378,7 +385,10 @@ mod tests {
     use std::net::TcpListener;
 
     /// `n` lanes over real loopback connections: the sending halves and the receiving halves.
-    fn lanes(n: usize, keys: &LaneKeys) -> (Vec<SecureWriter<TcpStream>>, Vec<SecureReader<TcpStream>>) {
+    fn lanes(
+        n: usize,
+        keys: &LaneKeys,
+    ) -> (Vec<SecureWriter<TcpStream>>, Vec<SecureReader<TcpStream>>) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         (0..n)
