@@ -29,19 +29,36 @@ const QUEUE: usize = 8;
 /// The first failure of any lane, which ends the stream.
 type Failure = Arc<Mutex<Option<String>>>;
 
-/// The sending half over lanes: lane 0 is the session's own connection, more join as they arrive.
+/// The sending half over lanes: lane 0 is the session's own connection, more join as they arrive. Small
+/// packets are gathered and leave at [`PacketSink::flush`], as with one connection.
 pub struct LaneSink<W: Write + Send + 'static = TcpStream> {
-    queue: Option<SyncSender<Vec<u8>>>,
-    taken: Arc<Mutex<Receiver<Vec<u8>>>>,
+    queue: Option<SyncSender<Job>>,
+    taken: Arc<Mutex<Receiver<Job>>>,
     joining: Receiver<SecureWriter<W>>,
     writers: Vec<JoinHandle<()>>,
     failure: Failure,
     recycled: Receiver<Vec<u8>>,
     recycle: mpsc::Sender<Vec<u8>>,
     buf: Vec<u8>,
+    /// Small packets gathered into one job (each as a 4-byte length and the packet), as the channel's
+    /// writer coalesces them into one write: one job, and one write, per [`BATCH`] bytes.
+    batch: Vec<u8>,
     seq: u64,
     max_data: usize,
     sizing: PacketSizing,
+}
+
+/// Small packets gathered before they go to a lane as one job.
+const BATCH: usize = 64 << 10;
+/// Bytes before each packet of a batch: its length.
+const BATCH_LEN: usize = 4;
+
+/// What a lane's writer takes from the queue.
+enum Job {
+    /// One packet, header included.
+    One(Vec<u8>),
+    /// Small packets, each after its 4-byte little-endian length.
+    Batch(Vec<u8>),
 }
 
 impl<W: Write + Send + 'static> LaneSink<W> {
@@ -59,6 +76,7 @@ impl<W: Write + Send + 'static> LaneSink<W> {
             recycled,
             recycle,
             buf: Vec::new(),
+            batch: Vec::new(),
             seq: 0,
             max_data,
             sizing: PacketSizing::new(max_data),
@@ -96,14 +114,23 @@ impl<W: Write + Send + 'static> LaneSink<W> {
         }
     }
 
-    fn enqueue(&mut self, packet: Vec<u8>) -> io::Result<()> {
+    fn enqueue(&mut self, job: Job) -> io::Result<()> {
         self.check()?;
         self.join_lanes();
         self.queue
             .as_ref()
             .expect("open until close")
-            .send(packet)
+            .send(job)
             .map_err(|_| io::Error::other("every lane is closed"))
+    }
+
+    /// Sends the small packets gathered so far.
+    fn send_batch(&mut self) -> io::Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH + (4 << 10)));
+        self.enqueue(Job::Batch(batch))
     }
 
     fn fresh(&mut self, len: usize) -> Vec<u8> {
@@ -122,8 +149,9 @@ impl<W: Write + Send + 'static> LaneSink<W> {
     /// Sends the end of stream, waits for every lane to write what it took and to close; the number of
     /// lanes that carried the stream, or the first lane's failure.
     pub fn close(mut self) -> io::Result<usize> {
+        self.send_batch()?;
         let end = LaneHeader::End(self.seq).encode().to_vec();
-        self.enqueue(end)?;
+        self.enqueue(Job::One(end))?;
         self.join_lanes();
         drop(self.queue.take());
         let lanes = self.writers.len();
@@ -138,7 +166,7 @@ impl<W: Write + Send + 'static> LaneSink<W> {
 /// nothing waits, and closes the lane (authenticated) once the sink is closed.
 fn lane_writer<W: Write>(
     mut w: SecureWriter<W>,
-    taken: &Mutex<Receiver<Vec<u8>>>,
+    taken: &Mutex<Receiver<Job>>,
     failure: &Mutex<Option<String>>,
     recycle: &mpsc::Sender<Vec<u8>>,
 ) {
@@ -166,12 +194,18 @@ fn lane_writer<W: Write>(
         };
         drop(rx);
         match packet {
-            Ok(p) => {
+            Ok(Job::One(p)) => {
                 if let Err(e) = w.send(&p) {
                     result = Err(e);
                     break;
                 }
                 let _ = recycle.send(p);
+            }
+            Ok(Job::Batch(b)) => {
+                if let Err(e) = send_batch(&mut w, &b) {
+                    result = Err(e);
+                    break;
+                }
             }
             Err(None) => break,
             Err(Some(e)) => {
@@ -195,6 +229,18 @@ fn lane_writer<W: Write>(
     }
 }
 
+/// Sends the packets of a batch, in order (coalesced by the channel's writer).
+fn send_batch<W: Write>(w: &mut SecureWriter<W>, mut batch: &[u8]) -> Result<(), ChannelError> {
+    while batch.len() >= BATCH_LEN {
+        let (len, rest) = batch.split_at(BATCH_LEN);
+        let len = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
+        let (packet, rest) = rest.split_at(len);
+        w.send(packet)?;
+        batch = rest;
+    }
+    Ok(())
+}
+
 impl<W: Write + Send + 'static> PacketSink for LaneSink<W> {
     fn send(&mut self, payload: &[u8]) -> io::Result<()> {
         if payload.len() > self.max_data {
@@ -204,10 +250,22 @@ impl<W: Write + Send + 'static> PacketSink for LaneSink<W> {
             }
             .into_io());
         }
+        if payload.len() < BATCH {
+            let header = self.next_header();
+            let len = (LANE_HEADER + payload.len()) as u32;
+            self.batch.extend_from_slice(&len.to_le_bytes());
+            self.batch.extend_from_slice(&header);
+            self.batch.extend_from_slice(payload);
+            if self.batch.len() >= BATCH {
+                self.send_batch()?;
+            }
+            return Ok(());
+        }
+        self.send_batch()?;
         let mut p = self.fresh(payload.len());
         p[..LANE_HEADER].copy_from_slice(&self.next_header());
         p[LANE_HEADER..].copy_from_slice(payload);
-        self.enqueue(p)
+        self.enqueue(Job::One(p))
     }
 
     fn payload_buf(&mut self, len: usize) -> &mut [u8] {
@@ -224,17 +282,19 @@ impl<W: Write + Send + 'static> PacketSink for LaneSink<W> {
     }
 
     fn send_payload_buf(&mut self, len: usize) -> io::Result<()> {
+        self.send_batch()?;
         let mut p = std::mem::take(&mut self.buf);
         p.truncate(LANE_HEADER + len);
         p[..LANE_HEADER].copy_from_slice(&self.next_header());
         self.sizing.wrote(p.len(), Instant::now());
         let next = self.fresh(0);
         self.buf = next;
-        self.enqueue(p)
+        self.enqueue(Job::One(p))
     }
 
     fn flush(&mut self) -> io::Result<()> {
         // Each lane's writer flushes whenever nothing waits for it.
+        self.send_batch()?;
         self.check()
     }
 
