@@ -29,6 +29,7 @@ use ferry_lab::{Lab, Netns, Path, PATHS};
 
 use crate::report::{median, write_random_file};
 
+mod lanes;
 mod layers;
 pub mod mount;
 mod mount_lab;
@@ -57,6 +58,8 @@ pub struct Options {
     pub paths: Vec<Path>,
     /// Where the data goes (a tmpfs).
     pub scratch: PathBuf,
+    /// The rows to run, by layer name (`raw TCP ×4`, `ferry send`); empty: every row.
+    pub rows: Vec<String>,
 }
 
 impl Default for Options {
@@ -69,11 +72,17 @@ impl Default for Options {
             runs: 1,
             paths: PATHS.to_vec(),
             scratch: PathBuf::from("/dev/shm"),
+            rows: Vec::new(),
         }
     }
 }
 
 impl Options {
+    /// Whether the row of `layer` runs.
+    pub fn wants(&self, layer: &str) -> bool {
+        self.rows.is_empty() || self.rows.iter().any(|r| r == layer)
+    }
+
     /// A short run (64 MiB, 1,000 files; the peers 100 files, scp's and croc's only on paths of 1 ms or
     /// less) for CI and smoke tests.
     pub fn quick() -> Self {
@@ -278,19 +287,21 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
     };
 
     // The AEAD in memory: the CPU ceiling, once per run.
-    let aead: Vec<Sample> = (0..runs)
-        .map(|_| layers::aead_in_memory(opts.file_bytes))
-        .collect();
-    let c = cell(
-        "memory",
-        "AEAD",
-        size_name(opts.file_bytes),
-        opts.file_bytes,
-        None,
-        &aead,
-        None,
-    );
-    push(&mut m, c);
+    if opts.wants("AEAD") {
+        let aead: Vec<Sample> = (0..runs)
+            .map(|_| layers::aead_in_memory(opts.file_bytes))
+            .collect();
+        let c = cell(
+            "memory",
+            "AEAD",
+            size_name(opts.file_bytes),
+            opts.file_bytes,
+            None,
+            &aead,
+            None,
+        );
+        push(&mut m, c);
+    }
 
     // The pairing of the pull rows, on loopback before any path.
     let loopback = Ends::new(&PATHS[0], None, ferry)?;
@@ -317,6 +328,9 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                           layer: &'static str,
                           f: &mut dyn FnMut() -> io::Result<Sample>|
          -> io::Result<()> {
+            if !opts.wants(layer) {
+                return Ok(());
+            }
             let samples = (0..runs).map(|_| f()).collect::<io::Result<Vec<_>>>()?;
             let size = size_name(opts.file_bytes);
             let c = cell(
@@ -344,6 +358,9 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                          cases: &[Case],
                          copy: &mut dyn FnMut(&FsPath, &FsPath) -> io::Result<Sample>|
          -> io::Result<()> {
+            if !opts.wants(layer) {
+                return Ok(());
+            }
             for Case {
                 size,
                 bytes,
@@ -375,35 +392,41 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         files_row(&mut m, "ferry send", &cases, &mut |src, dst| {
             ends.ferry_send(src, dst, &scratch)
         })?;
-        let share = paired.share(&ends, &scratch.0.join("src"))?;
-        files_row(&mut m, "ferry pull", &cases, &mut |src, dst| {
-            paired.pull(&ends, &share, src, dst)
-        })?;
-        // The mount's reads of the file: uncached (a fresh cache), then cached.
-        match mount::unavailable() {
-            Some(why) => out.note(path.name, &format!("ferry mount: no rows: {why}")),
-            None => match mount_lab::reads(&ends, &paired, &share, &cases[0], runs, &scratch) {
-                Err(e) => out.note(path.name, &format!("ferry mount: failed: {e}")),
-                Ok(r) => {
-                    for (layer, samples) in [
-                        ("ferry mount", r.uncached),
-                        ("ferry mount cached", r.cached),
-                    ] {
-                        let c = cell(
-                            path.name,
-                            layer,
-                            cases[0].size.clone(),
-                            cases[0].bytes,
-                            wire,
-                            &samples,
-                            Some(r.verified),
-                        );
-                        push(&mut m, c);
+        if opts.wants("ferry pull") || opts.wants("ferry mount") || opts.wants("ferry mount cached")
+        {
+            let share = paired.share(&ends, &scratch.0.join("src"))?;
+            if opts.wants("ferry pull") {
+                files_row(&mut m, "ferry pull", &cases, &mut |src, dst| {
+                    paired.pull(&ends, &share, src, dst)
+                })?;
+            }
+            // The mount's reads of the file: uncached (a fresh cache), then cached.
+            match mount::unavailable() {
+                _ if !opts.wants("ferry mount") && !opts.wants("ferry mount cached") => {}
+                Some(why) => out.note(path.name, &format!("ferry mount: no rows: {why}")),
+                None => match mount_lab::reads(&ends, &paired, &share, &cases[0], runs, &scratch) {
+                    Err(e) => out.note(path.name, &format!("ferry mount: failed: {e}")),
+                    Ok(r) => {
+                        for (layer, samples) in [
+                            ("ferry mount", r.uncached),
+                            ("ferry mount cached", r.cached),
+                        ] {
+                            let c = cell(
+                                path.name,
+                                layer,
+                                cases[0].size.clone(),
+                                cases[0].bytes,
+                                wire,
+                                &samples,
+                                Some(r.verified),
+                            );
+                            push(&mut m, c);
+                        }
                     }
-                }
-            },
+                },
+            }
+            drop(share);
         }
-        drop(share);
 
         // scp and croc pay a round trip or more per file: in a short run, their small files only where
         // the RTT is at most 1 ms.
@@ -423,7 +446,9 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 out.note(path.name, &format!("{peer}: failed: {e}"));
             }
         };
-        if ends.relay_addrs().is_some() {
+        let peers_wanted = ["scp", "rsync", "croc"].iter().any(|p| opts.wants(p));
+        if !peers_wanted {
+        } else if ends.relay_addrs().is_some() {
             out.note(
                 path.name,
                 "scp, rsync: no rows on a relay path (ssh has no relay)",
@@ -459,6 +484,7 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
             }
         }
         match (&croc, lab.as_ref().map_or(ferry_lab::missing_prerequisite(), |_| None)) {
+            _ if !opts.wants("croc") => {}
             (None, _) => out.note(path.name, "croc: not installed (see .ci/run)"),
             (Some(_), Some(reason)) => out.note(
                 path.name,
@@ -470,6 +496,17 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 });
                 failed("croc", r);
             }
+        }
+
+        for (layer, streams, cc) in lanes::raw_rows(path.name) {
+            memory_row(&mut m, layer, &mut || {
+                ends.raw_parallel(opts.file_bytes, streams, cc)
+            })?;
+        }
+        for (layer, n) in lanes::SEND_ROWS {
+            files_row(&mut m, layer, &cases[..1], &mut |src, dst| {
+                ends.ferry_send_lanes(src, dst, &scratch, n)
+            })?;
         }
 
         if BUFFER_PATHS.contains(&path.name) {
@@ -642,12 +679,23 @@ impl<'a> Ends<'a> {
 
     /// `ferry send src` in the server's namespace, `ferry receive` into `out` in the client's.
     fn ferry_send(&self, src: &FsPath, out: &FsPath, scratch: &Scratch) -> io::Result<Sample> {
+        self.ferry_send_with(src, out, scratch, &[])
+    }
+
+    /// [`Ends::ferry_send`] with `extra` arguments for `ferry send`.
+    fn ferry_send_with(
+        &self,
+        src: &FsPath,
+        out: &FsPath,
+        scratch: &Scratch,
+        extra: &[&str],
+    ) -> io::Result<Sample> {
         let n = self
             .nameplate
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let code = format!("{n}-apple-orbit-violin");
         let mut send = ferry_cmd(self.ferry, self.server(), &scratch.fresh("send-home")?);
-        send.args(["send", "--json", "--code", &code]);
+        send.args(["send", "--json", "--code", &code]).args(extra);
         match self.relay_addrs() {
             Some((_, via_server)) => {
                 send.args(["--force-relay", "--relay", &via_server.to_string()])

@@ -9,6 +9,7 @@ use aws_lc_rs::digest;
 use crate::auth::{Auth, AuthState, CodeAttempts};
 use crate::error::ChannelError;
 use crate::keys::{fill_random, EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
+use crate::lanes::LaneKeys;
 use crate::packet::{
     Opener, PacketReader, Sealer, CONTENTS_OFFSET, DEFAULT_MAX_PAYLOAD, HEADER_DECOY,
 };
@@ -157,6 +158,16 @@ pub struct Established {
     pub peer_identity: Option<[u8; 32]>,
     /// Our role.
     pub role: Role,
+    /// What the keys of the session's lanes come from.
+    lane_secret: [u8; 32],
+}
+
+impl Established {
+    /// The keys of this session's lanes (extra connections, see [`crate::lanes`]), for packets of at most
+    /// `max_payload` bytes of contents.
+    pub fn lane_keys(&self, max_payload: usize) -> LaneKeys {
+        LaneKeys::from_secret(self.lane_secret, self.suite, max_payload)
+    }
 }
 
 /// One side's handshake.
@@ -514,6 +525,7 @@ impl Handshake {
             transcript: self.transcript,
             peer_identity: self.peer_identity,
             role: self.role,
+            lane_secret: keys.lane_secret(&self.transcript),
         })
     }
 }

@@ -143,6 +143,12 @@ impl SessionKeys {
         }
     }
 
+    /// The secret every key of the session's extra connections (lanes) comes from, bound to the transcript
+    /// (see [`crate::lanes`]).
+    pub fn lane_secret(&self, transcript: &[u8; 32]) -> [u8; 32] {
+        expand32(&self.prk, &[b"ferry/lanes/", transcript])
+    }
+
     /// Keys of `suite` for the rest of the session, bound to the transcript of the version exchange.
     ///
     /// Labels are distinct per suite and direction, so no key ever serves two purposes.

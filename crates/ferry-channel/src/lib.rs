@@ -34,6 +34,7 @@ mod error;
 mod fschacha;
 mod handshake;
 pub mod keys;
+pub mod lanes;
 mod packet;
 pub mod sizing;
 mod suite;

@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// peak RSS (e.g. 10G).
     #[arg(long, value_name = "SIZE", value_parser = crate::transfer_cmd::parse_size)]
     rss_size: Option<u64>,
+    /// matrix: only these rows, by layer name, comma-separated (e.g. `raw TCP,raw TCP ×4,ferry send`;
+    /// default: all).
+    #[arg(long, value_delimiter = ',', value_name = "LAYER,...")]
+    rows: Vec<String>,
 }
 
 /// Runs the selected layers.
@@ -144,6 +148,7 @@ fn run_matrix(args: &BenchArgs) -> anyhow::Result<()> {
             })
             .collect::<anyhow::Result<_>>()?;
     }
+    opts.rows = args.rows.clone();
     let printer = matrix::Printer::new(args.json);
     let m = matrix::run(&opts, &std::env::current_exe()?, &printer)?;
     if let Some(dir) = &args.plots {

@@ -60,6 +60,16 @@ pub struct WaitArg {
     pub wait: Duration,
 }
 
+/// `--lanes`, for `send` and `receive`.
+#[derive(Args, Debug)]
+pub struct LanesArg {
+    /// TCP connections to carry the data on (1-16; 1: one connection). Default: the sender chooses from the
+    /// round trip and this host's socket buffers (one on a LAN, several where one stream's window cannot
+    /// cover the path); the receiver dials at most this many. Over the relay: one.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub lanes: Option<u8>,
+}
+
 /// How to find the peer, from the flags and the config file; a relay that is not `HOST:PORT`, or
 /// `--force-relay` without a relay, is a bad command line, reported before anything else happens.
 pub fn peer_options(common: &CommonArgs, relay: &RelayArgs) -> anyhow::Result<PeerOptions> {

@@ -24,12 +24,20 @@ use crate::failure::{InterruptedAtQuestion, Usage};
 use crate::interrupt;
 use crate::paired;
 use crate::prompt;
-use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
+use crate::reach_args::{
+    peer_options, CommonArgs, LanesArg, ListenArg, PeerArg, RelayArgs, WaitArg,
+};
 use crate::spool;
 use crate::ui::{
     count, escape, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui,
 };
+use ferry_channel::blocking::SecureReader;
+use ferry_channel::lanes::{LaneKeys, LANE_HEADER, MAX_LANES};
+use ferry_session::lanes::{dial_lanes, lane_count, tune_sender};
+use ferry_transfer::lanes::{LaneSink, LaneSource};
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
+use ferry_transfer::{PacketSink, PacketSource};
+use std::net::TcpStream;
 
 /// Arguments of `ferry send`.
 #[derive(Args, Debug)]
@@ -60,6 +68,8 @@ pub struct SendArgs {
     listen: ListenArg,
     #[command(flatten)]
     relay: RelayArgs,
+    #[command(flatten)]
+    lanes: LanesArg,
     /// Also show the receiver's command as a QR code (on stderr).
     #[arg(long)]
     qr: bool,
@@ -106,6 +116,8 @@ pub struct ReceiveArgs {
     max_manifest: u64,
     #[command(flatten)]
     wait: WaitArg,
+    #[command(flatten)]
+    lanes: LanesArg,
     /// Show every name in the offer, with file sizes, before the question (`--json`: the offer's
     /// `entries`).
     #[arg(long)]
@@ -283,12 +295,17 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             ui.warn(&w);
         }
     }
-    let max_packet = connected
-        .established
-        .sealer
-        .max_payload()
-        .min(ferry_transfer::MAX_PACKET);
+    let session_max = connected.established.sealer.max_payload();
     let relayed = connected.path == PathKind::Relay;
+    // Lanes need the session's own connection and listener: over the relay (moved to a direct path or
+    // not) the data takes one connection.
+    let lanes = match (relayed, args.lanes.lanes) {
+        (true, _) => 1,
+        (false, Some(n)) => n as usize,
+        (false, None) => connected.handshake.map_or(1, lane_count),
+    };
+    let lane_keys = connected.established.lane_keys(session_max);
+    tune_sender(&connected.stream);
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
@@ -297,10 +314,23 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());
         }
     }
-    let (reader, writer) = halves;
-    let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
+    let (reader, mut writer) = halves;
+    // The receiver learns the lane count first, before anything of the engine's.
+    writer.send(&lanes_announcement(lanes))?;
+    let mut sending = match lanes {
+        1 => Sending::One(Box::new(ChannelSink(writer))),
+        _ => {
+            ui.info(&format!("Sending on up to {lanes} connections (lanes)"));
+            Sending::Lanes(LaneSink::new(
+                writer,
+                rendezvous.accept_lanes(lane_keys, lanes),
+            ))
+        }
+    };
+    let mut source = ChannelSource(reader);
+    let max_packet = sending.max_packet(session_max);
     let report = ferry_transfer::send(
-        &mut sink,
+        &mut sending.sink(),
         &mut source,
         &walked.manifest,
         &SendOptions {
@@ -309,8 +339,105 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         },
         ui,
     )?;
-    sink.0.close()?;
+    let used = sending.close()?;
+    if used > 1 {
+        ui.info(&format!("Sent on {used} connections (lanes)"));
+        ui.event("lanes", json!({ "lanes": used }));
+    }
     partial(walked.warnings.len() as u64 + report.skipped)
+}
+
+/// The sending half of the data: the session's connection, or lanes.
+enum Sending {
+    One(Box<ChannelSink>),
+    Lanes(LaneSink),
+}
+
+impl Sending {
+    fn sink(&mut self) -> &mut dyn PacketSink {
+        match self {
+            Sending::One(s) => s.as_mut(),
+            Sending::Lanes(s) => s,
+        }
+    }
+
+    /// The engine's packet size: the session's, less the lane header on lanes.
+    fn max_packet(&self, session_max: usize) -> usize {
+        let max = match self {
+            Sending::One(_) => session_max,
+            Sending::Lanes(_) => session_max - LANE_HEADER,
+        };
+        max.min(ferry_transfer::MAX_PACKET)
+    }
+
+    /// Closes the data's connections: how many carried it.
+    fn close(self) -> anyhow::Result<usize> {
+        Ok(match self {
+            Sending::One(s) => {
+                s.0.close()?;
+                1
+            }
+            Sending::Lanes(s) => s.close()?,
+        })
+    }
+}
+
+/// The receiving half of the data: the session's connection, or lanes.
+enum Receiving {
+    One(Box<ChannelSource>),
+    Lanes(LaneSource),
+}
+
+impl Receiving {
+    fn source(&mut self) -> &mut dyn PacketSource {
+        match self {
+            Receiving::One(s) => s.as_mut(),
+            Receiving::Lanes(s) => s,
+        }
+    }
+}
+
+/// The sender's first packet: how many lanes the data takes (1: the session's connection alone, without
+/// lane headers).
+fn lanes_announcement(lanes: usize) -> [u8; 2] {
+    [b'L', lanes.clamp(1, MAX_LANES) as u8]
+}
+
+/// The lane count the sender announced.
+fn read_lanes_announcement(reader: &mut SecureReader<TcpStream>) -> anyhow::Result<usize> {
+    match reader.recv()?.as_deref() {
+        Some([b'L', n]) if (1..=MAX_LANES).contains(&(*n as usize)) => Ok(*n as usize),
+        Some(_) => Err(ferry_channel::ChannelError::AuthProtocol(
+            "the sender's first packet is not a lane count",
+        )
+        .into()),
+        None => Err(ferry_channel::ChannelError::Truncated.into()),
+    }
+}
+
+/// Reads the data on the session's connection (`lane0`) and on `lanes - 1` more, dialled to `addr` in the
+/// background: a lane that cannot be dialled is given up, the others carry the data.
+fn receive_on_lanes(
+    lane0: SecureReader<TcpStream>,
+    addr: SocketAddr,
+    keys: LaneKeys,
+    lanes: usize,
+) -> LaneSource {
+    let source = LaneSource::new(lane0);
+    let joiner = source.joiner();
+    for _ in 1..lanes {
+        joiner.expect();
+    }
+    let dialled = dial_lanes(addr, keys, lanes);
+    std::thread::spawn(move || {
+        for lane in dialled {
+            match lane {
+                Ok(reader) => joiner.join(reader),
+                Err(_) => joiner.gave_up(),
+            }
+        }
+    });
+    source
 }
 
 /// What `--listen ADDR` means for a receiver: the addresses to give `--peer`. An unspecified address
@@ -390,6 +517,9 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     };
     report_path(ui, &connected);
     let relayed = connected.path == PathKind::Relay;
+    let session_max = connected.established.sealer.max_payload();
+    let lane_keys = connected.established.lane_keys(session_max);
+    let lane_addr = connected.stream.peer_addr()?;
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
         let (h, direct) = upgrade::receiver(halves, opts.force_relay, ui)?;
@@ -398,8 +528,21 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
             report_upgrade(ui, &addr.to_string());
         }
     }
-    let (reader, writer) = halves;
-    let (mut sink, mut source) = (ChannelSink(writer), ChannelSource(reader));
+    let (mut reader, writer) = halves;
+    let announced = read_lanes_announcement(&mut reader)?;
+    let mut receiving = match announced {
+        1 => Receiving::One(Box::new(ChannelSource(reader))),
+        _ => {
+            let cap = args.lanes.lanes.map_or(MAX_LANES, usize::from);
+            Receiving::Lanes(receive_on_lanes(
+                reader,
+                lane_addr,
+                lane_keys,
+                announced.min(cap),
+            ))
+        }
+    };
+    let mut sink = ChannelSink(writer);
     let mut ropts = ReceiveOptions::new(&args.out);
     ropts.overwrite = args.overwrite;
     ropts.merge = args.merge;
@@ -424,7 +567,8 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 false
             }
         };
-    let received = ferry_transfer::receive(&mut source, &mut sink, &ropts, &mut accept, ui);
+    let received =
+        ferry_transfer::receive(&mut receiving.source(), &mut sink, &ropts, &mut accept, ui);
     if interrupted {
         // The engine told the sender it was declined; nothing was written.
         return Err(InterruptedAtQuestion.into());

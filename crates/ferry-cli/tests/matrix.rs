@@ -98,6 +98,26 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
         if std::env::var_os("CI").is_some() {
             assert_eq!(mount_rows.len(), 2, "{path}: CI mounts (root, /dev/fuse)");
         }
+        // Lanes (issue 12 item 6): parallel streams and `--lanes` on every path, CUBIC and more stream
+        // counts where one stream falls short.
+        let mut lane_rows = vec![
+            "raw TCP ×4 64 MiB",
+            "ferry send 1 lane 64 MiB file",
+            "ferry send 2 lanes 64 MiB file",
+            "ferry send 4 lanes 64 MiB file",
+        ];
+        if ["wan", "high-bdp", "lossy-wan"].contains(path) {
+            lane_rows.extend(["raw TCP ×2 64 MiB", "raw TCP ×8 64 MiB"]);
+        }
+        if ["wan", "high-bdp"].contains(path) {
+            lane_rows.extend(["raw TCP cubic 64 MiB", "raw TCP ×4 cubic 64 MiB"]);
+        }
+        for row in lane_rows {
+            assert!(
+                layers.iter().any(|l| l == row),
+                "{path}: no {row} row in {layers:?}"
+            );
+        }
         if ["wan", "high-bdp"].contains(path) {
             for tuned in [
                 "raw TCP sndbuf",

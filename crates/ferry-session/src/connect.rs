@@ -220,6 +220,7 @@ pub fn connect(
                         established,
                         path,
                         peer: addr.to_string(),
+                        handshake: None,
                     })
                 }
                 // This host's registry is private to the user: a failed PAKE there means the wrong code. A
@@ -280,6 +281,7 @@ pub fn connect(
                     established,
                     path: PathKind::Relay,
                     peer: relay,
+                    handshake: None,
                 });
             }
             Some(Err(ferry_relay::RelayError::TimedOut)) => {

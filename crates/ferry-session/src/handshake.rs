@@ -50,6 +50,8 @@ pub(crate) struct Finished {
     pub(crate) purpose: Purpose,
     pub(crate) path: PathKind,
     pub(crate) peer: String,
+    /// How long the handshake took.
+    pub(crate) took: Duration,
     pub(crate) result: Result<(TcpStream, Established), ChannelError>,
 }
 
@@ -112,7 +114,8 @@ impl Handshakes {
         }
         let tx = self.tx.clone();
         std::thread::spawn(move || {
-            let deadline = Instant::now() + HANDSHAKE_DEADLINE;
+            let started = Instant::now();
+            let deadline = started + HANDSHAKE_DEADLINE;
             let role = Role::Responder;
             let result = handshake_with(stream, role, auth, attempts.as_ref(), deadline);
             let _ = tx.send(Event::Finished(Box::new(Finished {
@@ -120,6 +123,7 @@ impl Handshakes {
                 purpose,
                 path,
                 peer,
+                took: started.elapsed(),
                 result,
             })));
         });

@@ -38,6 +38,7 @@ use ferry_rendezvous::{Code, NameplateHash};
 mod connect;
 mod error;
 mod handshake;
+pub mod lanes;
 mod rendezvous;
 mod standing;
 pub mod upgrade;
@@ -100,6 +101,9 @@ pub struct Connected {
     pub path: PathKind,
     /// The address connected to (the relay's for [`PathKind::Relay`]).
     pub peer: String,
+    /// How long the handshake took on the waiting side, from its connection to the channel (about two round
+    /// trips); `None` on the looking side.
+    pub handshake: Option<std::time::Duration>,
 }
 
 /// What the two sides meet on: where they look for each other, and how they prove who they are.

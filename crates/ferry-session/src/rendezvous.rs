@@ -21,7 +21,7 @@ const RELAY_WAIT: Duration = Duration::from_secs(600);
 /// The waiting side (`ferry send`, the side of `ferry pair` that prints the code) and what it keeps alive while
 /// it waits: its listener, its announcements, its wait at the relay.
 pub struct Rendezvous {
-    rx: mpsc::Receiver<Event>,
+    pub(crate) rx: mpsc::Receiver<Event>,
     handshakes: Handshakes,
     meeting: Meeting,
     /// The code's guess budget (one guess), when the meeting is on a code.
@@ -148,6 +148,7 @@ impl Rendezvous {
                                 established,
                                 path: f.path,
                                 peer: f.peer,
+                                handshake: Some(f.took),
                             });
                         }
                         Err(e) if self.attempts.as_ref().is_some_and(|a| a.is_dead()) => {

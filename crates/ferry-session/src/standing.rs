@@ -231,6 +231,7 @@ impl Standing {
                                 established,
                                 path: f.path,
                                 peer: f.peer,
+                                handshake: Some(f.took),
                             })
                         }
                         Err(e) => {

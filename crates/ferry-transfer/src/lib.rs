@@ -48,6 +48,7 @@
 
 mod dest;
 mod error;
+pub mod lanes;
 pub mod manifest;
 pub mod plain;
 mod progress;
