@@ -473,6 +473,12 @@ fn bench_mount_quick_gives_every_row_a_number() {
         );
     }
     for r in &rows {
+        // The sshfs reference is a row without a number where sshfs cannot run; CI installs it.
+        let case = r["case"].as_str().unwrap_or_default();
+        if case.contains("no sshfs reference") && std::env::var_os("CI").is_none() {
+            eprintln!("{test}: {case}");
+            continue;
+        }
         assert!(
             r["value"].as_f64().is_some_and(|v| v > 0.0),
             "a row without a positive number: {r}"
