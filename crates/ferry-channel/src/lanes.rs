@@ -51,6 +51,20 @@ pub const HELLO_LEN: usize = 32;
 pub const LANE_HEADER: usize = 8;
 /// Most lanes a session has, its own connection included.
 pub const MAX_LANES: usize = 16;
+/// The data sender's first packet in a session: how many lanes the data takes (1: the session's connection
+/// alone, without lane headers).
+pub fn announcement(lanes: usize) -> [u8; 2] {
+    [b'L', lanes.clamp(1, MAX_LANES) as u8]
+}
+
+/// The lane count of a sender's first packet, or `None` if the packet is not an announcement.
+pub fn read_announcement(packet: &[u8]) -> Option<usize> {
+    match packet {
+        [b'L', n] if (1..=MAX_LANES).contains(&(*n as usize)) => Some(*n as usize),
+        _ => None,
+    }
+}
+
 /// How far past the next expected packet a packet may be numbered and still be taken into the reorder
 /// buffer: the buffer holds at most this many packets (of at most the session's packet size each).
 pub const REORDER_WINDOW: u64 = 64;
@@ -538,5 +552,16 @@ mod tests {
             LaneHeader::decode(&end_with_data),
             Err(LaneError::BadEnd(1))
         );
+    }
+
+    #[test]
+    fn announcements_round_trip_and_others_are_refused() {
+        for n in 1..=MAX_LANES {
+            assert_eq!(read_announcement(&announcement(n)), Some(n));
+        }
+        assert_eq!(read_announcement(&announcement(99)), Some(MAX_LANES));
+        for bad in [&b"L\x00"[..], b"L\x11", b"X\x01", b"L", b"L\x01\x00", b""] {
+            assert_eq!(read_announcement(bad), None, "{bad:?}");
+        }
     }
 }

@@ -316,7 +316,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     }
     let (reader, mut writer) = halves;
     // The receiver learns the lane count first, before anything of the engine's.
-    writer.send(&lanes_announcement(lanes))?;
+    writer.send(&ferry_channel::lanes::announcement(lanes))?;
     let mut sending = match lanes {
         1 => Sending::One(Box::new(ChannelSink(writer))),
         _ => {
@@ -397,20 +397,15 @@ impl Receiving {
     }
 }
 
-/// The sender's first packet: how many lanes the data takes (1: the session's connection alone, without
-/// lane headers).
-fn lanes_announcement(lanes: usize) -> [u8; 2] {
-    [b'L', lanes.clamp(1, MAX_LANES) as u8]
-}
-
 /// The lane count the sender announced.
 fn read_lanes_announcement(reader: &mut SecureReader<TcpStream>) -> anyhow::Result<usize> {
     match reader.recv()?.as_deref() {
-        Some([b'L', n]) if (1..=MAX_LANES).contains(&(*n as usize)) => Ok(*n as usize),
-        Some(_) => Err(ferry_channel::ChannelError::AuthProtocol(
-            "the sender's first packet is not a lane count",
-        )
-        .into()),
+        Some(packet) => ferry_channel::lanes::read_announcement(packet).ok_or_else(|| {
+            ferry_channel::ChannelError::AuthProtocol(
+                "the sender's first packet is not a lane count",
+            )
+            .into()
+        }),
         None => Err(ferry_channel::ChannelError::Truncated.into()),
     }
 }

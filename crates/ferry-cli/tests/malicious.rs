@@ -344,7 +344,10 @@ fn run_liar(listener: TcpListener, code: Code, lie: Lie) -> Result<Seen, String>
     let est = blocking::handshake(&mut stream, hs).map_err(|e| format!("handshake: {e}"))?;
     let (mut rx, mut tx) = blocking::split_tcp(stream, est).map_err(|e| e.to_string())?;
     let mut seen = Seen::default();
-    if send_offer(&mut tx, &lie).is_err() {
+    // An honest sender announces its lanes first; the liar takes the session's connection alone.
+    if tx.send(&ferry_channel::lanes::announcement(1)).is_err()
+        || send_offer(&mut tx, &lie).is_err()
+    {
         return Ok(seen);
     }
     let Some(answer) = next_message(&mut rx) else {
