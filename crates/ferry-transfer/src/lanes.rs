@@ -521,6 +521,9 @@ mod tests {
         let dying = writers.remove(0);
         sink.send(b"on lane 0").unwrap();
         sink.flush().unwrap();
+        // Taken before lane 1 dies: a failed lane is reported at once, even ahead of packets waiting to be
+        // taken from the others.
+        assert_eq!(source.recv().unwrap().unwrap(), b"on lane 0");
         let mut wire = Vec::new();
         keys.sealer(1)
             .seal_into(&mut wire, 0, &LaneHeader::Data(1).encode())
@@ -528,7 +531,6 @@ mod tests {
         let stream = dying.get_ref();
         (&*stream).write_all(&wire[..wire.len() / 2]).unwrap();
         stream.shutdown(std::net::Shutdown::Both).unwrap();
-        assert_eq!(source.recv().unwrap().unwrap(), b"on lane 0");
         // Packet 1 never comes: the source fails; it neither waits for lane 0 nor skips the packet.
         let e = source.recv().unwrap_err();
         assert!(e.to_string().contains("a lane failed"), "{e}");
