@@ -228,6 +228,8 @@ impl Matrix {
     }
 }
 
+pub use plot::redraw;
+
 /// The paths that get the socket-buffer rows (issue 12, item 7).
 const BUFFER_PATHS: [&str; 2] = ["wan", "high-bdp"];
 

@@ -34,6 +34,16 @@ pub struct BenchArgs {
     /// default: all).
     #[arg(long, value_delimiter = ',', value_name = "LAYER,...")]
     rows: Vec<String>,
+    /// matrix: measure nothing, draw the plots (into --plots) again from saved rows: `matrix.jsonl`
+    /// files written by earlier `--plots` runs, or `--json` output; a later file's row replaces the same
+    /// row of an earlier one.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "FILE,...",
+        requires = "plots"
+    )]
+    replot: Vec<std::path::PathBuf>,
 }
 
 /// Runs the selected layers.
@@ -149,6 +159,13 @@ fn run_matrix(args: &BenchArgs) -> anyhow::Result<()> {
             .collect::<anyhow::Result<_>>()?;
     }
     opts.rows = args.rows.clone();
+    if !args.replot.is_empty() {
+        let dir = args.plots.as_deref().expect("clap requires --plots");
+        for file in matrix::redraw(&args.replot, dir)? {
+            crate::ui::stderr_line(&format!("wrote {}", file.display()));
+        }
+        return Ok(());
+    }
     let printer = matrix::Printer::new(args.json);
     let m = matrix::run(&opts, &std::env::current_exe()?, &printer)?;
     if let Some(dir) = &args.plots {

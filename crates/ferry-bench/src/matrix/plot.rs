@@ -19,12 +19,13 @@ const LOST: Rgb = [240, 170, 160];
 struct Series(&'static str, &'static str, &'static str, Rgb);
 
 /// The throughput plot's bars, per path.
-const THROUGHPUT: [Series; 11] = [
+const THROUGHPUT: [Series; 12] = [
     Series("raw TCP", "", "raw TCP", [120, 120, 120]),
     Series("ferry send", " file", "send, 1 file", [52, 101, 164]),
     Series("ferry send", " files", "send, files", [114, 159, 207]),
     Series("ferry pull", " file", "pull, 1 file", [78, 154, 6]),
     Series("ferry pull", " files", "pull, files", [138, 226, 52]),
+    Series("ferry mount", " file", "mount, 1 file", [6, 152, 154]),
     Series("scp", " file", "scp", [164, 0, 0]),
     Series("scp", " files", "scp, files", [239, 41, 41]),
     Series("rsync", " file", "rsync", [92, 53, 102]),
@@ -198,9 +199,86 @@ fn legend(c: &mut Canvas, x0: usize, y: usize, items: &[(Rgb, &str)]) {
     }
 }
 
-/// Writes `throughput.png` and `waterfall.png` into `dir`; the files written.
+/// The rows behind the plots, saved beside them so that they can be drawn again.
+const ROWS: &str = "matrix.jsonl";
+
+/// Draws the plots again from rows saved by earlier runs (`matrix.jsonl` files, or `--json` output):
+/// a row of a later file replaces the same path, layer and size of an earlier one, so a rerun of some rows
+/// can be drawn with the rest of a full run. The files written (the PNGs and the merged rows).
+pub fn redraw(files: &[PathBuf], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
+    let mut cells: Vec<Cell> = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", file.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let bad = |what: &str| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}:{}: {what}", file.display(), n + 1),
+                )
+            };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue; // a table line or a message, not a row
+            };
+            if v["bench"] != "matrix" || v.get("note").is_some() {
+                continue;
+            }
+            let text = |key: &str| {
+                v[key]
+                    .as_str()
+                    .map(|s| &*Box::leak(s.to_string().into_boxed_str()))
+                    .ok_or_else(|| bad(&format!("no {key}")))
+            };
+            let number = |key: &str| v[key].as_f64();
+            let cell = Cell {
+                path: text("path")?,
+                layer: text("layer")?,
+                size: text("size")?.to_string(),
+                bytes: v["bytes"].as_u64().ok_or_else(|| bad("no bytes"))?,
+                seconds: number("seconds")
+                    .filter(|s| *s > 0.0)
+                    .ok_or_else(|| bad("no seconds"))?,
+                wire: number("wire_mb_s").map(|w| w * 1e6),
+                connected: number("connected_ms").map(|v| v / 1e3),
+                first_byte: number("first_byte_ms").map(|v| v / 1e3),
+                verified: v["verified"].as_bool(),
+            };
+            let same =
+                |c: &Cell| c.path == cell.path && c.layer == cell.layer && c.size == cell.size;
+            match cells.iter_mut().find(|c| same(c)) {
+                Some(old) => *old = cell,
+                None => cells.push(cell),
+            }
+        }
+    }
+    if cells.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "no matrix rows in the files given",
+        ));
+    }
+    // Rows from several runs: keep each path's rows together, in the order the paths were first seen.
+    let mut order: Vec<&'static str> = Vec::new();
+    for c in &cells {
+        if !order.contains(&c.path) {
+            order.push(c.path);
+        }
+    }
+    cells.sort_by_key(|c| order.iter().position(|p| *p == c.path));
+    write(&cells, dir)
+}
+
+/// Writes `throughput.png`, `waterfall.png` and the rows behind them (`matrix.jsonl`) into `dir`; the
+/// files written.
 pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
+    let rows = dir.join(ROWS);
+    let mut jsonl = String::new();
+    for c in cells {
+        jsonl.push_str(&c.to_json());
+        jsonl.push('\n');
+    }
+    std::fs::write(&rows, jsonl)?;
 
     // Throughput per path against the wire.
     let paths = shares(cells, &THROUGHPUT);
@@ -238,15 +316,16 @@ pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
     c.save(&throughput)?;
 
     // The layer waterfall: from the wire, what each layer keeps (solid) and loses (pale) against the
-    // layer before it. A layer faster than the one before it (the AEAD in memory, a CPU ceiling) is drawn
-    // at the height of the one before, labelled with its own share.
+    // layer before it. The AEAD in memory, a CPU ceiling far above the wire, is drawn at the height of the
+    // layer before it, labelled with its own share; `ferry send` above the one-stream channel (its lanes)
+    // is drawn at its own height.
     let paths = shares(cells, &WATERFALL);
     let group = (WATERFALL.len() + 1) * 40 + 40;
     let mut c = Canvas::new(180 + paths.len().max(1) * group, 480);
     let f = Frame::draw(
         &mut c,
         "ferry bench matrix: where the wire goes",
-        "each bar against the one before it; pale: what that step lost",
+        "each bar against the one before it; pale: what that step lost (send above the channel: its lanes)",
     );
     let mut items = vec![(WIRE, "wire")];
     items.extend(WATERFALL.iter().map(|s| (s.3, s.2)));
@@ -259,12 +338,22 @@ pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
         for (i, v) in values.iter().enumerate() {
             let Some(v) = *v else { continue };
             let x = x0 + (i + 1) * 40;
-            let shown = v.min(before);
+            let shown = if WATERFALL[i].0 == "AEAD" {
+                v.min(before)
+            } else {
+                v
+            };
             if shown < before {
                 c.rect(x, f.y(before), x + 36, f.y(shown), LOST);
             }
             c.rect(x, f.y(shown), x + 36, f.bottom, WATERFALL[i].3);
-            c.text_centred(x + 18, f.y(before).saturating_sub(12), &label(v), 1, INK);
+            c.text_centred(
+                x + 18,
+                f.y(before.max(shown)).saturating_sub(12),
+                &label(v),
+                1,
+                INK,
+            );
             before = shown;
         }
         let mid = x0 + (WATERFALL.len() + 1) * 20;
@@ -273,5 +362,64 @@ pub(super) fn write(cells: &[Cell], dir: &FsPath) -> io::Result<Vec<PathBuf>> {
     }
     let waterfall = dir.join("waterfall.png");
     c.save(&waterfall)?;
-    Ok(vec![throughput, waterfall])
+    Ok(vec![throughput, waterfall, rows])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, layer: &str, size: &str, seconds: f64) -> String {
+        let c = Cell {
+            path: Box::leak(path.to_string().into_boxed_str()),
+            layer: Box::leak(layer.to_string().into_boxed_str()),
+            size: size.to_string(),
+            bytes: 1 << 30,
+            seconds,
+            wire: Some(62.5e6),
+            connected: Some(0.08),
+            first_byte: Some(0.09),
+            verified: Some(true),
+        };
+        c.to_json()
+    }
+
+    #[test]
+    fn redraw_merges_saved_rows_and_a_later_run_replaces_its_rows() {
+        let dir = std::env::temp_dir().join(format!("ferry-replot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = dir.join("full.jsonl");
+        let second = dir.join("rerun.jsonl");
+        std::fs::write(
+            &first,
+            [
+                row("wan", "raw TCP", "1 GiB", 18.3),
+                row("wan", "ferry send", "1 GiB file", 18.4),
+                "{\"bench\":\"matrix\",\"path\":\"wan\",\"note\":\"a note\"}".to_string(),
+                row("lan", "ferry send", "1 GiB file", 9.0),
+            ]
+            .join("\n"),
+        )
+        .unwrap();
+        std::fs::write(
+            &second,
+            "a table line\n".to_string() + &row("wan", "ferry send", "1 GiB file", 18.0),
+        )
+        .unwrap();
+        let out = dir.join("plots");
+        let written = redraw(&[first, second], &out).unwrap();
+        assert_eq!(written.len(), 3);
+        let merged = std::fs::read_to_string(out.join(ROWS)).unwrap();
+        let lines: Vec<&str> = merged.lines().collect();
+        assert_eq!(lines.len(), 3, "{merged}");
+        assert!(lines[1].contains("\"layer\":\"ferry send\"") && lines[1].contains("18.000000"));
+        assert!(lines[2].contains("\"path\":\"lan\""));
+        for png in &written[..2] {
+            assert!(std::fs::metadata(png).unwrap().len() > 1000);
+        }
+        let empty = dir.join("empty.jsonl");
+        std::fs::write(&empty, "nothing\n").unwrap();
+        assert!(redraw(&[empty], &out).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
