@@ -58,6 +58,18 @@ pub fn tune_sender(stream: &TcpStream) {
     }
 }
 
+/// What each lane's socket holds unsent at most (TCP_NOTSENT_LOWAT), so that a lane's writer takes the next
+/// packet only when its connection is sending: without it a lane in slow start takes as many packets as its
+/// send buffer holds (up to 8 MiB) at memory speed, and the stream waits for them in order while the faster
+/// lane idles.
+pub const LANE_NOTSENT_LOWAT: u32 = 512 << 10;
+
+/// Sets a lane's socket (the session's own connection too, once the data is spread over lanes) to hold at
+/// most [`LANE_NOTSENT_LOWAT`] unsent. Best effort.
+pub fn tune_lane(stream: &TcpStream) {
+    let _ = SockRef::from(stream).set_tcp_notsent_lowat(LANE_NOTSENT_LOWAT);
+}
+
 /// The send buffer one stream of this host gets (after [`tune_sender`]).
 fn stream_buffer() -> f64 {
     let tcp_wmem = sysctl("ipv4/tcp_wmem").unwrap_or(4 << 20);
@@ -131,6 +143,7 @@ impl Rendezvous {
                 if let Some(i) = lane {
                     stream.set_read_timeout(None).ok();
                     tune_sender(&stream);
+                    tune_lane(&stream);
                     let _ = tx.send(SecureWriter::new(stream, keys.sealer(i)));
                 }
             });
