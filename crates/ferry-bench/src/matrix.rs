@@ -236,7 +236,11 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
     let scratch = Scratch::new(&opts.scratch)?;
     let big = scratch.0.join("src/big.bin");
     // Not written in full when only the small files move (an A/B run of them).
-    let big_bytes = if case_wanted(false) { opts.file_bytes } else { 1 };
+    let big_bytes = if case_wanted(false) {
+        opts.file_bytes
+    } else {
+        1
+    };
     write_random_file(&big, big_bytes, 0x11ab)?;
     let tree = scratch.0.join("src/tree");
     let tree_bytes = write_small_tree(&tree, opts.small_files)?;
@@ -390,7 +394,8 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                     &samples,
                     Some(verified),
                 );
-                if let (Some(link), true) = (path.link, src == &tree && layer.starts_with("ferry ")) {
+                if let (Some(link), true) = (path.link, src == &tree && layer.starts_with("ferry "))
+                {
                     out.note(path.name, &small_files_bound(&c, link.rtt));
                 }
                 push(m, c);
@@ -888,11 +893,21 @@ impl Spawned {
                     let ms = t0.elapsed().as_secs_f64() * 1e3;
                     let file_done = line.contains("\"event\":\"file-done\"");
                     files += u64::from(file_done);
-                    if !file_done || files % 1000 == 0 {
-                        let event: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                    if !file_done || files.is_multiple_of(1000) {
+                        let event: serde_json::Value =
+                            serde_json::from_str(&line).unwrap_or_default();
                         let name = event["event"].as_str().unwrap_or("?");
-                        let bytes = event["bytes_done"].as_u64().map_or(String::new(), |b| format!(" {b} B"));
-                        timeline += &format!(" {name}{}{bytes} {ms:.1};", if file_done { format!(" {files}") } else { String::new() });
+                        let bytes = event["bytes_done"]
+                            .as_u64()
+                            .map_or(String::new(), |b| format!(" {b} B"));
+                        timeline += &format!(
+                            " {name}{}{bytes} {ms:.1};",
+                            if file_done {
+                                format!(" {files}")
+                            } else {
+                                String::new()
+                            }
+                        );
                     }
                 }
                 if connected.is_none() && line.contains("\"event\":\"connected\"") {

@@ -302,7 +302,9 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let lanes = match (relayed, args.lanes.lanes) {
         (true, _) => 1,
         (false, Some(n)) => n as usize,
-        (false, None) => connected.handshake.map_or(1, lane_count),
+        (false, None) => connected
+            .handshake
+            .map_or(1, |h| lane_count(h, totals.bytes)),
     };
     let lane_keys = connected.established.lane_keys(session_max);
     tune_sender(&connected.stream);
