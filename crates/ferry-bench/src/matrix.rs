@@ -237,7 +237,13 @@ const BUFFER_PATHS: [&str; 2] = ["wan", "high-bdp"];
 pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> {
     let scratch = Scratch::new(&opts.scratch)?;
     let big = scratch.0.join("src/big.bin");
-    write_random_file(&big, opts.file_bytes, 0x11ab)?;
+    // Not written in full when only the small files move (an A/B run of them).
+    let big_bytes = if case_wanted(false) {
+        opts.file_bytes
+    } else {
+        1
+    };
+    write_random_file(&big, big_bytes, 0x11ab)?;
     let tree = scratch.0.join("src/tree");
     let tree_bytes = write_small_tree(&tree, opts.small_files)?;
     // What each row of files moves: (size, payload bytes, the source, its digests).
@@ -370,6 +376,9 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 digest,
             } in cases
             {
+                if !case_wanted(src.is_dir()) {
+                    continue;
+                }
                 let mut samples = Vec::new();
                 let mut verified = true;
                 for _ in 0..runs {
@@ -387,6 +396,10 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                     &samples,
                     Some(verified),
                 );
+                if let (Some(link), true) = (path.link, src == &tree && layer.starts_with("ferry "))
+                {
+                    out.note(path.name, &small_files_bound(&c, link.rtt));
+                }
                 push(m, c);
             }
             Ok(())
@@ -506,7 +519,7 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
             })?;
         }
         for (layer, n) in lanes::SEND_ROWS {
-            files_row(&mut m, layer, &cases[..1], &mut |src, dst| {
+            files_row(&mut m, layer, &cases, &mut |src, dst| {
                 ends.ferry_send_lanes(src, dst, &scratch, n)
             })?;
         }
@@ -536,6 +549,35 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         }
     }
     Ok(m)
+}
+
+/// Issue 12's bound on the small files: 1.2 × (bytes / wire rate) + 3 RTT (no round trip per file), and
+/// whether `c` (a row of the small files on a path of round trip `rtt`) is within it.
+fn small_files_bound(c: &Cell, rtt: Duration) -> String {
+    let wire = c.wire.unwrap_or(f64::INFINITY);
+    let bound = 1.2 * c.bytes as f64 / wire + 3.0 * rtt.as_secs_f64();
+    format!(
+        "{} {}: {:.3} s; bound 1.2 × {:.1} MB / {:.1} MB/s + 3 × {:.0} ms = {:.3} s: {} ({:.2} × the bound)",
+        c.layer,
+        c.size,
+        c.seconds,
+        c.bytes as f64 / 1e6,
+        wire / 1e6,
+        rtt.as_secs_f64() * 1e3,
+        bound,
+        if c.seconds <= bound { "met" } else { "not met" },
+        c.seconds / bound,
+    )
+}
+
+/// Whether the rows of files move this case: the small files (`small`) or the single file. Both, unless
+/// `FERRY_BENCH_MATRIX_CASES` names one (`file` or `files`: A/B runs of one case, interleaved by a script).
+fn case_wanted(small: bool) -> bool {
+    match std::env::var("FERRY_BENCH_MATRIX_CASES").as_deref() {
+        Ok("file") => !small,
+        Ok("files") => small,
+        _ => true,
+    }
 }
 
 /// What one row of files moves.
@@ -836,13 +878,40 @@ impl Spawned {
     }
 
     /// A thread that reads every event and returns when the `connected` event and the first `progress`
-    /// or `file-done` event came.
+    /// or `file-done` event came. With `FERRY_BENCH_MATRIX_TRACE` set, it also prints to standard error
+    /// when (in ms from its start) each event other than `file-done` came, and every 1,000th `file-done`:
+    /// where a row's time goes.
     fn first_events(&mut self) -> std::thread::JoinHandle<(Option<Instant>, Option<Instant>)> {
         let lines = self.lines.take().expect("stdout");
+        let trace = std::env::var_os("FERRY_BENCH_MATRIX_TRACE").is_some();
+        let t0 = Instant::now();
         std::thread::spawn(move || {
             let (mut connected, mut first) = (None, None);
+            let mut timeline = String::new();
+            let mut files = 0u64;
             for line in lines.lines() {
                 let Ok(line) = line else { break };
+                if trace {
+                    let ms = t0.elapsed().as_secs_f64() * 1e3;
+                    let file_done = line.contains("\"event\":\"file-done\"");
+                    files += u64::from(file_done);
+                    if !file_done || files.is_multiple_of(1000) {
+                        let event: serde_json::Value =
+                            serde_json::from_str(&line).unwrap_or_default();
+                        let name = event["event"].as_str().unwrap_or("?");
+                        let bytes = event["bytes_done"]
+                            .as_u64()
+                            .map_or(String::new(), |b| format!(" {b} B"));
+                        timeline += &format!(
+                            " {name}{}{bytes} {ms:.1};",
+                            if file_done {
+                                format!(" {files}")
+                            } else {
+                                String::new()
+                            }
+                        );
+                    }
+                }
                 if connected.is_none() && line.contains("\"event\":\"connected\"") {
                     connected = Some(Instant::now());
                 }
@@ -852,6 +921,11 @@ impl Spawned {
                 {
                     first = Some(Instant::now());
                 }
+            }
+            if trace {
+                use std::io::Write;
+                let ms = t0.elapsed().as_secs_f64() * 1e3;
+                let _ = writeln!(std::io::stderr(), "trace (ms):{timeline} exit {ms:.1}");
             }
             (connected, first)
         })

@@ -33,7 +33,7 @@ use crate::ui::{
 };
 use ferry_channel::blocking::SecureReader;
 use ferry_channel::lanes::{LaneKeys, LANE_HEADER, MAX_LANES};
-use ferry_session::lanes::{dial_lanes, lane_count, tune_sender};
+use ferry_session::lanes::{dial_lanes, lane_count, tune_lane, tune_sender};
 use ferry_transfer::lanes::{LaneSink, LaneSource};
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
 use ferry_transfer::{PacketSink, PacketSource};
@@ -302,10 +302,15 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let lanes = match (relayed, args.lanes.lanes) {
         (true, _) => 1,
         (false, Some(n)) => n as usize,
-        (false, None) => connected.handshake.map_or(1, lane_count),
+        (false, None) => connected
+            .handshake
+            .map_or(1, |h| lane_count(h, totals.bytes)),
     };
     let lane_keys = connected.established.lane_keys(session_max);
     tune_sender(&connected.stream);
+    if lanes > 1 {
+        tune_lane(&connected.stream);
+    }
     let mut halves = split_tcp(connected.stream, connected.established)?;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;

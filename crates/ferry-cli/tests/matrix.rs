@@ -105,6 +105,8 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
             "ferry send 1 lane 64 MiB file",
             "ferry send 2 lanes 64 MiB file",
             "ferry send 4 lanes 64 MiB file",
+            "ferry send 1 lane 1000 files",
+            "ferry send 4 lanes 1000 files",
         ];
         if ["wan", "high-bdp", "lossy-wan"].contains(path) {
             lane_rows.extend(["raw TCP ×2 64 MiB", "raw TCP ×8 64 MiB"]);
@@ -116,6 +118,15 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
             assert!(
                 layers.iter().any(|l| l == row),
                 "{path}: no {row} row in {layers:?}"
+            );
+        }
+        // Issue 12's bound on the small files (1.2 × bytes / wire + 3 RTT), checked on every emulated path.
+        if *path != "loopback" {
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.starts_with("ferry send 1000 files: ") && n.contains("bound 1.2 ×")),
+                "{path}: the small files' bound is checked: {notes:?}"
             );
         }
         if ["wan", "high-bdp"].contains(path) {

@@ -58,6 +58,18 @@ pub fn tune_sender(stream: &TcpStream) {
     }
 }
 
+/// What each lane's socket holds unsent at most (TCP_NOTSENT_LOWAT), so that a lane's writer takes the next
+/// packet only when its connection is sending: without it a lane in slow start takes as many packets as its
+/// send buffer holds (up to 8 MiB) at memory speed, and the stream waits for them in order while the faster
+/// lane idles.
+pub const LANE_NOTSENT_LOWAT: u32 = 512 << 10;
+
+/// Sets a lane's socket (the session's own connection too, once the data is spread over lanes) to hold at
+/// most [`LANE_NOTSENT_LOWAT`] unsent. Best effort.
+pub fn tune_lane(stream: &TcpStream) {
+    let _ = SockRef::from(stream).set_tcp_notsent_lowat(LANE_NOTSENT_LOWAT);
+}
+
 /// The send buffer one stream of this host gets (after [`tune_sender`]).
 fn stream_buffer() -> f64 {
     let tcp_wmem = sysctl("ipv4/tcp_wmem").unwrap_or(4 << 20);
@@ -73,15 +85,36 @@ const HEADROOM: f64 = 1.5;
 /// stream's 0.774; without loss 0.944 against 0.940, so the second stream costs nothing there).
 const TWO_LANES_FROM: f64 = 0.010;
 
+/// A second lane against loss (see [`TWO_LANES_FROM`]) only for transfers of at least this many times what
+/// the path carries in a round trip at [`AUTO_RATE`]: a shorter one spends its time in slow start, and each lane
+/// has a slow start of its own (measured on wan, 24 ms: see [`lane_count`]).
+const TWO_LANES_FROM_BDPS: f64 = 64.0;
+
 /// How many lanes a session whose handshake took `handshake` on the waiting side (about two round trips:
-/// the key shares, then the confirmations) uses without `--lanes`: enough streams for their windows together
-/// to cover [`HEADROOM`] × [`AUTO_RATE`] × RTT, at least 2 from [`TWO_LANES_FROM`], at most [`MAX_AUTO_LANES`]. (A lost
-/// handshake packet lengthens the handshake and adds lanes: on a lossy path, where they help most.)
-pub fn lane_count(handshake: Duration) -> usize {
-    let rtt = handshake.as_secs_f64() / 2.0;
-    let per_stream = stream_buffer() * IN_FLIGHT_SHARE;
-    let needed = (HEADROOM * AUTO_RATE * rtt / per_stream).ceil() as usize;
-    let least = if rtt >= TWO_LANES_FROM { 2 } else { 1 };
+/// the key shares, then the confirmations) uses without `--lanes` for `bytes` of data: enough streams for
+/// their windows together to cover [`HEADROOM`] × [`AUTO_RATE`] × RTT (none more when one stream's slow start
+/// would carry it all before its window is full), at least 2 from [`TWO_LANES_FROM`] when the transfer is
+/// long enough ([`TWO_LANES_FROM_BDPS`]), at most [`MAX_AUTO_LANES`]. (A lost handshake packet lengthens
+/// the handshake and adds lanes: on a lossy path, where they help most.)
+pub fn lane_count(handshake: Duration, bytes: u64) -> usize {
+    lanes_for(
+        handshake.as_secs_f64() / 2.0,
+        bytes as f64,
+        stream_buffer() * IN_FLIGHT_SHARE,
+    )
+}
+
+/// [`lane_count`] for a round trip of `rtt` seconds, `bytes` to send and `per_stream` bytes one stream keeps
+/// in flight.
+fn lanes_for(rtt: f64, bytes: f64, per_stream: f64) -> usize {
+    // Slow start carries about twice the window it ends at: below that, one stream never fills its window.
+    let needed = if bytes <= 2.0 * per_stream {
+        1
+    } else {
+        (HEADROOM * AUTO_RATE * rtt / per_stream).ceil() as usize
+    };
+    let long = bytes >= TWO_LANES_FROM_BDPS * AUTO_RATE * rtt;
+    let least = if rtt >= TWO_LANES_FROM && long { 2 } else { 1 };
     needed.clamp(least, MAX_AUTO_LANES)
 }
 
@@ -131,6 +164,7 @@ impl Rendezvous {
                 if let Some(i) = lane {
                     stream.set_read_timeout(None).ok();
                     tune_sender(&stream);
+                    tune_lane(&stream);
                     let _ = tx.send(SecureWriter::new(stream, keys.sealer(i)));
                 }
             });
@@ -175,12 +209,33 @@ pub fn dial_lanes(
 mod tests {
     use super::*;
 
+    const GIB: u64 = 1 << 30;
+
     #[test]
     fn lanes_grow_with_the_round_trip_and_stay_bounded() {
-        assert_eq!(lane_count(Duration::from_micros(200)), 1);
-        assert_eq!(lane_count(Duration::from_millis(1)), 1);
-        assert!(lane_count(Duration::from_millis(48)) >= 2);
-        assert!(lane_count(Duration::from_millis(200)) >= lane_count(Duration::from_millis(1)));
-        assert_eq!(lane_count(Duration::from_secs(10)), MAX_AUTO_LANES);
+        assert_eq!(lane_count(Duration::from_micros(200), GIB), 1);
+        assert_eq!(lane_count(Duration::from_millis(1), GIB), 1);
+        assert!(lane_count(Duration::from_millis(48), GIB) >= 2);
+        assert!(
+            lane_count(Duration::from_millis(200), GIB)
+                >= lane_count(Duration::from_millis(1), GIB)
+        );
+        assert_eq!(
+            lane_count(Duration::from_secs(10), 100 * GIB),
+            MAX_AUTO_LANES
+        );
+    }
+
+    #[test]
+    fn a_short_transfer_keeps_one_lane() {
+        // This host's lab: 8 MiB of send buffer per stream, 0.64 of it in flight.
+        let per_stream = 0.64 * 8.0 * (1 << 20) as f64;
+        // 10,000 small files (61 MB) at 24 ms: in slow start most of the time, one lane; 1 GiB, two.
+        assert_eq!(lanes_for(0.024, 61.4e6, per_stream), 1);
+        assert_eq!(lanes_for(0.024, GIB as f64, per_stream), 2);
+        // What one stream's slow start carries before its window is full: one lane at any round trip.
+        assert_eq!(lanes_for(5.0, 1e6, per_stream), 1);
+        // The same 61 MB at 100 ms, longer than one window: the windows decide (4 for 1.5 × 12.5 MB).
+        assert_eq!(lanes_for(0.100, 61.4e6, per_stream), 4);
     }
 }

@@ -5,8 +5,8 @@
 //!   the relay path each paired through `ferry relay`); the clock from the first connect to the last byte.
 //! - `raw TCP cubic`, `raw TCP ×4 cubic`: the same with TCP_CONGESTION `cubic` on the sending sockets (the
 //!   host's default, bbr here, in the others).
-//! - `ferry send 1 lane`, `2 lanes`, `4 lanes`: `ferry send --lanes 1/2/4` of the single file
-//!   (the `ferry send` row is the default, which chooses by itself).
+//! - `ferry send 1 lane`, `2 lanes`, `4 lanes`: `ferry send --lanes 1/2/4` of the single file and of the
+//!   small files (the `ferry send` row is the default, which chooses by itself).
 
 use std::io;
 use std::net::TcpStream;
