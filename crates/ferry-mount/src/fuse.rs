@@ -251,6 +251,11 @@ impl<S: Source + Sink> Shared<S> {
 
     /// The entry of `ino`: fresh from the table, else asked of the sharer, else (offline) as last seen.
     fn entry(&self, ino: u64, path: &SharePath) -> Result<Entry, Errno> {
+        // A file with a working copy is what the copy shows (a new one is not on the sharer yet: asking
+        // would say it does not exist).
+        if let Some(e) = self.copy(ino).and_then(|_| self.inodes().entry(ino, false)) {
+            return Ok(e);
+        }
         self.known_or_asked(
             |inodes, fresh| inodes.entry(ino, fresh),
             || self.source.stat(path),
@@ -299,7 +304,13 @@ impl<S: Source + Sink> Shared<S> {
     fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<(u64, Entry), Errno> {
         let dir = self.path(parent)?;
         let path = child(&dir, name.as_bytes()).ok_or(Errno::ENOENT)?;
-        // A fresh listing of the directory answers without asking.
+        // A file with a working copy answers from the table (a new one is not on the sharer yet); so does
+        // a fresh listing of the directory.
+        let copied = self.inodes().ino(&path).filter(|&i| self.copy(i).is_some());
+        if let Some(e) = copied.and_then(|i| self.inodes().entry(i, false)) {
+            let ino = self.inodes().looked_up(path, parent.0, e.clone());
+            return Ok((ino, e));
+        }
         let listed = self.inodes().listing(parent.0, true);
         let entry = match listed {
             Some(l) => l
