@@ -338,6 +338,8 @@ fn a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back() {
     let sharer = sharing_with(&w, &["--writable"]);
     let mut m = Mounted::start(&w, &["--deadline", "2s"]);
     let mut f = fs::File::create(m.path("late.txt")).unwrap();
+    // A new file reaches the sharer with its first push (here fsync; else close or the debounce).
+    f.sync_all().unwrap();
     assert!(w.src().join("late.txt").exists());
     sharer.signal(libc::SIGKILL);
     let _ = sharer.finish();
@@ -386,4 +388,191 @@ fn a_written_file_reads_from_the_local_cache_without_coming_back_from_the_sharer
         0,
         "nothing came back from the sharer"
     );
+}
+
+#[test]
+fn tar_x_into_the_mount_lands_every_file_with_its_mode_and_time_once_closed() {
+    let test = "tar_x_into_the_mount_lands_every_file_with_its_mode_and_time_once_closed";
+    if !fuse_usable(test) || !have(test, "tar") {
+        return;
+    }
+    let w = World::new();
+    let tree = w.path("tree");
+    for i in 0..60u64 {
+        let dir = tree.join(format!("d{}", i / 20));
+        fs::create_dir_all(&dir).unwrap();
+        let f = dir.join(format!("f{i}"));
+        fs::write(&f, pseudo_random(100 + i as usize * 97, i)).unwrap();
+        fs::set_permissions(
+            &f,
+            fs::Permissions::from_mode(0o600 + (i as u32 % 2) * 0o155),
+        )
+        .unwrap();
+        set_mtime(&f, 1_400_000_000 + i as i64, 0);
+    }
+    let archive = w.path("small.tar");
+    assert!(Command::new("tar")
+        .arg("cf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&tree)
+        .arg(".")
+        .status()
+        .unwrap()
+        .success());
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    fs::create_dir(m.path("x")).unwrap();
+    let out = Command::new("tar")
+        .arg("xf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(m.path("x"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // tar has exited: every file closed, so every file is on the sharer, as made.
+    for i in 0..60u64 {
+        let rel = format!("d{}/f{i}", i / 20);
+        let (src, landed, shown) = (
+            tree.join(&rel),
+            w.src().join("x").join(&rel),
+            m.path("x").join(&rel),
+        );
+        assert_eq!(digest(&landed), digest(&src), "{rel}");
+        for (what, meta) in [
+            ("sharer", fs::metadata(&landed).unwrap()),
+            ("mount", fs::metadata(&shown).unwrap()),
+        ] {
+            let want = fs::metadata(&src).unwrap();
+            assert_eq!(
+                meta.mode() & 0o7777,
+                want.mode() & 0o7777,
+                "{rel} mode on the {what}"
+            );
+            assert_eq!(meta.mtime(), want.mtime(), "{rel} mtime on the {what}");
+        }
+    }
+}
+
+#[test]
+fn a_file_read_with_passthrough_is_refused_for_writing_with_etxtbsy_until_its_readers_close() {
+    let test =
+        "a_file_read_with_passthrough_is_refused_for_writing_with_etxtbsy_until_its_readers_close";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let content = pseudo_random(1_000_000, 21);
+    fs::write(w.src().join("cached.bin"), &content).unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &[]);
+    // Read whole (into the cache), then opened again until an open passes through to the cache file.
+    assert_eq!(digest(&m.path("cached.bin")), blake3::hash(&content));
+    let before = m.stats()["passthrough-opens"];
+    let mut reader = None;
+    eventually("a passthrough open of the cached file", || {
+        let f = fs::File::open(m.path("cached.bin")).unwrap();
+        let passed = m.stats()["passthrough-opens"] > before;
+        reader = passed.then_some(f);
+        passed
+    });
+    let reader = reader.unwrap();
+    // While it is open, a writer is refused clearly (the kernel would take no other kind of open).
+    let e = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("cached.bin"))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ETXTBSY), "{e}");
+    let notice = m.wait_for(|e| {
+        e["event"] == "notice" && e["message"].as_str().unwrap_or("").contains("ETXTBSY")
+    });
+    assert!(
+        notice["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("cached.bin "),
+        "{notice}"
+    );
+    // Readers are not disturbed: the held one and a new one read the same bytes.
+    let mut held = vec![0; content.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&reader, &mut held, 0).unwrap();
+    assert_eq!(blake3::hash(&held), blake3::hash(&content));
+    assert_eq!(digest(&m.path("cached.bin")), blake3::hash(&content));
+    // Once the reader is closed, the writer gets in at once (its release is waited for).
+    drop(reader);
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("cached.bin"))
+        .unwrap();
+    f.write_all(b"appended").unwrap();
+    drop(f);
+    let mut want = content.clone();
+    want.extend_from_slice(b"appended");
+    assert_eq!(digest(&w.src().join("cached.bin")), blake3::hash(&want));
+    assert_eq!(digest(&m.path("cached.bin")), blake3::hash(&want));
+}
+
+#[test]
+fn a_write_a_killed_mount_could_not_push_is_pushed_when_the_share_is_mounted_again() {
+    let test = "a_write_a_killed_mount_could_not_push_is_pushed_when_the_share_is_mounted_again";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("edited.txt"), b"the sharer's first version\n").unwrap();
+    let sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &["--deadline", "2s"]);
+    // Listed and read once (the edit below starts from it), then the sharer goes away.
+    assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 1);
+    assert_eq!(
+        fs::read(m.path("edited.txt")).unwrap(),
+        b"the sharer's first version\n"
+    );
+    sharer.signal(libc::SIGKILL);
+    let _ = sharer.finish();
+    let mut f = fs::File::create(m.path("new.txt")).unwrap();
+    f.write_all(b"made while the sharer was away").unwrap();
+    assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
+    drop(f);
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(m.path("edited.txt"))
+        .unwrap();
+    f.write_all(b"and an edit\n").unwrap();
+    assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
+    drop(f);
+    // The mount dies without a chance to push (kill -9), and its mount point is cleared.
+    let p = m.process.take().unwrap();
+    p.signal(libc::SIGKILL);
+    let _ = p.finish();
+    let _ = Command::new("umount").arg("-l").arg(&m.dir).status();
+    drop(m);
+    assert!(!w.src().join("new.txt").exists());
+
+    // The sharer is back and the share is mounted again: both writes land, and the mount says so.
+    let _sharer = w.share("a", &["--writable"]).0;
+    let mut m = Mounted::start(&w, &[]);
+    for name in ["new.txt", "edited.txt"] {
+        m.wait_for(|e| {
+            e["event"] == "notice"
+                && e["message"].as_str().unwrap_or("")
+                    == format!("{name} (written before the mount stopped) is on the sharer now")
+        });
+    }
+    assert_eq!(
+        fs::read(w.src().join("new.txt")).unwrap(),
+        b"made while the sharer was away"
+    );
+    assert_eq!(
+        fs::read(w.src().join("edited.txt")).unwrap(),
+        b"the sharer's first version\nand an edit\n"
+    );
+    eventually("the recovered file in the mount", || {
+        fs::read(m.path("new.txt")).ok().as_deref() == Some(&b"made while the sharer was away"[..])
+    });
 }

@@ -22,7 +22,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ferry_share::tree::{Version, GROUP};
@@ -37,12 +37,14 @@ use crate::files::{Handle, Reader};
 use crate::inodes::{child, Inodes, ROOT};
 use crate::source::{Sink, Source, SourceError};
 use crate::store::Store;
-use crate::writes::{self, Pushed, Writes, DEBOUNCE};
+use crate::writes::{self, Pushed, Recovered, Writes, DEBOUNCE};
 
 /// How long the kernel may trust an entry or attributes without asking (changes invalidate sooner).
 pub const TTL: Duration = Duration::from_secs(1);
 /// The largest read (and write) request: 1 MiB (`FUSE_MAX_PAGES` with 256 pages).
 pub const MAX_REQUEST: u32 = 1 << 20;
+/// How long an open for writing waits for the releases of passthrough readers before it fails with ETXTBSY.
+pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Background requests (readahead, async reads) the kernel may queue.
 pub const MAX_BACKGROUND: u16 = 64;
 
@@ -74,6 +76,8 @@ struct Shared<S: Source + Sink> {
     notifier: OnceLock<Notifier>,
     /// Set when the mount writes: the working copies, and the store pushed versions are seeded into.
     writes: OnceLock<(Writes, Arc<dyn Store>)>,
+    /// Pushed versions to put into the store, by one thread off the close's path.
+    seeds: OnceLock<mpsc::Sender<(Version, writes::Shared)>>,
     uid: u32,
     gid: u32,
     notice: Notice,
@@ -115,6 +119,7 @@ impl<S: Source + Sink> ShareFs<S> {
                 passthrough: AtomicBool::new(false),
                 notifier: OnceLock::new(),
                 writes: OnceLock::new(),
+                seeds: OnceLock::new(),
                 uid,
                 gid,
                 notice,
@@ -134,6 +139,16 @@ impl<S: Source + Sink> ShareFs<S> {
     /// a write, and retries pushes that failed.
     pub fn writable(self, dir: &Path, store: Arc<dyn Store>) -> std::io::Result<Self> {
         let writes = Writes::new(dir)?;
+        let (tx, rx) = mpsc::channel::<(Version, writes::Shared)>();
+        let seeding = Arc::clone(&store);
+        std::thread::Builder::new()
+            .name("ferry-mount-seed".into())
+            .spawn(move || {
+                for (version, copy) in rx {
+                    seed(&*seeding, version, &copy);
+                }
+            })?;
+        let _ = self.shared.seeds.set(tx);
         let _ = self.shared.writes.set((writes, store));
         let shared = Arc::downgrade(&self.shared);
         std::thread::Builder::new()
@@ -236,6 +251,11 @@ impl<S: Source + Sink> Shared<S> {
 
     /// The entry of `ino`: fresh from the table, else asked of the sharer, else (offline) as last seen.
     fn entry(&self, ino: u64, path: &SharePath) -> Result<Entry, Errno> {
+        // A file with a working copy is what the copy shows (a new one is not on the sharer yet: asking
+        // would say it does not exist).
+        if let Some(e) = self.copy(ino).and_then(|_| self.inodes().entry(ino, false)) {
+            return Ok(e);
+        }
         self.known_or_asked(
             |inodes, fresh| inodes.entry(ino, fresh),
             || self.source.stat(path),
@@ -284,7 +304,13 @@ impl<S: Source + Sink> Shared<S> {
     fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<(u64, Entry), Errno> {
         let dir = self.path(parent)?;
         let path = child(&dir, name.as_bytes()).ok_or(Errno::ENOENT)?;
-        // A fresh listing of the directory answers without asking.
+        // A file with a working copy answers from the table (a new one is not on the sharer yet); so does
+        // a fresh listing of the directory.
+        let copied = self.inodes().ino(&path).filter(|&i| self.copy(i).is_some());
+        if let Some(e) = copied.and_then(|i| self.inodes().entry(i, false)) {
+            let ino = self.inodes().looked_up(path, parent.0, e.clone());
+            return Ok((ino, e));
+        }
         let listed = self.inodes().listing(parent.0, true);
         let entry = match listed {
             Some(l) => l
@@ -294,15 +320,22 @@ impl<S: Source + Sink> Shared<S> {
             None => match self.source.stat(&path) {
                 Ok(e) => e,
                 Err(SourceError::Offline(why)) => {
-                    let known = {
-                        let t = self.inodes();
-                        t.last_seen(&path).or_else(|| {
-                            t.listing(parent.0, false)?
-                                .into_iter()
-                                .find(|e| e.name == name.as_bytes())
-                        })
-                    };
-                    known.ok_or_else(|| self.failed(why))?
+                    let t = self.inodes();
+                    let listed = t.listing(parent.0, false);
+                    let known = t.last_seen(&path).or_else(|| {
+                        listed
+                            .as_ref()?
+                            .iter()
+                            .find(|e| e.name == name.as_bytes())
+                            .cloned()
+                    });
+                    drop(t);
+                    match (known, listed) {
+                        (Some(e), _) => e,
+                        // Not in the directory as last listed: missing (so a file can be made offline).
+                        (None, Some(_)) => return Err(Errno::ENOENT),
+                        (None, None) => return Err(self.failed(why)),
+                    }
                 }
                 Err(e) => return Err(Errno::from_i32(e.errno())),
             },
@@ -313,7 +346,10 @@ impl<S: Source + Sink> Shared<S> {
 
     fn open(&self, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let writing = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        if writing || self.copy(ino.0).is_some() {
+        // A reader of a file with a working copy reads the copy (classically), unless passthrough readers
+        // hold the inode: then it reads their version with them (the kernel takes nothing else).
+        let passing = self.inodes().passing_through(ino.0).is_some();
+        if writing || (self.copy(ino.0).is_some() && !passing) {
             return self.open_copy(ino, flags, writing, reply);
         }
         let path = match self.path(ino) {
@@ -465,6 +501,9 @@ impl<S: Source + Sink> Shared<S> {
     /// with O_TRUNC); a reader of a file that has one reads it.
     fn open_copy(&self, ino: INodeNo, flags: OpenFlags, writing: bool, reply: ReplyOpen) {
         if writing {
+            if let Err(e) = self.no_passthrough_readers(ino.0) {
+                return reply.error(e);
+            }
             let truncate = flags.0 & libc::O_TRUNC != 0;
             if let Err(e) = self.working_copy(ino.0, truncate) {
                 return reply.error(e);
@@ -472,6 +511,28 @@ impl<S: Source + Sink> Shared<S> {
         }
         let fh = self.register(ino.0, writing);
         reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    /// Waits until no handle of `ino` reads with passthrough; `ETXTBSY` (said once per file) if some still
+    /// do after [`PASSTHROUGH_RELEASE_WAIT`]. While a handle reads the cache file through the kernel, the
+    /// kernel takes only passthrough opens of that same file (and fails any other open with EIO): a writer
+    /// there would write the verified cache file, so it is refused clearly instead. The wait covers
+    /// readers that closed just now (the kernel sends their release after close(2) returns).
+    fn no_passthrough_readers(&self, ino: u64) -> Result<(), Errno> {
+        let until = std::time::Instant::now() + PASSTHROUGH_RELEASE_WAIT;
+        while self.inodes().passing_through(ino).is_some() {
+            if std::time::Instant::now() >= until {
+                let path = self.path(INodeNo(ino))?;
+                (self.notice)(&format!(
+                    "{} is open for reading with passthrough: it cannot be opened for writing until those \
+                     readers close it (ETXTBSY)",
+                    String::from_utf8_lossy(path.as_bytes())
+                ));
+                return Err(Errno::ETXTBSY);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
     }
 
     /// The working copy of `ino`, made now if there is none: the current version's content (fetched through
@@ -489,7 +550,9 @@ impl<S: Source + Sink> Shared<S> {
         let handle = self.reader.open(&path, known).map_err(|e| errno_of(&e))?;
         let version = handle.file().version();
         let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
-        let mut copy = w.create(Some(version), mode & 0o7777).map_err(io_errno)?;
+        let mut copy = w
+            .create(&path, Some(version), mode & 0o7777)
+            .map_err(io_errno)?;
         if truncate {
             copy.set_len(0).map_err(io_errno)?;
         } else {
@@ -527,11 +590,17 @@ impl<S: Source + Sink> Shared<S> {
         match pushed {
             Ok(Pushed::Clean) => Ok(()),
             Ok(Pushed::Written(version)) => {
+                // The sharer's file is what the copy shows (its size, mode and time were pushed with it):
+                // the table says so, fresh, without asking again.
+                let mut t = self.inodes();
+                if let Some(mut e) = t.entry(ino, false) {
+                    c.overlay(&mut e);
+                    t.wrote(ino, e);
+                }
+                t.set_version(ino, version);
+                drop(t);
                 drop(c);
                 self.seed(version, copy);
-                let mut t = self.inodes();
-                t.changed(&path);
-                t.set_version(ino, version);
                 Ok(())
             }
             Ok(Pushed::Conflicted(name)) => {
@@ -582,6 +651,28 @@ impl<S: Source + Sink> Shared<S> {
         let Ok(w) = self.writes() else {
             return;
         };
+        if w.left_behind() > 0 {
+            for r in w.push_left_behind(&*self.source) {
+                (self.notice)(&match r {
+                    Recovered::Written(p) => format!(
+                        "{} (written before the mount stopped) is on the sharer now",
+                        shown(&p)
+                    ),
+                    Recovered::Conflicted(p, name) => format!(
+                        "conflict: {} (written before the mount stopped) changed on the sharer too: its \
+                         version stays, yours is kept beside it as {}",
+                        shown(&p),
+                        String::from_utf8_lossy(&name)
+                    ),
+                    Recovered::Kept(p, why, file) => format!(
+                        "{} (written before the mount stopped) cannot be pushed ({why}): kept in {}, \
+                         tried again by the next mount",
+                        shown(&p),
+                        file.display()
+                    ),
+                });
+            }
+        }
         for (ino, c) in w.all() {
             if writes::lock(&c).is_due(DEBOUNCE) {
                 let _ = self.push(ino, &c);
@@ -592,37 +683,12 @@ impl<S: Source + Sink> Shared<S> {
         }
     }
 
-    /// Puts the pushed content into the store as `version`, so that it reads locally (and with
-    /// passthrough) from now on without fetching it back. On a thread of its own, after the push's
-    /// answer: a close does not wait for it (a read meanwhile fetches what is not there yet).
+    /// Puts the pushed content into the store as `version` (on the seeding thread, after the push's
+    /// answer: a close does not wait for it; a read meanwhile fetches what is not there yet).
     fn seed(&self, version: Version, copy: &writes::Shared) {
-        let Some((_, store)) = self.writes.get() else {
-            return;
-        };
-        let (store, copy) = (Arc::clone(store), Arc::clone(copy));
-        let _ = std::thread::Builder::new()
-            .name("ferry-mount-seed".into())
-            .spawn(move || {
-                let c = writes::lock(&copy);
-                // Written again meanwhile: that version is seeded by its own push.
-                if c.base() != Some(version) || c.is_dirty() {
-                    return;
-                }
-                let Ok(chunks) = store.entry(version) else {
-                    return;
-                };
-                let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
-                let mut at = 0;
-                while at < version.size && !chunks.is_complete() {
-                    let Ok(bytes) = c.read_at(at, step as u32) else {
-                        return;
-                    };
-                    if bytes.is_empty() || chunks.insert(at, &bytes, &[]).is_err() {
-                        return;
-                    }
-                    at += bytes.len() as u64;
-                }
-            });
+        if let Some(tx) = self.seeds.get() {
+            let _ = tx.send((version, Arc::clone(copy)));
+        }
     }
 
     /// The path of `name` in `parent`, for a write.
@@ -634,10 +700,7 @@ impl<S: Source + Sink> Shared<S> {
 
     /// A new name made by this mount: the table learns it (and that its directory changed); its attributes.
     fn made(&self, parent: INodeNo, path: SharePath, entry: Entry) -> (u64, FileAttr) {
-        let mut t = self.inodes();
-        t.removed(&path);
-        let ino = t.looked_up(path, parent.0, entry.clone());
-        drop(t);
+        let ino = self.inodes().made(path, parent.0, entry.clone());
         (ino, self.attr(ino, &entry))
     }
 
@@ -646,31 +709,20 @@ impl<S: Source + Sink> Shared<S> {
             Ok(p) => p,
             Err(e) => return reply.error(e),
         };
+        // The new file is the mount's alone until its first push (close, fsync, or the debounce): no round
+        // trip here. A file made on the sharer meanwhile under the same name stays, and the push is kept
+        // beside it (the conflict rule).
         let r = (|| {
             let w = self.writes()?;
-            let mut copy = w.create(None, mode).map_err(io_errno)?;
-            // The name exists on the sharer from now on (empty), as on a local disk.
+            let mut copy = w.create(&path, None, mode).map_err(io_errno)?;
             copy.set_len(0).map_err(io_errno)?;
-            match copy.push(&*self.source, &path).map_err(|e| errno_of(&e))? {
-                Pushed::Conflicted(name) => {
-                    // Something is there already: the empty sibling goes, the name is taken.
-                    if let Some(sibling) = sibling(&path, &name) {
-                        let _ = self.source.unlink(&sibling);
-                    }
-                    Err(Errno::EEXIST)
-                }
-                Pushed::Written(_) | Pushed::Clean => Ok(copy),
-            }
+            Ok(copy)
         })();
         let copy = match r {
             Ok(c) => c,
             Err(e) => return reply.error(e),
         };
-        let version = copy.base();
         let (ino, attr) = self.made(parent, path, new_entry(name, Kind::File, mode, b""));
-        if let Some(v) = version {
-            self.inodes().set_version(ino, v);
-        }
         if let Err(e) = self.keep_copy(ino, copy) {
             return reply.error(e);
         }
@@ -734,15 +786,20 @@ impl<S: Source + Sink> Shared<S> {
         });
         let mode = mode.map(|m| m & 0o7777);
         if mode.is_some() || mtime.is_some() {
-            self.remote(self.source.set_attr(&path, mode, mtime))?;
-            if let Some(c) = self.copy(ino.0) {
+            // A file with unpushed writes takes them with its content (tar's fchmod and futimens before
+            // close cost no round trip); otherwise they go to the sharer now.
+            let copy = self.copy(ino.0);
+            if !copy.as_ref().is_some_and(|c| writes::lock(c).is_dirty()) {
+                self.remote(self.source.set_attr(&path, mode, mtime))?;
+            }
+            if let Some(c) = copy {
                 // The next push carries them too (else it would set the sharer's time).
                 let mut c = writes::lock(&c);
                 if let Some(m) = mode {
-                    c.set_mode(m);
+                    c.set_mode(m).map_err(io_errno)?;
                 }
                 if let Some(t) = mtime {
-                    c.set_mtime(t);
+                    c.set_mtime(t).map_err(io_errno)?;
                 }
             }
             if let Some(m) = mode {
@@ -783,12 +840,14 @@ impl<S: Source + Sink> Shared<S> {
             self.forget_copy(ino);
         }
         self.inodes().renamed(&from, &to);
+        self.writes()?.renamed(&from, &to);
         Ok(())
     }
 
     /// The file of `ino` is gone (removed, renamed over): so is what was written to it.
     fn forget_copy(&self, ino: u64) {
         if let Some(c) = self.copy(ino) {
+            writes::lock(&c).discard();
             self.drop_copy(ino, &c);
         }
     }
@@ -844,14 +903,37 @@ impl<S: Source + Sink> Shared<S> {
     }
 }
 
-/// The path of a conflict copy named `name` beside `path`.
-fn sibling(path: &SharePath, name: &[u8]) -> Option<SharePath> {
-    let p = path.as_bytes();
-    let dir = match p.iter().rposition(|&b| b == b'/') {
-        Some(i) => SharePath::new(&p[..i]).ok()?,
-        None => SharePath::root(),
+/// Puts `copy`'s content into `store` as `version`, so that it reads locally (and with passthrough) from now
+/// on without fetching it back; it stops when the copy is written again (its own push seeds that). The copy
+/// is locked only to read each piece: a close or write of the file never waits for the seeding (a close
+/// right after an fsync of 1 GiB did, for seconds).
+fn seed(store: &dyn Store, version: Version, copy: &writes::Shared) {
+    let Ok(chunks) = store.entry(version) else {
+        return;
     };
-    child(&dir, name)
+    let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
+    let mut at = 0;
+    while at < version.size && !chunks.is_complete() {
+        let bytes = {
+            let c = writes::lock(copy);
+            if c.base() != Some(version) || c.is_dirty() {
+                return;
+            }
+            match c.read_at(at, step as u32) {
+                Ok(b) => b,
+                Err(_) => return,
+            }
+        };
+        if bytes.is_empty() || chunks.insert(at, &bytes, &[]).is_err() {
+            return;
+        }
+        at += bytes.len() as u64;
+    }
+}
+
+/// A share path as the log shows it.
+fn shown(path: &SharePath) -> String {
+    String::from_utf8_lossy(path.as_bytes()).into_owned()
 }
 
 /// The entry of a name this mount just made (the sharer's own is learned once it is asked again).

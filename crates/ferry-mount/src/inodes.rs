@@ -253,6 +253,47 @@ impl Inodes {
         }
     }
 
+    /// `path` was made by this mount (create, mkdir, symlink) as `entry` in directory `parent`: a new inode
+    /// (one lookup counted), and the parent's listing, if known, gains the name and stays as fresh as it
+    /// was (a lookup of the next new name there answers without asking). A new directory is known empty.
+    pub fn made(&mut self, path: SharePath, parent: u64, entry: Entry) -> u64 {
+        // Whatever had the name before lives on only while the kernel holds it.
+        self.by_path.remove(&path);
+        self.remembered.remove(&path);
+        let dir = entry.kind == Kind::Dir;
+        self.listed(parent, &entry);
+        let ino = self.looked_up(path, parent, entry);
+        if dir {
+            let n = self.by_ino.get_mut(&ino).expect("just made");
+            n.listing = Some((Vec::new(), Instant::now()));
+            n.listing_stale = false;
+        }
+        ino
+    }
+
+    /// This mount wrote `ino`'s content: `entry` is what the sharer has now (fresh), in its parent's
+    /// listing too.
+    pub fn wrote(&mut self, ino: u64, entry: Entry) {
+        let Some(n) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
+        let parent = n.parent;
+        n.entry = Some((entry.clone(), Instant::now()));
+        n.stale = false;
+        self.listed(parent, &entry);
+    }
+
+    /// Puts `entry` into `dir`'s listing (replacing the same name) if the listing is known.
+    fn listed(&mut self, dir: u64, entry: &Entry) {
+        let Some((listing, _)) = self.by_ino.get_mut(&dir).and_then(|n| n.listing.as_mut()) else {
+            return;
+        };
+        match listing.iter_mut().find(|e| e.name == entry.name) {
+            Some(e) => *e = entry.clone(),
+            None => listing.push(entry.clone()),
+        }
+    }
+
     /// `path` was removed (by this mount): the name no longer leads to its inode, which lives on while
     /// the kernel holds it (an open file); a new file there gets a new inode.
     pub fn removed(&mut self, path: &SharePath) {
@@ -304,7 +345,20 @@ impl Inodes {
     pub fn changed(&mut self, path: &SharePath) -> Invalidations {
         let mut inv = Invalidations::default();
         let prefix = path.as_bytes();
-        for (ino, n) in self.by_ino.iter_mut() {
+        // A file (or symlink) has no descendants: its own node is all there is to find, without walking
+        // every node (a burst of changes in a big tree would cost the square of its size).
+        let leaf = self
+            .by_path
+            .get(path)
+            .and_then(|i| self.by_ino.get(i))
+            .is_some_and(|n| n.entry.is_some() && !is_dir_node(n));
+        let walk: Vec<u64> = match (leaf, self.by_path.get(path)) {
+            (true, Some(&ino)) => vec![ino],
+            (true, None) => Vec::new(),
+            (false, _) => self.by_ino.keys().copied().collect(),
+        };
+        for ino in walk {
+            let n = self.by_ino.get_mut(&ino).expect("indexed");
             let p = n.path.as_bytes();
             let inside = path.is_root()
                 || p == prefix
@@ -314,13 +368,21 @@ impl Inodes {
             }
             n.stale = true;
             n.listing_stale = true;
-            inv.inodes.push(*ino);
-            if *ino != ROOT {
+            inv.inodes.push(ino);
+            // A directory's own entry is not dropped: it may be a process's working directory, which
+            // getcwd(2) could no longer name (git failed so). Its attributes and listing are asked again;
+            // the kernel revalidates the name itself after the entry's timeout.
+            if ino != ROOT && !is_dir_node(n) {
                 inv.entries.push((n.parent, last_component(p).to_vec()));
             }
         }
         // The parent's listing changed too (a new or deleted name), and a name the kernel cached as
         // missing (a negative entry) must go.
+        let a_dir = self
+            .by_path
+            .get(path)
+            .and_then(|i| self.by_ino.get(i))
+            .is_some_and(is_dir_node);
         if !path.is_root() {
             let (parent_path, name) = split_parent(path);
             if let Some(&pino) = self.by_path.get(&parent_path) {
@@ -328,7 +390,7 @@ impl Inodes {
                 pn.stale = true;
                 pn.listing_stale = true;
                 inv.inodes.push(pino);
-                if !inv.entries.iter().any(|(p, n)| *p == pino && n == name) {
+                if !a_dir && !inv.entries.iter().any(|(p, n)| *p == pino && n == name) {
                     inv.entries.push((pino, name.to_vec()));
                 }
             }
@@ -337,6 +399,11 @@ impl Inodes {
         inv.inodes.dedup();
         inv
     }
+}
+
+/// Whether a node is a directory as last seen (an entry of kind Dir, or a listing).
+fn is_dir_node(n: &Node) -> bool {
+    n.listing.is_some() || n.entry.as_ref().is_some_and(|(e, _)| e.kind == Kind::Dir)
 }
 
 fn node(path: SharePath, parent: u64) -> Node {
@@ -546,7 +613,9 @@ mod tests {
     #[test]
     fn a_change_invalidates_the_path_its_descendants_and_its_parent_but_keeps_what_was_seen() {
         let mut t = Inodes::new(Duration::from_secs(60));
-        let d = t.looked_up(p("d"), ROOT, file("d", 0));
+        let mut dir = file("d", 0);
+        dir.kind = Kind::Dir;
+        let d = t.looked_up(p("d"), ROOT, dir);
         let f = t.looked_up(p("d/f"), d, file("f", 5));
         let g = t.looked_up(p("d/g"), d, file("g", 5));
         let other = t.looked_up(p("dd"), ROOT, file("dd", 1));
@@ -558,6 +627,9 @@ mod tests {
         assert!(t.entry(g, true).is_some());
         let inv = t.changed(&p("d"));
         assert!(inv.inodes.contains(&g) && !inv.inodes.contains(&other));
+        // A directory's own name stays (it may be a working directory); its files' names go.
+        assert!(inv.entries.contains(&(d, b"g".to_vec())));
+        assert!(!inv.entries.iter().any(|(_, n)| n == b"d"), "{inv:?}");
         let all = t.changed(&SharePath::root());
         assert_eq!(all.inodes.len(), 5);
     }

@@ -45,6 +45,8 @@ pub enum Pushed {
 pub struct WorkingCopy {
     file: File,
     path: PathBuf,
+    /// Where the copy goes on the sharer (kept in its journal while dirty).
+    share_path: SharePath,
     /// The sharer's version the copy started from, or was last pushed as (`None`: no file there).
     base: Option<Version>,
     size: u64,
@@ -62,15 +64,112 @@ pub struct WorkingCopy {
 }
 
 impl Drop for WorkingCopy {
+    /// A copy with nothing unpushed goes with its file; a dirty one (the mount stops while the sharer is
+    /// away) stays with its journal, for the next mount of the share to push.
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if !self.dirty {
+            let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(journal_of(&self.path));
+        }
+    }
+}
+
+/// The journal beside a copy's file: where it goes and what it started from, written when the copy
+/// becomes dirty and removed once it is pushed, so that a copy a crashed mount left behind is pushed by the
+/// next one ([`Writes::push_left_behind`]).
+fn journal_of(copy: &Path) -> PathBuf {
+    let mut name = copy.as_os_str().to_owned();
+    name.push(JOURNAL_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// The journal's name is the copy's and this.
+const JOURNAL_SUFFIX: &str = ".journal";
+const JOURNAL_MAGIC: &str = "ferry-working-copy 1";
+
+/// What a journal records: the sharer's path, the base, the mode and the time set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Journal {
+    path: SharePath,
+    base: Option<Version>,
+    mode: u32,
+    mtime: Option<Time>,
+}
+
+impl Journal {
+    fn encode(&self) -> String {
+        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let base = match self.base {
+            Some(v) => format!("{} {}", hex(&v.root), v.size),
+            None => "none".into(),
+        };
+        let mtime = match self.mtime {
+            Some(t) => format!("{} {}", t.secs, t.nanos),
+            None => "none".into(),
+        };
+        format!(
+            "{JOURNAL_MAGIC}\npath {}\nbase {base}\nmode {:o}\nmtime {mtime}\n",
+            hex(self.path.as_bytes()),
+            self.mode
+        )
+    }
+
+    /// The journal in `text`, or `None` if it is not one (cut short by a crash, say).
+    fn decode(text: &str) -> Option<Journal> {
+        fn unhex(s: &str) -> Option<Vec<u8>> {
+            if !s.len().is_multiple_of(2) {
+                return None;
+            }
+            (0..s.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+                .collect()
+        }
+        let mut lines = text.lines();
+        if lines.next()? != JOURNAL_MAGIC {
+            return None;
+        }
+        let mut field = |name: &str| lines.next()?.strip_prefix(name)?.strip_prefix(' ');
+        let path = SharePath::new(&unhex(field("path")?)?).ok()?;
+        let base = match field("base")? {
+            "none" => None,
+            b => {
+                let (root, size) = b.split_once(' ')?;
+                Some(Version {
+                    root: unhex(root)?.try_into().ok()?,
+                    size: size.parse().ok()?,
+                })
+            }
+        };
+        let mode = u32::from_str_radix(field("mode")?, 8).ok()? & 0o7777;
+        let mtime = match field("mtime")? {
+            "none" => None,
+            t => {
+                let (secs, nanos) = t.split_once(' ')?;
+                Some(Time {
+                    secs: secs.parse().ok()?,
+                    nanos: nanos.parse().ok().filter(|n| *n < 1_000_000_000)?,
+                })
+            }
+        };
+        Some(Journal {
+            path,
+            base,
+            mode,
+            mtime,
+        })
     }
 }
 
 impl WorkingCopy {
     /// An empty copy at `path` (a new file there) of the sharer's `base`; [`WorkingCopy::load`] fills in the
     /// base's content, else the copy counts as truncated.
-    pub fn create(path: PathBuf, base: Option<Version>, mode: u32) -> io::Result<WorkingCopy> {
+    pub fn create(
+        path: PathBuf,
+        share_path: SharePath,
+        base: Option<Version>,
+        mode: u32,
+    ) -> io::Result<WorkingCopy> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -81,6 +180,7 @@ impl WorkingCopy {
         Ok(WorkingCopy {
             file,
             path,
+            share_path,
             base,
             size,
             changed: Vec::new(),
@@ -105,8 +205,7 @@ impl WorkingCopy {
         // Bytes between the old end and the write are zeros now, whatever the base had there.
         let from = offset.min(self.size);
         self.size = self.size.max(end);
-        self.mark(from..end);
-        Ok(())
+        self.mark(from..end)
     }
 
     /// Cuts or extends the file to `size`.
@@ -118,10 +217,7 @@ impl WorkingCopy {
             r.end = r.end.min(size);
         }
         self.changed.retain(|r| !r.is_empty());
-        self.mark(old.min(size)..size);
-        self.dirty = true;
-        self.touched();
-        Ok(())
+        self.mark(old.min(size)..size)
     }
 
     /// Reads up to `len` bytes at `offset`, cut at the end.
@@ -136,24 +232,63 @@ impl WorkingCopy {
     }
 
     /// Sets the permission bits (pushed with the content).
-    pub fn set_mode(&mut self, mode: u32) {
+    pub fn set_mode(&mut self, mode: u32) -> io::Result<()> {
         self.mode = mode & 0o7777;
+        match self.dirty {
+            true => self.journal(),
+            false => Ok(()),
+        }
     }
 
     /// Sets the modification time (pushed with the content).
-    pub fn set_mtime(&mut self, mtime: Time) {
+    pub fn set_mtime(&mut self, mtime: Time) -> io::Result<()> {
         self.mtime = Some(mtime);
         self.modified = match u64::try_from(mtime.secs) {
             Ok(s) => UNIX_EPOCH + Duration::new(s, mtime.nanos),
             Err(_) => UNIX_EPOCH,
         };
+        match self.dirty {
+            true => self.journal(),
+            false => Ok(()),
+        }
     }
 
-    fn mark(&mut self, range: Range<u64>) {
+    /// Records the copy in its journal.
+    fn journal(&self) -> io::Result<()> {
+        let j = Journal {
+            path: self.share_path.clone(),
+            base: self.base,
+            mode: self.mode,
+            mtime: self.mtime,
+        };
+        std::fs::write(journal_of(&self.path), j.encode())
+    }
+
+    /// The copy now goes to `path` on the sharer (a rename in the mount).
+    pub fn move_to(&mut self, path: SharePath) -> io::Result<()> {
+        self.share_path = path;
+        match self.dirty {
+            true => self.journal(),
+            false => Ok(()),
+        }
+    }
+
+    /// Forgets what is unpushed (the file was removed in the mount): the copy and its journal go when it
+    /// is dropped.
+    pub fn discard(&mut self) {
+        self.dirty = false;
+        let _ = std::fs::remove_file(journal_of(&self.path));
+    }
+
+    fn mark(&mut self, range: Range<u64>) -> io::Result<()> {
+        if !self.dirty {
+            // Dirty from now on: recorded first, so that a crash leaves what the next mount needs.
+            self.journal()?;
+        }
         self.dirty = true;
         self.touched();
         if range.is_empty() {
-            return;
+            return Ok(());
         }
         self.changed.push(range);
         self.changed.sort_by_key(|r| r.start);
@@ -165,6 +300,7 @@ impl WorkingCopy {
             }
         }
         self.changed = merged;
+        Ok(())
     }
 
     fn touched(&mut self) {
@@ -225,19 +361,31 @@ impl WorkingCopy {
         }
         let ranges = self.base.is_some().then_some(&self.changed[..]);
         let base = self.base.map(|v| v.root);
-        match sink.put(path, base, &self.file, ranges, self.mode, self.mtime)? {
+        // The time the mount shows goes with the content, so that the sharer's file shows it too (and the
+        // mount need not ask for it again).
+        let mtime = self.mtime.unwrap_or_else(|| time_of(self.modified));
+        match sink.put(path, base, &self.file, ranges, self.mode, Some(mtime))? {
             PutOutcome::Written { version } => {
                 self.base = Some(version);
                 self.changed.clear();
-                self.dirty = false;
+                self.discard();
                 Ok(Pushed::Written(version))
             }
             PutOutcome::Conflicted { name } => {
                 // The sharer holds this content beside its own now: nothing of it is pending.
-                self.dirty = false;
+                self.discard();
                 Ok(Pushed::Conflicted(name))
             }
         }
+    }
+}
+
+/// `t` as the wire's time (the epoch for a time before it).
+fn time_of(t: SystemTime) -> Time {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    Time {
+        secs: d.as_secs() as i64,
+        nanos: d.subsec_nanos(),
     }
 }
 
@@ -247,6 +395,28 @@ pub struct Writes {
     dir: PathBuf,
     copies: Mutex<HashMap<u64, Arc<Mutex<WorkingCopy>>>>,
     next: AtomicU64,
+    /// Dirty copies an earlier mount of the share left (a crash, or the sharer away when it stopped):
+    /// their files and journals, pushed by [`Writes::push_left_behind`].
+    left_behind: Mutex<Vec<LeftBehind>>,
+}
+
+/// A dirty copy an earlier mount left: its file, its journal's record, and whether its failure was said.
+#[derive(Debug)]
+struct LeftBehind {
+    file: PathBuf,
+    journal: Journal,
+    said: bool,
+}
+
+/// What became of a copy an earlier mount left, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovered {
+    /// On the sharer now.
+    Written(SharePath),
+    /// The sharer's file had changed: it stays, the copy is beside it under this name.
+    Conflicted(SharePath, Vec<u8>),
+    /// Cannot be pushed (why): kept at this local path, tried again by the next mount.
+    Kept(SharePath, String, PathBuf),
 }
 
 /// A working copy shared by the requests that use it.
@@ -258,30 +428,143 @@ pub fn lock(copy: &Shared) -> MutexGuard<'_, WorkingCopy> {
 }
 
 impl Writes {
-    /// Copies kept in `dir` (created if needed, private to the user). Copies a crashed mount left there are
-    /// kept, not read.
+    /// Copies kept in `dir` (created if needed, private to the user), which only this mount uses (the
+    /// cache's lock). Copies an earlier mount left there: clean ones are removed, dirty ones (with a
+    /// journal) are kept to be pushed ([`Writes::left_behind`]); a copy whose journal cannot be read stays
+    /// where it is, said by [`Writes::push_left_behind`].
     pub fn new(dir: &Path) -> io::Result<Writes> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
+        let mut left = Vec::new();
+        let mut names: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        names.sort();
+        for file in names {
+            let name = file.file_name().unwrap_or_default().to_string_lossy();
+            if name.ends_with(JOURNAL_SUFFIX) {
+                let copy = file.with_file_name(name.trim_end_matches(JOURNAL_SUFFIX));
+                if !copy.exists() {
+                    let _ = std::fs::remove_file(&file);
+                }
+                continue;
+            }
+            match std::fs::read_to_string(journal_of(&file)) {
+                Ok(text) => {
+                    // Unreadable: left where it is (never removed unread), tried again next time.
+                    if let Some(journal) = Journal::decode(&text) {
+                        left.push(LeftBehind {
+                            file,
+                            journal,
+                            said: false,
+                        });
+                    }
+                }
+                // No journal: pushed before the mount stopped.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let _ = std::fs::remove_file(&file);
+                }
+                Err(_) => {}
+            }
+        }
         Ok(Writes {
             dir: dir.to_path_buf(),
             copies: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
+            left_behind: Mutex::new(left),
         })
+    }
+
+    /// How many copies an earlier mount left that are still to be pushed.
+    pub fn left_behind(&self) -> usize {
+        self.left_behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Pushes the copies an earlier mount left (whole, from the base their journal names: a file changed
+    /// on the sharer since keeps both by the conflict rule). Those that land or conflict are removed;
+    /// those the sharer cannot take now stay for the next try. Returns what to say: each outcome once.
+    pub fn push_left_behind(&self, sink: &dyn Sink) -> Vec<Recovered> {
+        let mut said = Vec::new();
+        let mut left = self.left_behind.lock().unwrap_or_else(|e| e.into_inner());
+        left.retain_mut(|l| {
+            let j = &l.journal;
+            let pushed = File::open(&l.file)
+                .map_err(|e| SourceError::Failed {
+                    errno: e.raw_os_error().unwrap_or(libc::EIO),
+                    message: e.to_string(),
+                })
+                .and_then(|f| sink.put(&j.path, j.base.map(|v| v.root), &f, None, j.mode, j.mtime));
+            let done = match pushed {
+                Ok(PutOutcome::Written { .. }) => Recovered::Written(j.path.clone()),
+                Ok(PutOutcome::Conflicted { name }) => Recovered::Conflicted(j.path.clone(), name),
+                // Tried again on the next round.
+                Err(SourceError::Offline(_)) => return true,
+                Err(e) => {
+                    if !l.said {
+                        l.said = true;
+                        said.push(Recovered::Kept(
+                            j.path.clone(),
+                            e.to_string(),
+                            l.file.clone(),
+                        ));
+                    }
+                    return true;
+                }
+            };
+            let _ = std::fs::remove_file(journal_of(&l.file));
+            let _ = std::fs::remove_file(&l.file);
+            said.push(done);
+            false
+        });
+        said
+    }
+
+    /// `from` was renamed to `to` in the mount: copies at or beneath it go to the new paths.
+    pub fn renamed(&self, from: &SharePath, to: &SharePath) {
+        let prefix = from.as_bytes();
+        for c in self.copies().values() {
+            let mut c = lock(c);
+            let p = c.share_path.as_bytes();
+            let inside =
+                p == prefix || (p.starts_with(prefix) && p.get(prefix.len()) == Some(&b'/'));
+            if !inside {
+                continue;
+            }
+            let mut moved = to.as_bytes().to_vec();
+            moved.extend_from_slice(&p[prefix.len()..]);
+            if let Ok(path) = SharePath::new(&moved) {
+                let _ = c.move_to(path);
+            }
+        }
     }
 
     fn copies(&self) -> MutexGuard<'_, HashMap<u64, Shared>> {
         self.copies.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new copy of `base` (empty, to be loaded) for `mode`, not yet registered.
-    pub fn create(&self, base: Option<Version>, mode: u32) -> io::Result<WorkingCopy> {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}-{n}", std::process::id());
-        WorkingCopy::create(self.dir.join(name), base, mode)
+    /// A new copy of `base` (empty, to be loaded) for `mode`, going to `path` on the sharer, not yet
+    /// registered.
+    pub fn create(
+        &self,
+        path: &SharePath,
+        base: Option<Version>,
+        mode: u32,
+    ) -> io::Result<WorkingCopy> {
+        loop {
+            let n = self.next.fetch_add(1, Ordering::Relaxed);
+            let name = format!("{}-{n}", std::process::id());
+            // A name an earlier mount (of the same process id) left is not taken over.
+            match WorkingCopy::create(self.dir.join(name), path.clone(), base, mode) {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                r => return r,
+            }
+        }
     }
 
     /// The copy of `ino`.

@@ -346,7 +346,14 @@ struct CacheState {
     /// Bytes of memory of the loaded outboards, and reserved for ones being loaded.
     memory: u64,
     tick: u64,
+    /// Bytes of cache files on disk as of the last scan plus those stored since (`None`: not scanned
+    /// yet), and how many were stored since that scan.
+    disk: Option<(u64, u32)>,
 }
+
+/// Cache files stored between two scans of the directory at most (the count corrects what other processes
+/// did to it); between scans the bytes on disk are counted, not listed.
+const STORES_PER_SCAN: u32 = 1024;
 
 #[derive(Debug)]
 struct Loaded {
@@ -515,7 +522,7 @@ impl OutboardCache {
         let after = FileId::of(file)?;
         if after == id {
             std::fs::rename(&temp_path, &path)?;
-            self.trim_disk();
+            self.stored(HEADER + outboard_len(size));
         } else {
             // Changed while hashed: serve what was hashed (pieces of new bytes fail the client's check)
             // but keep nothing.
@@ -549,11 +556,34 @@ impl OutboardCache {
         Ok((file, path))
     }
 
+    /// A cache file of `bytes` was stored: the directory is scanned and trimmed ([`OutboardCache::trim_disk`])
+    /// only when the count says it may be over its limit, or after [`STORES_PER_SCAN`] stores, so that
+    /// storing is not a walk of every cache file (it was, per store: a share taking thousands of new files
+    /// spent most of its time there).
+    fn stored(&self, bytes: u64) {
+        let scan = {
+            let mut state = self.lock();
+            match &mut state.disk {
+                Some((total, stores)) => {
+                    *total += bytes;
+                    *stores += 1;
+                    *total > self.inner.limits.disk || *stores >= STORES_PER_SCAN
+                }
+                None => true,
+            }
+        };
+        if scan {
+            let total = self.trim_disk();
+            self.lock().disk = Some((total, 0));
+        }
+    }
+
     /// Keeps the cache files within [`CacheLimits::disk`]: the least recently used (by mtime, which every
-    /// load refreshes) are removed first; temp files left by a crash are removed after an hour.
-    fn trim_disk(&self) {
+    /// load refreshes) are removed first; temp files left by a crash are removed after an hour. Returns the
+    /// bytes left.
+    fn trim_disk(&self) -> u64 {
         let Ok(read) = std::fs::read_dir(&self.inner.dir) else {
-            return;
+            return 0;
         };
         let now = std::time::SystemTime::now();
         let mut files = Vec::new();
@@ -580,6 +610,7 @@ impl OutboardCache {
                 total -= len;
             }
         }
+        total
     }
 }
 

@@ -48,7 +48,7 @@ pub struct Options {
     pub random_reads: usize,
     /// Samples per row.
     pub runs: usize,
-    /// Small files in the `tar x` row of the sshfs reference.
+    /// Small files in the `tar x` rows (the mount's and the sshfs reference's, the same archive).
     pub tar_files: usize,
     /// Bytes of the file read for the daemon's peak RSS row (a sparse file; none: no such row).
     pub rss_bytes: Option<u64>,

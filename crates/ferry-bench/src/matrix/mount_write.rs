@@ -2,8 +2,9 @@
 //! - a file written into the mount until it is verified on the sharer (the clock stops when close(2)
 //!   returns: the mount pushes on close, and the sharer lands the content only once its root verifies) vs
 //!   `ferry send` of the same file between the same two machines, interleaved;
-//! - `tar x` of many small files into the mount, files per second (each file: create, write, close, then
-//!   tar's utimens and chmod, each a round trip to the sharer).
+//! - `tar x` of many small files into the mount, files per second: the same archive as sshfs's row
+//!   ([`small_files_tarball`]); each file is on the sharer when tar closes it (create, write, fchmod and
+//!   futimens stay local until that close's push: one round trip per file).
 //!
 //! Both are checked on the sharer after the clock stops (BLAKE3 of the file; the number of files tar made).
 //! A submodule of `mount`, whose mount and helpers it uses.
@@ -11,16 +12,13 @@
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::Path as FsPath;
-use std::process::Command;
 use std::time::Instant;
 
 use super::{hash_file, Mount, Options, BENCH};
+use crate::matrix::mount_sshfs::{small_files_tarball, tar_x_seconds};
 use crate::matrix::pull::Paired;
 use crate::matrix::{Ends, Scratch};
-use crate::report::{median, xorshift, Report, Row};
-
-/// Small files in the `tar x` row (a smoke run takes fewer).
-const TAR_FILES: usize = 10_000;
+use crate::report::{median, Report, Row};
 
 /// Runs the write rows into `report`: `src` is the file to write (already shared read-only by the
 /// caller; this shares a directory of its own, writable).
@@ -63,30 +61,16 @@ pub(super) fn run(
         .with_baseline(median(&mut sent)),
     );
 
-    // tar x of small files (1-4 KiB, 100 to a directory), a fresh directory in the mount each run.
-    let files = if opts.file_bytes < 1 << 30 {
-        TAR_FILES / 10
-    } else {
-        TAR_FILES
-    };
-    let archive = small_files_tar(scratch, files)?;
+    // tar x of the same small files as sshfs's row (100 B to 8 KiB, 100 to a directory), a fresh directory
+    // in the mount each run; every file counted on the sharer.
+    let files = opts.tar_files;
+    let tar_dir = scratch.fresh("tar-archive")?;
+    let archive = small_files_tarball(&tar_dir, files)?;
     let mut rates = Vec::new();
     for run in 0..opts.runs {
-        let into = mnt.join(format!("untarred-{run}"));
-        fs::create_dir(&into)?;
-        let t0 = Instant::now();
-        let ok = Command::new("tar")
-            .arg("xf")
-            .arg(&archive)
-            .arg("-C")
-            .arg(&into)
-            .status()?
-            .success();
-        let secs = t0.elapsed().as_secs_f64();
-        if !ok {
-            return Err(io::Error::other("tar x into the mount failed"));
-        }
-        let landed = count_files(&target.join(format!("untarred-{run}")))?;
+        let name = format!("untarred-{run}");
+        let secs = tar_x_seconds(&archive, &mnt.join(&name), files)?;
+        let landed = count_files(&target.join(&name))?;
         if landed != files {
             return Err(io::Error::other(format!(
                 "tar x into the mount: {landed} of {files} files on the sharer"
@@ -123,34 +107,6 @@ fn write_through(src: &FsPath, dst: &FsPath) -> io::Result<f64> {
     to.sync_all()?;
     drop(to);
     Ok(t0.elapsed().as_secs_f64())
-}
-
-/// A tar archive of `files` small files in directories of 100, made once with `tar c`.
-fn small_files_tar(scratch: &Scratch, files: usize) -> io::Result<std::path::PathBuf> {
-    let tree = scratch.fresh("tar-tree")?;
-    for i in 0..files {
-        let dir = tree.join(format!("d{:03}", i / 100));
-        if i % 100 == 0 {
-            fs::create_dir(&dir)?;
-        }
-        let mut rng = i as u64 + 1;
-        let size = 1024 + (i * 37) % 3072;
-        let bytes: Vec<u8> = (0..size).map(|_| xorshift(&mut rng) as u8).collect();
-        fs::write(dir.join(format!("f{i:05}")), bytes)?;
-    }
-    let archive = scratch.fresh("tar-archive")?.join("small.tar");
-    let ok = Command::new("tar")
-        .arg("cf")
-        .arg(&archive)
-        .arg("-C")
-        .arg(&tree)
-        .arg(".")
-        .status()?
-        .success();
-    if !ok {
-        return Err(io::Error::other("tar c of the small files failed"));
-    }
-    Ok(archive)
 }
 
 /// Regular files under `dir`.

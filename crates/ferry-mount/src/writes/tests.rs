@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use ferry_share::tree::Version;
 use ferry_share::wire::{SharePath, Time};
 
-use super::{Pushed, WorkingCopy, Writes};
+use super::{Pushed, Recovered, WorkingCopy, Writes};
 use crate::source::{PutOutcome, Sink, SourceError};
 
 /// A file's content, the counter standing in for its root, its mode.
@@ -55,6 +55,12 @@ impl Sink for FakeSharer {
         _mtime: Option<Time>,
     ) -> Result<PutOutcome, SourceError> {
         self.sent.lock().unwrap().push(ranges.map(|r| r.to_vec()));
+        if path.as_bytes().starts_with(b"gone/") {
+            return Err(SourceError::Failed {
+                errno: libc::ENOENT,
+                message: "gone: no such directory".into(),
+            });
+        }
         let mut all = vec![0; file.metadata().unwrap().len() as usize];
         file.read_exact_at(&mut all, 0).unwrap();
         let mut files = self.files.lock().unwrap();
@@ -103,7 +109,7 @@ fn writes() -> (tempfile::TempDir, Writes) {
 
 /// A copy of the sharer's `path`, loaded.
 fn copy_of(w: &Writes, sharer: &FakeSharer, path: &str, base: Version) -> WorkingCopy {
-    let mut c = w.create(Some(base), 0o644).unwrap();
+    let mut c = w.create(&p(path), Some(base), 0o644).unwrap();
     c.load(0, &sharer.content(path)).unwrap();
     c
 }
@@ -168,7 +174,7 @@ fn appends_truncates_and_holes_reach_the_sharer_exactly() {
 fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
     let sharer = FakeSharer::default();
     let (_d, w) = writes();
-    let mut c = w.create(None, 0o600).unwrap();
+    let mut c = w.create(&p("n"), None, 0o600).unwrap();
     c.write_at(0, b"mine").unwrap();
     assert!(matches!(
         c.push(&sharer, &p("n")).unwrap(),
@@ -216,13 +222,14 @@ fn a_failed_push_keeps_everything_for_the_next_one() {
 #[test]
 fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
     let (_d, w) = writes();
-    let mut c = w.create(None, 0o644).unwrap();
+    let mut c = w.create(&p("f"), None, 0o644).unwrap();
     c.write_at(0, b"12345").unwrap();
-    c.set_mode(0o100755);
+    c.set_mode(0o100755).unwrap();
     c.set_mtime(Time {
         secs: 1_600_000_000,
         nanos: 5,
-    });
+    })
+    .unwrap();
     let mut e = ferry_share::wire::Entry {
         name: b"f".to_vec(),
         kind: ferry_share::wire::Kind::File,
@@ -242,8 +249,115 @@ fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
     let path = super::lock(&shared).path.clone();
     assert!(path.exists());
     assert!(w.get(ino).is_some());
+    let sharer = FakeSharer::default();
+    super::lock(&shared).push(&sharer, &p("f")).unwrap();
     w.remove(ino, &shared);
     assert!(w.get(ino).is_none());
     drop(shared);
-    assert!(!path.exists(), "the working copy's file goes with it");
+    assert!(!path.exists(), "a pushed working copy's file goes with it");
+    assert_eq!(std::fs::read_dir(&w.dir).unwrap().count(), 0);
+}
+
+#[test]
+fn copies_a_stopped_mount_left_unpushed_are_pushed_by_the_next_one_and_never_lost() {
+    let sharer = FakeSharer::default();
+    let base = sharer.set("kept.txt", b"old content");
+    sharer.set("changed.txt", b"v1");
+    let changed_base = Version {
+        root: root(1),
+        size: 2,
+    };
+    let (d, w) = writes();
+    // A new file, an edit of an existing one, one changed on the sharer meanwhile, one whose directory is
+    // gone on the sharer, and one that was pushed (clean): the mount stops before the dirty ones' push.
+    let mut new = w.create(&p("new.txt"), None, 0o600).unwrap();
+    new.set_len(0).unwrap();
+    new.write_at(0, b"made before the crash").unwrap();
+    new.set_mode(0o640).unwrap();
+    let mut edit = copy_of(&w, &sharer, "kept.txt", base);
+    edit.write_at(0, b"NEW").unwrap();
+    let mut conflicting = w
+        .create(&p("changed.txt"), Some(changed_base), 0o644)
+        .unwrap();
+    conflicting.load(0, b"v1").unwrap();
+    conflicting.write_at(2, b"+mine").unwrap();
+    let mut orphan = w.create(&p("gone/x"), None, 0o644).unwrap();
+    orphan.write_at(0, b"nowhere to go").unwrap();
+    let mut clean = w.create(&p("clean.txt"), None, 0o644).unwrap();
+    clean.write_at(0, b"pushed").unwrap();
+    clean.push(&sharer, &p("clean.txt")).unwrap();
+    sharer.set("changed.txt", b"v2 on the sharer");
+    // A crash drops nothing (forget); a stop drops them: both leave the dirty copies on disk.
+    std::mem::forget(new);
+    drop(edit);
+    drop(conflicting);
+    drop(orphan);
+    drop(clean);
+    drop(w);
+
+    let w = Writes::new(&d.path().join("writes")).unwrap();
+    assert_eq!(w.left_behind(), 4);
+    let mut said = w.push_left_behind(&sharer);
+    said.sort_by_key(|r| format!("{r:?}"));
+    assert_eq!(sharer.content("new.txt"), b"made before the crash");
+    assert_eq!(sharer.files.lock().unwrap()[&p("new.txt")].2, 0o640);
+    assert_eq!(sharer.content("kept.txt"), b"NEW content");
+    assert_eq!(sharer.content("changed.txt"), b"v2 on the sharer");
+    assert_eq!(sharer.content("changed.txt.conflict"), b"v1+mine");
+    assert!(said.contains(&Recovered::Written(p("new.txt"))));
+    assert!(said.contains(&Recovered::Written(p("kept.txt"))));
+    assert!(said.contains(&Recovered::Conflicted(
+        p("changed.txt"),
+        b"changed.txt.conflict".to_vec()
+    )));
+    // The one the sharer refuses stays, said once, and is tried again by the next mount.
+    let kept: Vec<_> = said
+        .iter()
+        .filter_map(|r| match r {
+            Recovered::Kept(path, _, file) => Some((path.clone(), file.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].0, p("gone/x"));
+    assert_eq!(std::fs::read(&kept[0].1).unwrap(), b"nowhere to go");
+    assert_eq!(w.left_behind(), 1);
+    assert!(w.push_left_behind(&sharer).is_empty(), "said once");
+    drop(w);
+    let w = Writes::new(&d.path().join("writes")).unwrap();
+    assert_eq!(w.left_behind(), 1);
+}
+
+#[test]
+fn a_journal_reads_back_as_written_and_a_cut_one_is_refused() {
+    let j = super::Journal {
+        path: p("dir/a name"),
+        base: Some(Version {
+            root: [0xab; 32],
+            size: 12,
+        }),
+        mode: 0o4755,
+        mtime: Some(Time {
+            secs: -5,
+            nanos: 999_999_999,
+        }),
+    };
+    let text = j.encode();
+    assert_eq!(super::Journal::decode(&text), Some(j.clone()));
+    let none = super::Journal {
+        base: None,
+        mtime: None,
+        ..j.clone()
+    };
+    assert_eq!(super::Journal::decode(&none.encode()), Some(none));
+    for cut in 0..text.len() - 1 {
+        // Cut within the last line's number it may read, but never as another path, base or mode.
+        if let Some(d) = super::Journal::decode(&text[..cut]) {
+            assert_eq!(
+                (&d.path, d.base, d.mode),
+                (&j.path, j.base, j.mode),
+                "cut at {cut}"
+            );
+        }
+    }
 }
