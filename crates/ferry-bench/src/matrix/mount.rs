@@ -37,8 +37,8 @@ const BENCH: &str = "mount";
 #[path = "mount_write.rs"]
 mod mount_write;
 
-/// Set to another build's `ferry`: its mount daemon is measured too in the uncached rows, interleaved with
-/// this build's (A/B in one run; the sharer and the puller stay this build's).
+/// Set to other builds of `ferry` (`:`-separated): their mount daemons are measured too in the uncached
+/// rows, interleaved with this build's (A/B in one run; the sharer and the puller stay this build's).
 pub const OTHER_DAEMON: &str = "FERRY_BENCH_MOUNT_B";
 /// Set (to anything): only the uncached rows run.
 pub const ONLY_UNCACHED: &str = "FERRY_BENCH_MOUNT_ONLY_UNCACHED";
@@ -127,10 +127,11 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     warm_sharer(&paired, &share, &mnt, ferry)?;
     // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved, and the mount daemon of
     // the other build (`FERRY_BENCH_MOUNT_B`) after each run of this one's.
-    let other = std::env::var_os(OTHER_DAEMON).map(PathBuf::from);
     let mut daemons = vec![(ferry.to_path_buf(), Uncached::default())];
-    if let Some(b) = &other {
-        daemons.push((b.clone(), Uncached::default()));
+    if let Some(others) = std::env::var_os(OTHER_DAEMON) {
+        for b in std::env::split_paths(&others) {
+            daemons.push((b, Uncached::default()));
+        }
     }
     let mut pulled = Vec::new();
     // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
@@ -170,7 +171,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     for (i, (daemon_bin, u)) in daemons.iter_mut().enumerate() {
         let (tag, pad) = match i {
             0 => (String::new(), ""),
-            _ => (format!(" (B: {})", daemon_bin.display()), "  "),
+            _ => (format!(" (daemon: {})", daemon_bin.display()), "  "),
         };
         let rate = median(&mut u.rate);
         if i == 0 {
