@@ -929,8 +929,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
                 .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
                 .is_ok()
         {
-            let off = std::env::var_os("FERRY_MOUNT_NO_DIRECT_IO").is_some();
-            self.shared.direct_io.store(!off, Ordering::Relaxed);
+            self.shared.direct_io.store(true, Ordering::Relaxed);
         }
         if !self.passthrough_wanted {
             (self.shared.notice)("passthrough is off: cached files are read through the daemon");
