@@ -479,9 +479,10 @@ impl Client {
                     offset, len, piece, ..
                 },
             ) => {
-                let range = offset..offset + u64::from(len);
+                let range = offset..offset.saturating_add(u64::from(len));
                 let in_order = offset == *next && range.end <= *end;
-                let whole = *end - range.start;
+                // A piece past the end fails the order check below; sized without underflow first.
+                let whole = end.saturating_sub(range.start);
                 let acc = held.get_or_insert_with(|| {
                     // Room for the whole rest of the read when it may be coalesced, else this piece.
                     let room = match whole <= COALESCE {
