@@ -73,6 +73,9 @@ struct Shared<S: Source + Sink> {
     /// Backing files registered with the kernel, by version root, while some handle holds them.
     backing: Mutex<HashMap<[u8; 32], Weak<BackingId>>>,
     passthrough: AtomicBool,
+    /// The kernel maps files opened with direct I/O (`FUSE_DIRECT_IO_ALLOW_MMAP`): files not yet whole in
+    /// the cache are opened so, and a read's reply goes straight into the reader's buffer.
+    direct_io: AtomicBool,
     notifier: OnceLock<Notifier>,
     /// Set when the mount writes: the working copies, and the store pushed versions are seeded into.
     writes: OnceLock<(Writes, Arc<dyn Store>)>,
@@ -117,6 +120,7 @@ impl<S: Source + Sink> ShareFs<S> {
                 next_fh: AtomicU64::new(1),
                 backing: Mutex::new(HashMap::new()),
                 passthrough: AtomicBool::new(false),
+                direct_io: AtomicBool::new(false),
                 notifier: OnceLock::new(),
                 writes: OnceLock::new(),
                 seeds: OnceLock::new(),
@@ -244,7 +248,8 @@ impl<S: Source + Sink> Shared<S> {
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
-            blksize: 4096,
+            // Programs size their reads by it (cat, cp): 1 MiB reads are one request each.
+            blksize: MAX_REQUEST,
             flags: 0,
         }
     }
@@ -383,8 +388,15 @@ impl<S: Source + Sink> Shared<S> {
             None => self.inodes().classic_open(ino.0, true),
         }
         // The kernel's page cache of this inode is still good if it holds the same version (the kernel
-        // takes no other flag with passthrough: it would answer the open EIO).
-        let flags = if known == Some(version) && backing.is_none() {
+        // takes no other flag with passthrough: it would answer the open EIO). A file not whole in the
+        // cache is read with direct I/O: each reply is copied once, into the reader's buffer, instead of
+        // into the page cache and from there again (the daemon streams ahead of a sequential reader, so
+        // the kernel's readahead is not missed).
+        let flags = if backing.is_some() {
+            FopenFlags::empty()
+        } else if self.direct_io.load(Ordering::Relaxed) && !file.chunks().is_complete() {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else if known == Some(version) {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
             FopenFlags::empty()
@@ -991,6 +1003,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             if caps.contains(wanted) {
                 let _ = config.add_capabilities(wanted);
             }
+        }
+        // mmap of a file opened with direct I/O goes through the page cache (kernel 6.6 and later); without
+        // it, files are never opened with direct I/O (mmap must work).
+        if caps.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            && config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_ok()
+        {
+            self.shared.direct_io.store(true, Ordering::Relaxed);
         }
         if !self.passthrough_wanted {
             (self.shared.notice)("passthrough is off: cached files are read through the daemon");

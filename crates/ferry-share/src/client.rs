@@ -142,6 +142,8 @@ enum Pending {
         /// Start of the next piece expected.
         next: u64,
         end: u64,
+        /// Verified pieces not handed on yet: the rest of the read fits behind them (see [`COALESCE`]).
+        held: Option<Verified>,
     },
     Subscribe,
     Pull,
@@ -151,6 +153,21 @@ enum Pending {
     },
     Write,
 }
+
+/// Verified bytes of a read from `start` (group-aligned), with their groups' values.
+#[derive(Debug)]
+struct Verified {
+    start: u64,
+    bytes: Vec<u8>,
+    cvs: Vec<GroupCv>,
+}
+
+/// A read of at most this many bytes is handed on as one [`Event::Data`] however many pieces the sharer
+/// cut it into (a piece is at most one packet, a little under 1 MiB with its parent hashes): each piece is
+/// verified straight into one buffer, so a consumer that reads in units of its requests (the mount: 1 MiB)
+/// gets each request's bytes in one place, not copied together again. Of a longer read, pieces are handed
+/// on one by one until the rest fits.
+pub const COALESCE: u64 = 1 << 20;
 
 /// One session with a sharer.
 #[derive(Debug)]
@@ -221,6 +238,7 @@ impl Client {
                 version: None,
                 next: 0,
                 end: 0,
+                held: None,
             },
             |id| Request::Read {
                 id,
@@ -438,6 +456,7 @@ impl Client {
                     version: v @ None,
                     next,
                     end,
+                    ..
                 },
                 Response::Version { size, root, .. },
             ) => {
@@ -454,19 +473,30 @@ impl Client {
                     version: Some(version),
                     next,
                     end,
+                    held,
                 },
                 Response::Data {
                     offset, len, piece, ..
                 },
             ) => {
-                let range = offset..offset + u64::from(len);
+                let range = offset..offset.saturating_add(u64::from(len));
                 let in_order = offset == *next && range.end <= *end;
-                let mut bytes = Vec::with_capacity(len as usize);
-                let mut cvs = Vec::with_capacity(
-                    range.end.div_ceil(GROUP) as usize - (range.start / GROUP) as usize,
-                );
+                // A piece past the end fails the order check below; sized without underflow first.
+                let whole = end.saturating_sub(range.start);
+                let acc = held.get_or_insert_with(|| {
+                    // Room for the whole rest of the read when it may be coalesced, else this piece.
+                    let room = match whole <= COALESCE {
+                        true => whole,
+                        false => u64::from(len),
+                    };
+                    Verified {
+                        start: range.start,
+                        bytes: Vec::with_capacity(room as usize),
+                        cvs: Vec::with_capacity(room.div_ceil(GROUP) as usize),
+                    }
+                });
                 if !in_order
-                    || verify_piece_cvs(version, range.clone(), piece, &mut bytes, &mut cvs)
+                    || verify_piece_cvs(version, range.clone(), piece, &mut acc.bytes, &mut acc.cvs)
                         .is_err()
                 {
                     // Stop the read's other pieces; they are dropped when they come.
@@ -477,13 +507,22 @@ impl Client {
                     }));
                 }
                 *next = range.end;
+                // More to come and room for all of it: handed on with the rest.
+                if range.end < *end && acc.bytes.capacity() as u64 >= *end - acc.start {
+                    return Ok(None);
+                }
+                let Verified {
+                    start,
+                    mut bytes,
+                    mut cvs,
+                } = held.take().expect("set above");
                 // Hand on only what was asked for.
-                let from = want.start.max(range.start);
+                let from = want.start.max(start);
                 let to = want.end.min(range.end).max(from);
-                // In place: the piece's bytes are not copied again.
-                bytes.truncate((to - range.start) as usize);
-                bytes.drain(..(from - range.start) as usize);
-                if from != range.start || to != range.end {
+                // In place: the pieces' bytes are not copied again.
+                bytes.truncate((to - start) as usize);
+                bytes.drain(..(from - start) as usize);
+                if from != start || to != range.end {
                     cvs.clear();
                 }
                 Event::Data {

@@ -420,8 +420,8 @@ pub fn verify_piece_cvs(
 }
 
 /// Walks the piece in the tree's pre-order as bao's decoder does: every parent pair must hash to the value
-/// its own parent gave (the root first), every group to the value its parent gave; the groups' data is
-/// hashed straight from the piece and copied once, into `out`.
+/// its own parent gave (the root first), and each group's value is the one its parent gave; the groups'
+/// data is copied once, into `out`, then hashed from there in blocks ([`verify_groups`]).
 fn decode(
     version: &Version,
     range: Range<u64>,
@@ -429,12 +429,14 @@ fn decode(
     out: &mut Vec<u8>,
     cvs: &mut Vec<GroupCv>,
 ) -> Result<(), VerifyError> {
-    use bao_tree::blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, HasherExt, Mode};
+    use bao_tree::blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, Mode};
     let tree = tree_of(version.size);
     let mut expected_values: Vec<GroupCv> = Vec::with_capacity(64);
     expected_values.push(version.root);
     let mut at = 0usize;
     let mut expected = range.start;
+    let (data_from, cvs_from) = (out.len(), cvs.len());
+    let mut one_group_file = false;
     out.reserve((range.end - range.start) as usize);
     for item in tree.ranges_pre_order_chunks_iter_ref(&chunks(&range), 0) {
         match item {
@@ -471,21 +473,11 @@ fn decode(
             } => {
                 let data = piece.get(at..at + size).ok_or(VerifyError::Length)?;
                 at += size;
-                let offset = start_chunk.to_bytes();
-                if offset != expected {
+                if start_chunk.to_bytes() != expected {
                     return Err(VerifyError::Mismatch);
                 }
-                let value = if is_root {
-                    *bao_tree::blake3::hash(data).as_bytes()
-                } else {
-                    bao_tree::blake3::Hasher::new()
-                        .set_input_offset(offset)
-                        .update(data)
-                        .finalize_non_root()
-                };
-                if expected_values.pop() != Some(value) {
-                    return Err(VerifyError::Mismatch);
-                }
+                let value = expected_values.pop().ok_or(VerifyError::Mismatch)?;
+                one_group_file |= is_root;
                 out.extend_from_slice(data);
                 cvs.push(value);
                 expected += size as u64;
@@ -494,6 +486,58 @@ fn decode(
     }
     if expected != range.end || at != piece.len() {
         return Err(VerifyError::Length);
+    }
+    let (data, values) = (&out[data_from..], &cvs[cvs_from..]);
+    if one_group_file {
+        // The whole file is one group: its value is the root hash itself.
+        return match *bao_tree::blake3::hash(data).as_bytes() == version.root {
+            true => Ok(()),
+            false => Err(VerifyError::Mismatch),
+        };
+    }
+    verify_groups(range.start, data, values)
+}
+
+/// Most groups hashed at once: a piece's whole data (BLAKE3 hashes 16 chunks side by side with AVX-512, and
+/// one group is only 8).
+const HASH_BLOCK_GROUPS: u64 = 128;
+
+/// Checks that the groups of `data` (from `start`, group-aligned; a short group only at the end of the
+/// file) have the values `values`, which the parents above them vouched for. The data is hashed in the
+/// largest aligned power-of-two blocks of groups, each block as one BLAKE3 subtree, and compared with its
+/// groups' values merged: BLAKE3's collision resistance makes a block's match worth its every group's.
+fn verify_groups(start: u64, data: &[u8], values: &[GroupCv]) -> Result<(), VerifyError> {
+    use bao_tree::blake3::hazmat::{merge_subtrees_non_root, HasherExt, Mode};
+    let first = start / GROUP;
+    let mut g = 0usize;
+    while g < values.len() {
+        let at = first + g as u64;
+        let mut n = 1u64;
+        while n < HASH_BLOCK_GROUPS
+            && at.is_multiple_of(n * 2)
+            && g as u64 + n * 2 <= values.len() as u64
+        {
+            n *= 2;
+        }
+        let n = n as usize;
+        let from = g * GROUP as usize;
+        let to = ((g + n) * GROUP as usize).min(data.len());
+        let hashed = bao_tree::blake3::Hasher::new()
+            .set_input_offset(at * GROUP)
+            .update(data.get(from..to).ok_or(VerifyError::Length)?)
+            .finalize_non_root();
+        // The block's groups merged pairwise up to the block's own value.
+        let mut level: Vec<GroupCv> = values[g..g + n].to_vec();
+        while level.len() > 1 {
+            level = level
+                .chunks_exact(2)
+                .map(|p| merge_subtrees_non_root(&p[0], &p[1], Mode::Hash))
+                .collect();
+        }
+        if level[0] != hashed {
+            return Err(VerifyError::Mismatch);
+        }
+        g += n;
     }
     Ok(())
 }
@@ -664,6 +708,41 @@ mod tests {
                 "byte {at}"
             );
             assert_eq!((out, cvs), (vec![1], vec![[1; 32]]), "nothing appended");
+        }
+    }
+
+    #[test]
+    fn a_bad_byte_in_any_group_of_a_large_piece_is_caught() {
+        // Groups are hashed in blocks of up to HASH_BLOCK_GROUPS: a piece not aligned to a block, longer
+        // than one, ending in a short group, with a byte flipped in each group in turn.
+        let g = GROUP as usize;
+        let len = 300 * g + 4321;
+        let d = data(len);
+        let ob = Outboard::compute(&d[..], len as u64).unwrap();
+        let v = ob.version();
+        let range = covering(v.size, 3 * GROUP, v.size);
+        let mut piece = Vec::new();
+        encode_piece(&d[..], &ob, range.clone(), &mut piece).unwrap();
+        let (mut out, mut cvs) = (Vec::new(), Vec::new());
+        verify_piece_cvs(&v, range.clone(), &piece, &mut out, &mut cvs).unwrap();
+        assert_eq!(out, &d[range.start as usize..]);
+        let data_at = piece.len() - out.len();
+        let groups = out.len().div_ceil(g);
+        for i in 0..groups {
+            let mut bad = piece.clone();
+            // The group's data sits among the parents in pre-order: find it by content.
+            let group = &out[i * g..((i + 1) * g).min(out.len())];
+            let at = (data_at.saturating_sub(groups * 64)..piece.len())
+                .find(|&p| piece[p..].starts_with(group))
+                .unwrap();
+            bad[at + group.len() / 2] ^= 0x01;
+            let (mut o, mut c) = (Vec::new(), Vec::new());
+            assert_eq!(
+                verify_piece_cvs(&v, range.clone(), &bad, &mut o, &mut c),
+                Err(VerifyError::Mismatch),
+                "group {i}"
+            );
+            assert!(o.is_empty() && c.is_empty());
         }
     }
 

@@ -281,6 +281,55 @@ fn pieces_built_for_small_packets_are_whole_groups_and_verify() {
 }
 
 #[test]
+fn a_read_of_up_to_a_megabyte_is_handed_on_whole_however_it_was_cut() {
+    let mut pair = Pair::new(sample_share(), ServerConfig::default(), 64);
+    let big = pair.share.files[&b"big.bin".to_vec()].1.clone();
+    let group = ferry_share::tree::GROUP;
+    // Pieces of 5 groups: a 1 MiB read comes in 26 of them, a 1 MiB + 1 read in 27.
+    pair.piece_limit = 6 * group as usize;
+    let mib = ferry_share::client::COALESCE;
+    let one = pair.client.read(path("big.bin"), None, mib, mib).unwrap();
+    let cut = pair
+        .client
+        .read(path("big.bin"), None, 5, mib - 10)
+        .unwrap();
+    let longer = pair.client.read(path("big.bin"), None, 0, mib + 1).unwrap();
+    pair.pump(&BTreeMap::from([
+        (one, "big.bin"),
+        (cut, "big.bin"),
+        (longer, "big.bin"),
+    ]));
+    let data = |id| {
+        pair.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Data {
+                    id: i,
+                    offset,
+                    bytes,
+                    cvs,
+                } if *i == id => Some((*offset, bytes.clone(), cvs.len())),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mib = mib as usize;
+    // One event, with every group's value.
+    assert_eq!(
+        data(one),
+        [(mib as u64, big[mib..2 * mib].to_vec(), mib / group as usize)]
+    );
+    // One event, cut to the bytes asked for: the groups' values go with the cut.
+    assert_eq!(data(cut), [(5, big[5..mib - 5].to_vec(), 0)]);
+    // Longer than COALESCE: piece by piece until the rest fits, then the rest in one (here the first
+    // piece, 5 groups, then 124 groups).
+    let pieces = data(longer);
+    let lens: Vec<usize> = pieces.iter().map(|(_, b, _)| b.len()).collect();
+    assert_eq!(lens, [5 * group as usize, mib + 1 - 5 * group as usize]);
+    assert_eq!(pair.data_of(longer), &big[..mib + 1]);
+}
+
+#[test]
 fn a_small_answer_is_not_held_behind_a_large_read() {
     let mut pair = Pair::new(sample_share(), ServerConfig::default(), 64);
     let whole = pair

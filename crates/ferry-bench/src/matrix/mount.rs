@@ -37,6 +37,22 @@ const BENCH: &str = "mount";
 #[path = "mount_write.rs"]
 mod mount_write;
 
+/// Set to other builds of `ferry` (`:`-separated): their mount daemons are measured too in the uncached
+/// rows, interleaved with this build's (A/B in one run; the sharer and the puller stay this build's).
+pub const OTHER_DAEMON: &str = "FERRY_BENCH_MOUNT_B";
+/// Set (to anything): only the uncached rows run.
+pub const ONLY_UNCACHED: &str = "FERRY_BENCH_MOUNT_ONLY_UNCACHED";
+
+/// One daemon build's samples of the uncached rows.
+#[derive(Default)]
+struct Uncached {
+    rate: Vec<f64>,
+    cpu_mount: Vec<f64>,
+    cpu_daemon: Vec<f64>,
+    cpu_sharer: Vec<f64>,
+    hwm: u64,
+}
+
 /// Readers at once in the random-read rows.
 pub const THREADS: usize = 16;
 
@@ -109,10 +125,17 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
 
     // The sharer hashes a file's tree on its first read: done before anything is timed.
     warm_sharer(&paired, &share, &mnt, ferry)?;
-    // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved.
-    let (mut mounted, mut pulled, mut hwm) = (Vec::new(), Vec::new(), 0u64);
+    // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved, and the mount daemon of
+    // the other build (`FERRY_BENCH_MOUNT_B`) after each run of this one's.
+    let mut daemons = vec![(ferry.to_path_buf(), Uncached::default())];
+    if let Some(others) = std::env::var_os(OTHER_DAEMON) {
+        for b in std::env::split_paths(&others) {
+            daemons.push((b, Uncached::default()));
+        }
+    }
+    let mut pulled = Vec::new();
     // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
-    let (mut cpu_mount, mut cpu_daemon, mut cpu_pull) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cpu_pull = Vec::new();
     let sharer = share.pid();
     for _ in 0..opts.runs {
         let out = scratch.fresh("pull-out")?;
@@ -121,59 +144,82 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         let (s1, p1) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
         cpu_pull.push((s1 - s0 + p1 - p0) / gb);
         let _ = fs::remove_dir_all(&out);
-        forget_cache(&paired)?;
-        let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
-        let daemon = m.child.child.id();
-        let (s0, d0, r0) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
-        let secs = read_whole(&mnt.join("file.bin"))?;
-        let (s1, d1, r1) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
-        cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
-        cpu_daemon.push((d1 - d0) / gb);
-        mounted.push(gb / secs);
-        // What the mount now serves from its cache is what it stored while streaming.
-        check(
-            &hash_file(&mnt.join("file.bin"))?,
-            &want,
-            "an uncached read through the mount",
-        )?;
-        hwm = hwm.max(m.peak_rss_kib());
-        m.unmount()?;
+        for (daemon_bin, u) in &mut daemons {
+            forget_cache(&paired)?;
+            let m = Mount::new(&paired, &share, &mnt, daemon_bin, &[])?;
+            let daemon = m.child.child.id();
+            let (s0, d0, r0) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
+            let secs = read_whole(&mnt.join("file.bin"))?;
+            let (s1, d1, r1) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
+            u.cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
+            u.cpu_daemon.push((d1 - d0) / gb);
+            u.cpu_sharer.push((s1 - s0) / gb);
+            u.rate.push(gb / secs);
+            // What the mount now serves from its cache is what it stored while streaming.
+            check(
+                &hash_file(&mnt.join("file.bin"))?,
+                &want,
+                "an uncached read through the mount",
+            )?;
+            u.hwm = u.hwm.max(m.peak_rss_kib());
+            m.unmount()?;
+        }
     }
-    let uncached = median(&mut mounted);
-    report.push(
-        Row::new(
-            BENCH,
-            "uncached sequential read vs ferry pull",
-            uncached,
-            "GB/s",
-        )
-        .with_baseline(median(&mut pulled)),
-    );
-    report.push(Row::new(
-        BENCH,
-        "  mount daemon's peak RSS over those reads",
-        hwm as f64 / 1024.0,
-        "MiB",
-    ));
+    let pulled = median(&mut pulled);
+    let mut uncached = 0.0;
     let med = |v: &mut Vec<f64>| median(v);
-    report.push(Row::new(
-        BENCH,
-        "  CPU per GB read through the mount: sharer + daemon + reader",
-        med(&mut cpu_mount),
-        "s/GB",
-    ));
-    report.push(Row::new(
-        BENCH,
-        "    of which the mount daemon",
-        med(&mut cpu_daemon),
-        "s/GB",
-    ));
+    for (i, (daemon_bin, u)) in daemons.iter_mut().enumerate() {
+        let (tag, pad) = match i {
+            0 => (String::new(), ""),
+            _ => (format!(" (daemon: {})", daemon_bin.display()), "  "),
+        };
+        let rate = median(&mut u.rate);
+        if i == 0 {
+            uncached = rate;
+        }
+        report.push(
+            Row::new(
+                BENCH,
+                format!("{pad}uncached sequential read vs ferry pull{tag}"),
+                rate,
+                "GB/s",
+            )
+            .with_baseline(pulled),
+        );
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}  mount daemon's peak RSS over those reads"),
+            u.hwm as f64 / 1024.0,
+            "MiB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}  CPU per GB read through the mount: sharer + daemon + reader"),
+            med(&mut u.cpu_mount),
+            "s/GB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}    of which the sharer"),
+            med(&mut u.cpu_sharer),
+            "s/GB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}    of which the mount daemon"),
+            med(&mut u.cpu_daemon),
+            "s/GB",
+        ));
+    }
     report.push(Row::new(
         BENCH,
         "  CPU per GB pulled: sharer + ferry pull",
         med(&mut cpu_pull),
         "s/GB",
     ));
+    if std::env::var_os(ONLY_UNCACHED).is_some() {
+        return Ok(());
+    }
 
     // Cached: the file is whole in the cache now (the last uncached read). Passthrough and classic.
     let data = cache_file(&paired, opts.file_bytes)?;
