@@ -532,7 +532,7 @@ impl<S: Source + Sink> Shared<S> {
                 (self.notice)(&format!(
                     "{} is open for reading with passthrough: it cannot be opened for writing until those \
                      readers close it (ETXTBSY)",
-                    String::from_utf8_lossy(path.as_bytes())
+                    shown(&path)
                 ));
                 return Err(Errno::ETXTBSY);
             }
@@ -589,9 +589,8 @@ impl<S: Source + Sink> Shared<S> {
         let path = self.path(INodeNo(ino))?;
         let pushed = c.push(&*self.source, &path);
         let failed_before = c.failed(pushed.is_err());
-        let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
         if failed_before && pushed.is_ok() {
-            (self.notice)(&format!("{shown} is on the sharer now"));
+            (self.notice)(&format!("{} is on the sharer now", shown(&path)));
         }
         match pushed {
             Ok(Pushed::Clean) => Ok(()),
@@ -614,6 +613,7 @@ impl<S: Source + Sink> Shared<S> {
                 // The sharer's version stays at the name: it is read from there again.
                 self.drop_copy(ino, copy);
                 self.inodes().changed(&path);
+                let shown = shown(&path);
                 let dir = match shown.rsplit_once('/') {
                     Some((dir, _)) => format!("{dir}/"),
                     None => String::new(),
@@ -628,8 +628,8 @@ impl<S: Source + Sink> Shared<S> {
             Err(e) => {
                 if let (SourceError::Offline(why), false) = (&e, failed_before) {
                     (self.notice)(&format!(
-                        "{shown} is not on the sharer yet (kept here, pushed once the sharer is back): \
-                         {why}"
+                        "{} is not on the sharer yet (kept here, pushed once the sharer is back): {why}",
+                        shown(&path)
                     ));
                 }
                 Err(errno_of(&e))

@@ -160,6 +160,8 @@ struct Verified {
     start: u64,
     bytes: Vec<u8>,
     cvs: Vec<GroupCv>,
+    /// The rest of the read from `start` fits ([`COALESCE`]): pieces are gathered until its end.
+    whole: bool,
 }
 
 /// A read of at most this many bytes is handed on as one [`Event::Data`] however many pieces the sharer
@@ -485,14 +487,13 @@ impl Client {
                 let whole = end.saturating_sub(range.start);
                 let acc = held.get_or_insert_with(|| {
                     // Room for the whole rest of the read when it may be coalesced, else this piece.
-                    let room = match whole <= COALESCE {
-                        true => whole,
-                        false => u64::from(len),
-                    };
+                    let fits = whole <= COALESCE;
+                    let room = if fits { whole } else { u64::from(len) };
                     Verified {
                         start: range.start,
                         bytes: Vec::with_capacity(room as usize),
                         cvs: Vec::with_capacity(room.div_ceil(GROUP) as usize),
+                        whole: fits,
                     }
                 });
                 if !in_order
@@ -508,13 +509,14 @@ impl Client {
                 }
                 *next = range.end;
                 // More to come and room for all of it: handed on with the rest.
-                if range.end < *end && acc.bytes.capacity() as u64 >= *end - acc.start {
+                if range.end < *end && acc.whole {
                     return Ok(None);
                 }
                 let Verified {
                     start,
                     mut bytes,
                     mut cvs,
+                    ..
                 } = held.take().expect("set above");
                 // Hand on only what was asked for.
                 let from = want.start.max(start);
