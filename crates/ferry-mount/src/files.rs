@@ -818,11 +818,17 @@ impl<S: Source> Reader<S> {
                     Piece::Data { offset, bytes, cvs } => {
                         // Held before it is stored: the readers waiting for it are answered from it while
                         // it is written to the cache (verified already; a reader that finds it stored
-                        // finds it held).
+                        // finds it held). The file's last piece is stored first, so a reader that read
+                        // to the end finds the file whole in the cache when it opens it again.
                         let bytes = Arc::new(bytes);
                         let range = offset..offset + bytes.len() as u64;
+                        self.stats
+                            .from_peer
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         let behind = file.state().next_sequential;
-                        if file.held.keep(offset, Arc::clone(&bytes), behind) {
+                        if file.held.keep(offset, Arc::clone(&bytes), behind)
+                            && range.end < version.size
+                        {
                             file.arrived(range.clone());
                         }
                         file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
@@ -831,9 +837,6 @@ impl<S: Source> Reader<S> {
                                 message: e.to_string(),
                             }
                         })?;
-                        self.stats
-                            .from_peer
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         file.arrived(range);
                     }
                 }

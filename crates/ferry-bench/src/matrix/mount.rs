@@ -50,6 +50,9 @@ struct Uncached {
     cpu_mount: Vec<f64>,
     cpu_daemon: Vec<f64>,
     cpu_sharer: Vec<f64>,
+    cpu_reader: Vec<f64>,
+    /// Cores the path kept busy while it read (its CPU seconds over the read's seconds).
+    busy: Vec<f64>,
     hwm: u64,
 }
 
@@ -135,14 +138,16 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     }
     let mut pulled = Vec::new();
     // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
-    let mut cpu_pull = Vec::new();
+    let (mut cpu_pull, mut busy_pull) = (Vec::new(), Vec::new());
     let sharer = share.pid();
     for _ in 0..opts.runs {
         let out = scratch.fresh("pull-out")?;
         let (s0, p0) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
-        pulled.push(gb / paired.pull(&ends, &share, &src, &out)?.secs);
+        let secs = paired.pull(&ends, &share, &src, &out)?.secs;
+        pulled.push(gb / secs);
         let (s1, p1) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
         cpu_pull.push((s1 - s0 + p1 - p0) / gb);
+        busy_pull.push((s1 - s0 + p1 - p0) / secs);
         let _ = fs::remove_dir_all(&out);
         for (daemon_bin, u) in &mut daemons {
             forget_cache(&paired)?;
@@ -154,6 +159,8 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             u.cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
             u.cpu_daemon.push((d1 - d0) / gb);
             u.cpu_sharer.push((s1 - s0) / gb);
+            u.cpu_reader.push((r1 - r0) / gb);
+            u.busy.push((s1 - s0 + d1 - d0 + r1 - r0) / secs);
             u.rate.push(gb / secs);
             // What the mount now serves from its cache is what it stored while streaming.
             check(
@@ -210,12 +217,30 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             med(&mut u.cpu_daemon),
             "s/GB",
         ));
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}    of which the reader (its copy out of the page cache)"),
+            med(&mut u.cpu_reader),
+            "s/GB",
+        ));
+        report.push(Row::new(
+            BENCH,
+            format!("{pad}  cores the mount's path kept busy while it read"),
+            med(&mut u.busy),
+            "cores",
+        ));
     }
     report.push(Row::new(
         BENCH,
         "  CPU per GB pulled: sharer + ferry pull",
         med(&mut cpu_pull),
         "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  cores the pull kept busy while it ran",
+        med(&mut busy_pull),
+        "cores",
     ));
     if std::env::var_os(ONLY_UNCACHED).is_some() {
         return Ok(());
