@@ -6,9 +6,7 @@
 //! [`Chunks`]; every read then copies from the store once its range is present. A missing range is claimed
 //! in the file's in-flight list by the first reader that needs it and fetched by that reader, split into
 //! [`ReadConfig::piece`]-sized reads of which [`ReadConfig::window`] are in flight at once; other readers of
-//! that range wait, each woken by the pieces of its own range, or (the file system's reads,
-//! [`Reader::read_then`]) are parked and answered by the thread of the fetch that brings their bytes, as
-//! soon as the verified piece is held (before it is written to the store), so no thread waits for them. A read that follows the previous one streams ahead on
+//! that range wait, each woken by the pieces of its own range. A read that follows the previous one streams ahead on
 //! a thread of its own, up to [`ReadConfig::ahead`] bytes past the reader. A file that changed on the
 //! sharer fails its fetch with [`SourceError::Changed`]: the handle opens the new version and the read
 //! starts over there, so no read mixes versions. A change notification marks open files stale (the next
@@ -141,8 +139,8 @@ impl Held {
     }
 
     /// Keeps `bytes` (at `offset`) if the budget has room, after dropping the pieces that end at or before
-    /// `behind` (a sequential reader is past them); returns whether it was kept.
-    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) -> bool {
+    /// `behind` (a sequential reader is past them).
+    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) {
         let n = bytes.len() as u64;
         let mut pieces = self.pieces();
         let b = &self.budget;
@@ -154,33 +152,13 @@ impl Held {
                 b.used.fetch_sub(e.remove().len() as u64, Ordering::Relaxed);
             }
             if b.used.load(Ordering::Relaxed) + n > b.limit {
-                return false;
+                return;
             }
         }
         b.used.fetch_add(n, Ordering::Relaxed);
         if let Some(old) = pieces.insert(offset, bytes) {
             b.used.fetch_sub(old.len() as u64, Ordering::Relaxed);
         }
-        true
-    }
-
-    /// Whether the pieces held cover all of `want`.
-    fn covers(&self, want: &Range<u64>) -> bool {
-        let pieces = self.pieces();
-        let Some((&first, _)) = pieces.range(..=want.start).next_back() else {
-            return false;
-        };
-        let mut at = want.start;
-        for (&o, p) in pieces.range(first..want.end) {
-            if o > at {
-                return false;
-            }
-            at = at.max(o + p.len() as u64);
-            if at >= want.end {
-                return true;
-            }
-        }
-        false
     }
 
     /// `want` from the pieces held, if they hold all of it: a part of one piece, or a copy of the
@@ -249,27 +227,6 @@ struct FileState {
     /// Readers waiting for a range, each woken only by a piece inside its range (or by a fetch that
     /// ended): a piece wakes one reader, not every reader of the file.
     waiting: Vec<(Range<u64>, Arc<Condvar>)>,
-    /// Reads parked until a fetch brings their range: answered on the thread that brings it.
-    pending: Vec<Pending>,
-}
-
-/// Where the bytes of a read go, on whichever thread has them.
-pub type Answer = Box<dyn FnOnce(Result<ReadBytes, ReadError>) + Send>;
-
-/// A read parked on a fetch under way ([`Reader::read_then`]).
-struct Pending {
-    range: Range<u64>,
-    answer: Answer,
-    /// The read again on a thread of its own (when the fetch did not bring the range).
-    again: Box<dyn FnOnce(Answer) + Send>,
-}
-
-impl std::fmt::Debug for Pending {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pending")
-            .field("range", &self.range)
-            .finish()
-    }
 }
 
 /// One version of one file, shared by all handles open on it.
@@ -314,7 +271,6 @@ impl OpenFile {
                 st.in_flight.swap_remove(i);
             }
         }
-        let failed = result.as_ref().err().cloned();
         if let Err(e) = result {
             st.failures += 1;
             st.last_failure = Some(e);
@@ -322,67 +278,15 @@ impl OpenFile {
         for (_, cv) in &st.waiting {
             cv.notify_one();
         }
-        // Parked reads: answered if their range is here, failed with the fetch, read again on their own
-        // if nothing under way brings it any more.
-        let (mut ready, mut stay) = (Vec::new(), Vec::new());
-        for p in std::mem::take(&mut st.pending) {
-            let here =
-                self.held.covers(&p.range) || self.chunks.missing(p.range.clone()).is_empty();
-            let brought = !here
-                && failed.is_none()
-                && unclaimed(&self.chunks.missing(p.range.clone()), &st.in_flight).is_empty();
-            if brought {
-                stay.push(p);
-            } else {
-                ready.push(p);
-            }
-        }
-        st.pending = stay;
-        drop(st);
-        for p in ready {
-            match &failed {
-                // A changed file is opened again by the read on its own.
-                Some(e) if *e != SourceError::Changed => (p.answer)(Err(e.clone())),
-                _ => self.answer(p),
-            }
-        }
     }
 
-    /// Bytes `range` arrived: the readers waiting for any of them check again, the parked reads they
-    /// complete are answered here.
+    /// Bytes `range` arrived: the readers waiting for any of them check again.
     fn arrived(&self, range: Range<u64>) {
-        let mut st = self.state();
+        let st = self.state();
         for (r, cv) in &st.waiting {
             if r.start < range.end && range.start < r.end {
                 cv.notify_one();
             }
-        }
-        if st.pending.is_empty() {
-            return;
-        }
-        let mut ready = Vec::new();
-        let mut i = 0;
-        while i < st.pending.len() {
-            let r = &st.pending[i].range;
-            let touched = r.start < range.end && range.start < r.end;
-            if touched && (self.held.covers(r) || self.chunks.missing(r.clone()).is_empty()) {
-                ready.push(st.pending.swap_remove(i));
-            } else {
-                i += 1;
-            }
-        }
-        drop(st);
-        for p in ready {
-            self.answer(p);
-        }
-    }
-
-    /// Answers a parked read whose range is here: from the pieces held, else read again on its own (from
-    /// the store, or fetched again if it was lost meanwhile).
-    fn answer(&self, p: Pending) {
-        match self.held.take(&p.range) {
-            Some(bytes) => (p.answer)(Ok(bytes)),
-            None => (p.again)(p.answer),
         }
     }
 }
@@ -575,57 +479,6 @@ impl<S: Source> Reader<S> {
         size: u32,
     ) -> Result<ReadBytes, ReadError> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        self.read_uncounted(handle, offset, size)
-    }
-
-    /// [`Reader::read`], its result handed to `answer`: at once when the bytes are here or this thread
-    /// must fetch them, or later, on the thread of the fetch already under way that brings them (so the
-    /// calling thread does not wait for it).
-    pub fn read_then(
-        self: &Arc<Self>,
-        handle: &Arc<Handle>,
-        offset: u64,
-        size: u32,
-        answer: Answer,
-    ) {
-        self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        let file = handle.file();
-        let end = offset
-            .saturating_add(u64::from(size))
-            .min(file.version().size);
-        if !file.stale.load(Ordering::Relaxed) && offset < end {
-            let want = offset..end;
-            self.stream_if_sequential(&file, &want);
-            let mut st = file.state();
-            let missing = if file.held.covers(&want) {
-                Vec::new()
-            } else {
-                file.chunks.missing(want.clone())
-            };
-            // Parked only on fetches under way: a range nobody fetches yet is fetched by this thread.
-            if !missing.is_empty() && unclaimed(&missing, &st.in_flight).is_empty() {
-                let (reader, handle) = (Arc::clone(self), Arc::clone(handle));
-                st.pending.push(Pending {
-                    range: want,
-                    answer,
-                    again: Box::new(move |answer: Answer| {
-                        std::thread::spawn(move || {
-                            answer(reader.read_uncounted(&handle, offset, size))
-                        });
-                    }),
-                });
-                return;
-            }
-        }
-        answer(self.read_uncounted(handle, offset, size))
-    }
-
-    fn read_uncounted(
-        self: &Arc<Self>,
-        handle: &Handle,
-        offset: u64,
-        size: u32,
-    ) -> Result<ReadBytes, ReadError> {
         // A file that changed again and again is given a few chances, then the read fails.
         for _ in 0..4 {
             let mut file = handle.file();
@@ -660,7 +513,7 @@ impl<S: Source> Reader<S> {
         }
         let want = offset..end;
         self.stream_if_sequential(file, &want);
-        let mut fetched = self.ensure(file, want.clone(), true)?;
+        let mut fetched = self.ensure(file, want.clone())?;
         // Answered from the pieces fetched for it while they are held: the cache file is not read back.
         if let Some(bytes) = file.held.take(&want) {
             if !fetched {
@@ -674,7 +527,7 @@ impl<S: Source> Reader<S> {
         // A store that loses bytes between the check and the copy (evicted, or found altered) is
         // filled again once.
         for attempt in 0..2 {
-            fetched |= self.ensure(file, want.clone(), false)?;
+            fetched |= self.ensure(file, want.clone())?;
             match file.chunks.read_at(&mut buf, offset) {
                 Ok(n) if n == buf.len() => break,
                 Ok(_) | Err(_) if attempt == 0 => continue,
@@ -738,17 +591,13 @@ impl<S: Source> Reader<S> {
         });
     }
 
-    /// Makes `range` present in the file's store (or, with `held`, in the verified pieces held, which a
-    /// fetch keeps before it stores them): fetches what nobody fetches yet, waits for the rest; returns
-    /// whether this call had to wait for the sharer.
-    fn ensure(&self, file: &OpenFile, range: Range<u64>, held: bool) -> Result<bool, ReadError> {
+    /// Makes `range` present in the file's store: fetches what nobody fetches yet, waits for the rest;
+    /// returns whether this call had to wait for the sharer.
+    fn ensure(&self, file: &OpenFile, range: Range<u64>) -> Result<bool, ReadError> {
         let mut st = file.state();
         let failures_before = st.failures;
         let mut waited = false;
         loop {
-            if held && file.held.covers(&range) {
-                return Ok(waited);
-            }
             let missing = file.chunks.missing(range.clone());
             if missing.is_empty() {
                 return Ok(waited);
@@ -816,28 +665,20 @@ impl<S: Source> Reader<S> {
                     Piece::Version(v) if v != version => return Err(SourceError::Changed),
                     Piece::Version(_) => {}
                     Piece::Data { offset, bytes, cvs } => {
-                        // Held before it is stored: the readers waiting for it are answered from it while
-                        // it is written to the cache (verified already; a reader that finds it stored
-                        // finds it held). The file's last piece is stored first, so a reader that read
-                        // to the end finds the file whole in the cache when it opens it again.
+                        // Held before it is stored: a reader that finds it stored finds it held.
                         let bytes = Arc::new(bytes);
-                        let range = offset..offset + bytes.len() as u64;
-                        self.stats
-                            .from_peer
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         let behind = file.state().next_sequential;
-                        if file.held.keep(offset, Arc::clone(&bytes), behind)
-                            && range.end < version.size
-                        {
-                            file.arrived(range.clone());
-                        }
+                        file.held.keep(offset, Arc::clone(&bytes), behind);
                         file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
                             SourceError::Failed {
                                 errno: libc::EIO,
                                 message: e.to_string(),
                             }
                         })?;
-                        file.arrived(range);
+                        self.stats
+                            .from_peer
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        file.arrived(offset..offset + bytes.len() as u64);
                     }
                 }
             }

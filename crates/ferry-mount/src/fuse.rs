@@ -1084,23 +1084,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             Ok(Reading::Handle(h)) => h,
             Err(e) => return reply.error(e),
         };
-        // Answered here, or by the thread of the fetch that brings the bytes: this one serves the next
-        // request meanwhile.
-        let notice = Arc::clone(&self.shared.notice);
-        self.shared.reader.read_then(
-            &handle,
-            offset,
-            size,
-            Box::new(move |r| match r {
-                Ok(bytes) => reply.data(&bytes),
-                Err(e) => {
-                    if let SourceError::Offline(why) = &e {
-                        notice(&format!("a read failed: {why}"));
-                    }
-                    reply.error(errno_of(&e))
+        match self.shared.reader.read(&handle, offset, size) {
+            Ok(bytes) => reply.data(&bytes),
+            Err(e) => {
+                if let SourceError::Offline(why) = &e {
+                    (self.shared.notice)(&format!("a read failed: {why}"));
                 }
-            }),
-        );
+                reply.error(errno_of(&e))
+            }
+        }
     }
 
     fn release(

@@ -4,14 +4,12 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::{Entry, SharePath};
 
-use super::{Answer, ReadConfig, Reader, Stats};
+use super::{ReadConfig, Reader, Stats};
 use crate::source::{Piece, Pieces, Source, SourceError};
 use crate::store::{Chunks, Store, StoreError};
 
@@ -22,31 +20,6 @@ struct FakeSharer {
     offline: AtomicBool,
     reads: AtomicU64,
     bytes: AtomicU64,
-    gate: Arc<Gate>,
-}
-
-/// Holds back the data of every read while closed ([`OPEN`], [`CLOSED`], [`FAIL`]: the link is lost).
-#[derive(Default)]
-struct Gate(Mutex<u8>, Condvar);
-
-const OPEN: u8 = 0;
-const CLOSED: u8 = 1;
-const FAIL: u8 = 2;
-
-impl Gate {
-    fn set(&self, state: u8) {
-        *self.0.lock().unwrap() = state;
-        self.1.notify_all();
-    }
-
-    /// Waits while closed; whether the data may pass.
-    fn pass(&self) -> bool {
-        let mut st = self.0.lock().unwrap();
-        while *st == CLOSED {
-            st = self.1.wait(st).unwrap();
-        }
-        *st == OPEN
-    }
 }
 
 impl FakeSharer {
@@ -57,19 +30,10 @@ impl FakeSharer {
     }
 }
 
-struct FakePieces(std::vec::IntoIter<Result<Piece, SourceError>>, Arc<Gate>);
+struct FakePieces(std::vec::IntoIter<Result<Piece, SourceError>>);
 
 impl Pieces for FakePieces {
     fn next_piece(&mut self) -> Result<Option<Piece>, SourceError> {
-        if self
-            .0
-            .as_slice()
-            .first()
-            .is_some_and(|p| matches!(p, Ok(Piece::Data { .. })))
-            && !self.1.pass()
-        {
-            return Err(SourceError::Offline("link lost".into()));
-        }
         self.0.next().transpose()
     }
 }
@@ -118,10 +82,7 @@ impl Source for FakeSharer {
                 at += n;
             }
         }
-        Ok(Box::new(FakePieces(
-            out.into_iter(),
-            Arc::clone(&self.gate),
-        )))
+        Ok(Box::new(FakePieces(out.into_iter())))
     }
 }
 
@@ -391,82 +352,4 @@ fn offline_cached_ranges_read_and_missing_ones_fail_with_eio() {
         reader.read(&h2, 500_000, 100_000).unwrap(),
         &content[500_000..600_000]
     );
-}
-
-/// Starts a read of `range` of `h` on a thread of its own (the sharer's gate closed) and waits until its
-/// fetch is under way.
-fn fetching(
-    reader: &Arc<Reader<FakeSharer>>,
-    h: &Arc<super::Handle>,
-    range: Range<u64>,
-) -> std::thread::JoinHandle<Result<Vec<u8>, SourceError>> {
-    let (r, hh) = (Arc::clone(reader), Arc::clone(h));
-    let t = std::thread::spawn(move || {
-        r.read(&hh, range.start, (range.end - range.start) as u32)
-            .map(|b| b.to_vec())
-    });
-    while h.file().state().in_flight.is_empty() {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    t
-}
-
-/// A read handed to `read_then`, its answer sent on the returned channel with the thread that gave it.
-fn read_then(
-    reader: &Arc<Reader<FakeSharer>>,
-    h: &Arc<super::Handle>,
-    offset: u64,
-    size: u32,
-) -> mpsc::Receiver<(Result<Vec<u8>, SourceError>, std::thread::ThreadId)> {
-    let (tx, rx) = mpsc::channel();
-    let answer: Answer = Box::new(move |r| {
-        let _ = tx.send((r.map(|b| b.to_vec()), std::thread::current().id()));
-    });
-    reader.read_then(h, offset, size, answer);
-    rx
-}
-
-#[test]
-fn a_read_of_a_range_being_fetched_is_parked_and_answered_by_the_fetch() {
-    let (sharer, reader) = setup();
-    let content = data(4 << 20, 11);
-    sharer.put("f", content.clone());
-    let h = Arc::new(reader.open(&p("f"), None).unwrap());
-    sharer.gate.set(CLOSED);
-    let first = fetching(&reader, &h, 0..1 << 20);
-    // The range is being fetched: the call returns at once, unanswered, the read parked.
-    let rx = read_then(&reader, &h, 4096, 8192);
-    assert!(rx.try_recv().is_err());
-    assert_eq!(h.file().state().pending.len(), 1);
-    sharer.gate.set(OPEN);
-    let (got, by) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(got.unwrap(), &content[4096..4096 + 8192]);
-    assert_ne!(
-        by,
-        std::thread::current().id(),
-        "answered by the fetch's thread"
-    );
-    assert_eq!(first.join().unwrap().unwrap(), &content[..1 << 20]);
-    assert!(h.file().state().pending.is_empty());
-    // A range nobody fetches is fetched by the caller, which answers before it returns.
-    let rx = read_then(&reader, &h, 3 << 20, 100);
-    let (got, by) = rx.try_recv().unwrap();
-    assert_eq!(got.unwrap(), &content[3 << 20..(3 << 20) + 100]);
-    assert_eq!(by, std::thread::current().id());
-}
-
-#[test]
-fn a_parked_read_fails_with_the_fetch_it_waits_for() {
-    let (sharer, reader) = setup();
-    sharer.put("f", data(2 << 20, 12));
-    let h = Arc::new(reader.open(&p("f"), None).unwrap());
-    sharer.gate.set(CLOSED);
-    let first = fetching(&reader, &h, 0..1 << 20);
-    let rx = read_then(&reader, &h, 0, 4096);
-    assert!(rx.try_recv().is_err());
-    sharer.gate.set(FAIL);
-    let (got, _) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    assert_eq!(got.unwrap_err().errno(), libc::EIO);
-    assert_eq!(first.join().unwrap().unwrap_err().errno(), libc::EIO);
-    assert!(h.file().state().pending.is_empty());
 }
