@@ -40,7 +40,7 @@ mod mount_write;
 /// Set to other builds of `ferry` (`:`-separated): their mount daemons are measured too in the uncached
 /// rows, interleaved with this build's (A/B in one run; the sharer and the puller stay this build's).
 pub const OTHER_DAEMON: &str = "FERRY_BENCH_MOUNT_B";
-/// Set (to anything): only the uncached rows run.
+/// Set (to anything): only the uncached rows run (and with `--rss-size`, the peak RSS row of every build).
 pub const ONLY_UNCACHED: &str = "FERRY_BENCH_MOUNT_ONLY_UNCACHED";
 
 /// One daemon build's samples of the uncached rows.
@@ -243,6 +243,31 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         "cores",
     ));
     if std::env::var_os(ONLY_UNCACHED).is_some() {
+        // With --rss-size: every build's peak RSS through a small cache, one after the other.
+        if let Some(bytes) = opts.rss_bytes {
+            for (daemon_bin, _) in &daemons {
+                forget_cache(&paired)?;
+                let (secs, hwm) =
+                    read_through_small_cache(&paired, &share, &mnt, daemon_bin, bytes)?;
+                report.push(Row::new(
+                    BENCH,
+                    format!(
+                        "mount daemon's peak RSS reading a {} file (--cache-size 1G; daemon: {})",
+                        crate::channel::size_name(bytes as usize),
+                        daemon_bin.display()
+                    ),
+                    hwm as f64 / 1024.0,
+                    "MiB",
+                ));
+                report.push(Row::new(
+                    BENCH,
+                    "  that read",
+                    bytes as f64 / 1e9 / secs,
+                    "GB/s",
+                ));
+            }
+            forget_cache(&paired)?;
+        }
         return Ok(());
     }
 
