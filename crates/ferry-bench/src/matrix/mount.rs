@@ -249,22 +249,8 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
                 forget_cache(&paired)?;
                 let (secs, hwm) =
                     read_through_small_cache(&paired, &share, &mnt, daemon_bin, bytes)?;
-                report.push(Row::new(
-                    BENCH,
-                    format!(
-                        "mount daemon's peak RSS reading a {} file (--cache-size 1G; daemon: {})",
-                        crate::channel::size_name(bytes as usize),
-                        daemon_bin.display()
-                    ),
-                    hwm as f64 / 1024.0,
-                    "MiB",
-                ));
-                report.push(Row::new(
-                    BENCH,
-                    "  that read",
-                    bytes as f64 / 1e9 / secs,
-                    "GB/s",
-                ));
+                let tag = format!("; daemon: {}", daemon_bin.display());
+                push_rss_rows(report, bytes, &tag, hwm, secs);
             }
             forget_cache(&paired)?;
         }
@@ -341,21 +327,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     if let Some(bytes) = opts.rss_bytes {
         forget_cache(&paired)?;
         let (secs, hwm) = read_through_small_cache(&paired, &share, &mnt, ferry, bytes)?;
-        report.push(Row::new(
-            BENCH,
-            format!(
-                "mount daemon's peak RSS reading a {} file (--cache-size 1G)",
-                crate::channel::size_name(bytes as usize)
-            ),
-            hwm as f64 / 1024.0,
-            "MiB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            "  that read (uncached, the cache evicting behind it)",
-            bytes as f64 / 1e9 / secs,
-            "GB/s",
-        ));
+        push_rss_rows(report, bytes, "", hwm, secs);
         forget_cache(&paired)?;
     }
 
@@ -529,6 +501,25 @@ fn cpu_secs(pid: u32) -> f64 {
 
 /// The sparse file of the RSS row, beside the file of the other rows.
 const SPARSE: &str = "sparse.bin";
+
+/// The peak RSS row of a read of `bytes` through a small cache (`tag` names the build) and its rate.
+fn push_rss_rows(report: &mut Report, bytes: u64, tag: &str, hwm_kib: u64, secs: f64) {
+    report.push(Row::new(
+        BENCH,
+        format!(
+            "mount daemon's peak RSS reading a {} file (--cache-size 1G{tag})",
+            crate::channel::size_name(bytes as usize)
+        ),
+        hwm_kib as f64 / 1024.0,
+        "MiB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  that read (uncached, the cache evicting behind it)",
+        bytes as f64 / 1e9 / secs,
+        "GB/s",
+    ));
+}
 
 /// Reads the `bytes`-byte sparse file whole through a fresh mount with a 1 GiB cache (evicting as it
 /// goes), checking every byte is zero; seconds and the daemon's peak RSS, KiB.
