@@ -313,16 +313,23 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         tune_lane(&connected.stream);
     }
     let mut halves = split_tcp(connected.stream, connected.established)?;
+    let mut through_relay = relayed;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
         halves = h;
         if direct {
+            through_relay = false;
             report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());
         }
     }
     let (reader, writer) = halves;
-    // The data's connections start on CUBIC and move to BBR on loss the sender did not cause.
-    let policy = Policy::new();
+    // The data's congestion control: BBR, CUBIC once the path overflowed only its own buffer, BBR for
+    // good at a loss of the path's; the system's choice through a relay.
+    let policy = if through_relay {
+        Policy::system()
+    } else {
+        Policy::new()
+    };
     let mut writer = writer.map_inner(|s| DataStream::new(s, &policy));
     // The receiver learns the lane count first, before anything of the engine's.
     writer.send(&ferry_channel::lanes::announcement(lanes))?;
