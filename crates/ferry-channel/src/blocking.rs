@@ -254,6 +254,18 @@ impl<W: Write> SecureWriter<W> {
     pub fn get_ref(&self) -> &W {
         &self.inner
     }
+
+    /// The same writer (keys, counters, anything not yet written) over `f(stream)`: a wrapper of the
+    /// stream that writes what it is given.
+    pub fn map_inner<V: Write>(self, f: impl FnOnce(W) -> V) -> SecureWriter<V> {
+        SecureWriter {
+            inner: f(self.inner),
+            sealer: self.sealer,
+            pending: self.pending,
+            frame: self.frame,
+            sizing: self.sizing,
+        }
+    }
 }
 
 /// Receives packets from a blocking stream, opening them in place in a reusable buffer.

@@ -33,6 +33,7 @@ use crate::ui::{
 };
 use ferry_channel::blocking::SecureReader;
 use ferry_channel::lanes::{LaneKeys, LANE_HEADER, MAX_LANES};
+use ferry_session::congestion::{DataStream, Policy};
 use ferry_session::lanes::{dial_lanes, lane_count, tune_lane, tune_sender};
 use ferry_transfer::lanes::{LaneSink, LaneSource};
 use ferry_transfer::secure::{ChannelSink, ChannelSource};
@@ -312,14 +313,24 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         tune_lane(&connected.stream);
     }
     let mut halves = split_tcp(connected.stream, connected.established)?;
+    let mut through_relay = relayed;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
         halves = h;
         if direct {
+            through_relay = false;
             report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());
         }
     }
-    let (reader, mut writer) = halves;
+    let (reader, writer) = halves;
+    // The data's congestion control: BBR, CUBIC once the path overflowed only its own buffer, BBR for
+    // good at a loss of the path's; the system's choice through a relay.
+    let policy = if through_relay {
+        Policy::system()
+    } else {
+        Policy::new()
+    };
+    let mut writer = writer.map_inner(|s| DataStream::new(s, &policy));
     // The receiver learns the lane count first, before anything of the engine's.
     writer.send(&ferry_channel::lanes::announcement(lanes))?;
     let mut sending = match lanes {
@@ -328,7 +339,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             ui.info(&format!("Sending on up to {lanes} connections (lanes)"));
             Sending::Lanes(LaneSink::new(
                 writer,
-                rendezvous.accept_lanes(lane_keys, lanes),
+                rendezvous.accept_lanes(lane_keys, lanes, &policy),
             ))
         }
     };
@@ -354,8 +365,8 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
 
 /// The sending half of the data: the session's connection, or lanes.
 enum Sending {
-    One(Box<ChannelSink>),
-    Lanes(LaneSink),
+    One(Box<ChannelSink<DataStream>>),
+    Lanes(LaneSink<DataStream>),
 }
 
 impl Sending {

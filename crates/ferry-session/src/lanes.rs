@@ -18,6 +18,7 @@ use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::lanes::{HelloCheck, LaneKeys, HELLO_LEN, MAX_LANES};
 use socket2::SockRef;
 
+use crate::congestion::{DataStream, Policy};
 use crate::handshake::Event;
 use crate::{PathKind, Rendezvous, SessionError};
 
@@ -127,12 +128,14 @@ impl Rendezvous {
         &mut self,
         keys: LaneKeys,
         lanes: usize,
-    ) -> mpsc::Receiver<SecureWriter<TcpStream>> {
+        policy: &Policy,
+    ) -> mpsc::Receiver<SecureWriter<DataStream>> {
         let (tx, rx) = mpsc::channel();
         let offers = std::mem::replace(&mut self.rx, mpsc::channel().1);
         let keys = Arc::new(keys);
         let check = Arc::new(Mutex::new(HelloCheck::new(&keys, lanes)));
         let pending = Arc::new(AtomicUsize::new(0));
+        let policy = policy.clone();
         std::thread::spawn(move || loop {
             if check.lock().expect("no hello panics holding it").is_full() {
                 return;
@@ -146,11 +149,12 @@ impl Rendezvous {
                 continue;
             }
             pending.fetch_add(1, Ordering::Relaxed);
-            let (keys, check, pending, tx) = (
+            let (keys, check, pending, tx, policy) = (
                 Arc::clone(&keys),
                 Arc::clone(&check),
                 Arc::clone(&pending),
                 tx.clone(),
+                policy.clone(),
             );
             std::thread::spawn(move || {
                 let lane = read_hello(&stream).and_then(|hello| {
@@ -165,7 +169,8 @@ impl Rendezvous {
                     stream.set_read_timeout(None).ok();
                     tune_sender(&stream);
                     tune_lane(&stream);
-                    let _ = tx.send(SecureWriter::new(stream, keys.sealer(i)));
+                    let data = DataStream::new(stream, &policy);
+                    let _ = tx.send(SecureWriter::new(data, keys.sealer(i)));
                 }
             });
         });

@@ -25,7 +25,7 @@
 //! ```
 
 #![warn(missing_docs, unreachable_pub)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 use std::any::Any;
 use std::fmt;
@@ -35,6 +35,7 @@ use std::sync::Arc;
 use ferry_channel::{Auth, Established};
 use ferry_rendezvous::{Code, NameplateHash};
 
+pub mod congestion;
 mod connect;
 mod error;
 mod handshake;

@@ -60,7 +60,7 @@ fn a_lane_joins_by_its_hello_and_forged_or_replayed_hellos_are_closed_unanswered
         receiver.established.lane_keys(max),
     );
     let hello1 = kr.hello(1);
-    let lanes = rendezvous.accept_lanes(ks, 3);
+    let lanes = rendezvous.accept_lanes(ks, 3, &ferry_session::congestion::Policy::new());
 
     closed_without_answer(addr, &[0u8; 32]);
     // Lane 2 joins through dial_lanes (which dials lanes 1 and 2); lane 1 is then taken, and its hello
