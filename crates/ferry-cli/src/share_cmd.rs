@@ -6,7 +6,6 @@
 //! [`ferry_share::io::serve`], with one outboard cache and one change feed for all of them.
 
 use std::io::{self, Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,7 +15,8 @@ use anyhow::Context;
 use clap::Args;
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
-use ferry_session::{Connected, Standing};
+use ferry_session::congestion::{DataStream, Policy};
+use ferry_session::{Connected, PathKind, Standing};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes};
 use ferry_share::server::ServerConfig;
@@ -135,12 +135,12 @@ impl Stats {
 }
 
 /// A stream that counts the bytes through it.
-struct Counted {
-    stream: TcpStream,
+struct Counted<S> {
+    stream: S,
     count: Arc<AtomicU64>,
 }
 
-impl Read for Counted {
+impl<S: Read> Read for Counted<S> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.stream.read(buf)?;
         self.count.fetch_add(n as u64, Ordering::Relaxed);
@@ -148,7 +148,7 @@ impl Read for Counted {
     }
 }
 
-impl Write for Counted {
+impl<S: Write> Write for Counted<S> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let n = self.stream.write(buf)?;
         self.count.fetch_add(n as u64, Ordering::Relaxed);
@@ -373,9 +373,16 @@ fn serve_client(
         },
         est.opener,
     );
+    // The replies' congestion control as `send`'s data (ferry_session::congestion): the system's choice
+    // through a relay.
+    let policy = if connected.path == PathKind::Relay {
+        Policy::system()
+    } else {
+        Policy::new()
+    };
     let writer = SecureWriter::new(
         Counted {
-            stream: connected.stream,
+            stream: DataStream::new(connected.stream, &policy),
             count: Arc::clone(&stats.bytes_sent),
         },
         est.sealer,
