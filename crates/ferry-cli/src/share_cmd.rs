@@ -16,7 +16,7 @@ use clap::Args;
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 use ferry_session::congestion::{DataStream, Policy};
-use ferry_session::{Connected, PathKind, Standing};
+use ferry_session::{Connected, Standing};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes};
 use ferry_share::server::ServerConfig;
@@ -373,13 +373,8 @@ fn serve_client(
         },
         est.opener,
     );
-    // The replies' congestion control as `send`'s data (ferry_session::congestion): the system's choice
-    // through a relay.
-    let policy = if connected.path == PathKind::Relay {
-        Policy::system()
-    } else {
-        Policy::new()
-    };
+    // The replies' congestion control as `send`'s data (ferry_session::congestion).
+    let policy = Policy::for_path(connected.path);
     let writer = SecureWriter::new(
         Counted {
             stream: DataStream::new(connected.stream, &policy),

@@ -313,23 +313,19 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         tune_lane(&connected.stream);
     }
     let mut halves = split_tcp(connected.stream, connected.established)?;
-    let mut through_relay = relayed;
+    let mut path = connected.path;
     if relayed {
         let (h, direct) = upgrade::sender(halves, &mut rendezvous, ui)?;
         halves = h;
         if direct {
-            through_relay = false;
+            path = PathKind::Direct;
             report_upgrade(ui, &halves.0.get_ref().peer_addr()?.to_string());
         }
     }
     let (reader, writer) = halves;
     // The data's congestion control: BBR, CUBIC once the path overflowed only its own buffer, BBR for
     // good at a loss of the path's; the system's choice through a relay.
-    let policy = if through_relay {
-        Policy::system()
-    } else {
-        Policy::new()
-    };
+    let policy = Policy::for_path(path);
     let mut writer = writer.map_inner(|s| DataStream::new(s, &policy));
     // The receiver learns the lane count first, before anything of the engine's.
     writer.send(&ferry_channel::lanes::announcement(lanes))?;

@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use socket2::SockRef;
 
+use crate::PathKind;
+
 /// A round trip at most this many times the minimum (plus [`JITTER`]) means no queue before the
 /// bottleneck: a loss then was not the sender's doing.
 const QUEUED: f64 = 1.25;
@@ -214,9 +216,18 @@ impl Policy {
         Policy::in_phase(if adaptive() { Phase::Start } else { Phase::Bbr })
     }
 
-    /// A policy that keeps the system's choice (a session through a relay: its second hop is the
-    /// relay's, on the system's choice, and CUBIC on the first measured worse, BENCHMARKS.md).
-    pub fn system() -> Policy {
+    /// The policy of a session whose data takes `path`: [`Policy::new`], or the system's choice through a
+    /// relay (its second hop is the relay's, on the system's choice, and CUBIC on the first measured
+    /// worse, BENCHMARKS.md).
+    pub fn for_path(path: PathKind) -> Policy {
+        match path {
+            PathKind::Relay => Policy::system(),
+            PathKind::SameHost | PathKind::Lan | PathKind::Direct => Policy::new(),
+        }
+    }
+
+    /// A policy that keeps the system's choice.
+    fn system() -> Policy {
         Policy::in_phase(Phase::Bbr)
     }
 
@@ -430,7 +441,7 @@ mod tests {
     #[test]
     fn a_policy_keeping_the_systems_choice_watches_nothing() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let policy = Policy::system();
+        let policy = Policy::for_path(PathKind::Relay);
         let a = DataStream::new(
             TcpStream::connect(listener.local_addr().unwrap()).unwrap(),
             &policy,

@@ -193,55 +193,51 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             )
             .with_baseline(pulled),
         );
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}  mount daemon's peak RSS over those reads"),
-            u.hwm as f64 / 1024.0,
-            "MiB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}  CPU per GB read through the mount: sharer + daemon + reader"),
-            med(&mut u.cpu_mount),
-            "s/GB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}    of which the sharer"),
-            med(&mut u.cpu_sharer),
-            "s/GB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}    of which the mount daemon"),
-            med(&mut u.cpu_daemon),
-            "s/GB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}    of which the reader (its copy out of the page cache)"),
-            med(&mut u.cpu_reader),
-            "s/GB",
-        ));
-        report.push(Row::new(
-            BENCH,
-            format!("{pad}  cores the mount's path kept busy while it read"),
-            med(&mut u.busy),
-            "cores",
-        ));
+        for (label, value, unit) in [
+            (
+                "  mount daemon's peak RSS over those reads",
+                u.hwm as f64 / 1024.0,
+                "MiB",
+            ),
+            (
+                "  CPU per GB read through the mount: sharer + daemon + reader",
+                med(&mut u.cpu_mount),
+                "s/GB",
+            ),
+            ("    of which the sharer", med(&mut u.cpu_sharer), "s/GB"),
+            (
+                "    of which the mount daemon",
+                med(&mut u.cpu_daemon),
+                "s/GB",
+            ),
+            (
+                "    of which the reader (its copy out of the page cache)",
+                med(&mut u.cpu_reader),
+                "s/GB",
+            ),
+            (
+                "  cores the mount's path kept busy while it read",
+                med(&mut u.busy),
+                "cores",
+            ),
+        ] {
+            report.push(Row::new(BENCH, format!("{pad}{label}"), value, unit));
+        }
     }
-    report.push(Row::new(
-        BENCH,
-        "  CPU per GB pulled: sharer + ferry pull",
-        med(&mut cpu_pull),
-        "s/GB",
-    ));
-    report.push(Row::new(
-        BENCH,
-        "  cores the pull kept busy while it ran",
-        med(&mut busy_pull),
-        "cores",
-    ));
+    for (label, value, unit) in [
+        (
+            "  CPU per GB pulled: sharer + ferry pull",
+            med(&mut cpu_pull),
+            "s/GB",
+        ),
+        (
+            "  cores the pull kept busy while it ran",
+            med(&mut busy_pull),
+            "cores",
+        ),
+    ] {
+        report.push(Row::new(BENCH, label, value, unit));
+    }
     if std::env::var_os(ONLY_UNCACHED).is_some() {
         // With --rss-size: every build's peak RSS through a small cache, one after the other.
         if let Some(bytes) = opts.rss_bytes {
