@@ -237,6 +237,11 @@ fn pieces_held_stay_within_their_budget_and_are_let_go_with_their_file() {
     assert_eq!(reader.read(&g, 0, 10).unwrap(), &data(1 << 20, 9)[..10]);
     assert!(reader.held.used.load(Ordering::Relaxed) > 0);
     drop((h, h2, g));
+    // A streaming thread keeps its file until its last piece is in: the file goes when it ends.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reader.held.used.load(Ordering::Relaxed) != 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     assert_eq!(reader.held.used.load(Ordering::Relaxed), 0);
 }
 
