@@ -48,7 +48,7 @@ pub use auth::{
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;
 pub use handshake::{
-    Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE,
+    Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE, MAX_PAD,
     PROTOCOL_VERSION,
 };
 pub use packet::{

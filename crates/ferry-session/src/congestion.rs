@@ -82,6 +82,21 @@ pub fn counters(stream: &TcpStream) -> io::Result<Counters> {
     })
 }
 
+/// The bytes `stream` may send now without waiting for an acknowledgement: its congestion window less the
+/// segments in flight, where the `just_written` bytes count as in flight whether or not they left yet.
+pub fn free_window(stream: &TcpStream, just_written: usize) -> io::Result<usize> {
+    let info = tcp_info(stream)?;
+    let mss = info.tcpi_snd_mss.max(1) as usize;
+    let in_flight = (info.tcpi_unacked as usize).max(just_written.div_ceil(mss));
+    Ok((info.tcpi_snd_cwnd as usize).saturating_sub(in_flight) * mss)
+}
+
+/// The bytes `stream` received so far.
+#[cfg(test)]
+pub(crate) fn bytes_received(stream: &TcpStream) -> io::Result<u64> {
+    Ok(tcp_info(stream)?.tcpi_bytes_received)
+}
+
 #[allow(unsafe_code)]
 fn tcp_info(stream: &TcpStream) -> io::Result<libc::tcp_info> {
     // No safe crate of this workspace reads TCP_INFO (socket2 and rustix do not); the policy above is

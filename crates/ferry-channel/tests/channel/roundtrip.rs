@@ -3,8 +3,8 @@
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::{
-    Auth, Config, Established, Handshake, Role, Suite, BITCOIN_MAINNET_MAGIC, DEFAULT_MAX_PAYLOAD,
-    MAX_GARBAGE, REKEY_INTERVAL,
+    frame_len, Auth, Config, Established, Handshake, Role, Suite, BITCOIN_MAINNET_MAGIC,
+    DEFAULT_MAX_PAYLOAD, MAX_GARBAGE, MAX_PAD, REKEY_INTERVAL,
 };
 
 use crate::common::*;
@@ -237,4 +237,46 @@ fn a_code_handshake_takes_two_flights_each_way() {
     let (mut a, mut b) = (a.finish().unwrap(), b.finish().unwrap());
     assert_agree(&a, &b);
     assert_round_trip(&mut a, &mut b, &[payload(1, 100)]);
+}
+
+/// A flight padded with `pad_next_flight` has the size asked for (the terminator, decoys and version packet:
+/// within one empty decoy's frame of it, never more), the peer drops the decoys, and the handshake ends as
+/// without them. A request beyond `MAX_PAD` is cut to it.
+#[test]
+fn a_padded_flight_fills_what_was_asked_and_the_peer_drops_the_decoys() {
+    for (pad, want) in [
+        (0, None),
+        (14_480, Some(14_480)),
+        (5_000, Some(5_000)),
+        (1 << 20, Some(MAX_PAD)),
+    ] {
+        let mut a = initiator(aes_config(), code());
+        let mut b = responder(aes_config(), code());
+        a.pad_next_flight(pad);
+        b.pad_next_flight(pad);
+        let a_share = a.take_output();
+        let b_share = b.take_output();
+        b.feed(&a_share).unwrap();
+        let b_flight = b.take_output();
+        a.feed(&b_share).unwrap();
+        a.feed(&b_flight).unwrap();
+        let a_flight = a.take_output();
+        match want {
+            None => assert!(b_flight.len() < 200, "unpadded: {} bytes", b_flight.len()),
+            Some(want) => assert!(
+                b_flight.len() <= want && b_flight.len() + frame_len(0) > want,
+                "asked {want}, the flight took {}",
+                b_flight.len()
+            ),
+        }
+        // The initiator's flight also carries its confirmation after the padded part.
+        assert!(a_flight.len() >= want.unwrap_or(0).saturating_sub(frame_len(0)));
+        b.feed(&a_flight).unwrap();
+        assert!(b.is_done());
+        a.feed(&b.take_output()).unwrap();
+        assert!(a.is_done());
+        let (mut a, mut b) = (a.finish().unwrap(), b.finish().unwrap());
+        assert_agree(&a, &b);
+        assert_round_trip(&mut a, &mut b, &[payload(1, 100), payload(2, 70_000)]);
+    }
 }
