@@ -253,7 +253,8 @@ impl Handshake {
     /// decoys and version packet. The IO layer gives what its connection may send at once without waiting
     /// for an acknowledgement: in slow start each segment acknowledged grows the congestion window by one,
     /// so the data after the handshake starts from a window twice the first one, a round trip ahead
-    /// (BENCHMARKS.md, "A warm window"). The version packet comes last, so it leaves within the window.
+    /// (BENCHMARKS.md, "Session 9: a warm window"). The version packet comes last, so it leaves within
+    /// the window.
     pub fn pad_next_flight(&mut self, bytes: usize) {
         self.pad_to = bytes.min(MAX_PAD);
     }
