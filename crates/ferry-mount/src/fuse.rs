@@ -978,26 +978,34 @@ fn kind_of(e: &Entry) -> FileType {
     }
 }
 
+/// The mount's answer to the kernel's init, passthrough aside: requests of [`MAX_REQUEST`] (fuser asks
+/// for `FUSE_MAX_PAGES` to match), [`MAX_BACKGROUND`] queued background requests, async reads, and the
+/// other capabilities the mount takes where the kernel offers them.
+pub fn negotiate(config: &mut KernelConfig) {
+    let caps = config.capabilities();
+    let _ = config.set_max_write(MAX_REQUEST);
+    // The kernel offers its current readahead and takes no more; the binary raises it on the BDI.
+    let _ = config.set_max_readahead(MAX_REQUEST);
+    let _ = config.set_max_background(MAX_BACKGROUND);
+    let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+    for wanted in [
+        InitFlags::FUSE_ASYNC_READ,
+        InitFlags::FUSE_AUTO_INVAL_DATA,
+        InitFlags::FUSE_CACHE_SYMLINKS,
+        InitFlags::FUSE_PARALLEL_DIROPS,
+        // open(O_TRUNC) comes as one open, not a truncate (which would land an empty file) first.
+        InitFlags::FUSE_ATOMIC_O_TRUNC,
+    ] {
+        if caps.contains(wanted) {
+            let _ = config.add_capabilities(wanted);
+        }
+    }
+}
+
 impl<S: Source + Sink> Filesystem for ShareFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
-        let _ = config.set_max_write(MAX_REQUEST);
-        // The kernel offers its current readahead and takes no more; the binary raises it on the BDI.
-        let _ = config.set_max_readahead(MAX_REQUEST);
-        let _ = config.set_max_background(MAX_BACKGROUND);
-        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
-        for wanted in [
-            InitFlags::FUSE_ASYNC_READ,
-            InitFlags::FUSE_AUTO_INVAL_DATA,
-            InitFlags::FUSE_CACHE_SYMLINKS,
-            InitFlags::FUSE_PARALLEL_DIROPS,
-            // open(O_TRUNC) comes as one open, not a truncate (which would land an empty file) first.
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
-        ] {
-            if caps.contains(wanted) {
-                let _ = config.add_capabilities(wanted);
-            }
-        }
+        negotiate(config);
         if !self.passthrough_wanted {
             (self.shared.notice)("passthrough is off: cached files are read through the daemon");
         } else if caps.contains(InitFlags::FUSE_PASSTHROUGH)

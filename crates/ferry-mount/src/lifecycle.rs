@@ -40,20 +40,7 @@ pub fn mount<S: Source + Sink>(
     fsname: &str,
 ) -> io::Result<Mounted<S>> {
     let changes = fs.changes();
-    let mut config = Config::default();
-    config.mount_options = vec![
-        MountOption::FSName(fsname.to_string()),
-        MountOption::Subtype("ferry".into()),
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::DefaultPermissions,
-    ];
-    if !fs.is_writable() {
-        config.mount_options.push(MountOption::RO);
-    }
-    config.acl = SessionACL::Owner;
-    config.n_threads = Some(THREADS);
-    config.clone_fd = true;
+    let config = session_config(fsname, fs.is_writable());
     // The session needs the file system first; its notifier exists only afterwards.
     let session = Session::new(fs, mountpoint, &config)?;
     changes.set_notifier(session.notifier());
@@ -63,15 +50,40 @@ pub fn mount<S: Source + Sink>(
     })
 }
 
+/// The session's settings: [`THREADS`] workers, each on its own `/dev/fuse` clone, only the owner let
+/// in, named `fsname` in the mount table, read-only unless `writable`.
+pub fn session_config(fsname: &str, writable: bool) -> Config {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(fsname.to_string()),
+        MountOption::Subtype("ferry".into()),
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::DefaultPermissions,
+    ];
+    if !writable {
+        config.mount_options.push(MountOption::RO);
+    }
+    config.acl = SessionACL::Owner;
+    config.n_threads = Some(THREADS);
+    config.clone_fd = true;
+    config
+}
+
+/// Raises the readahead of the mount on `mountpoint` (absolute, as [`resolve`] gives it) on its BDI to
+/// [`READ_AHEAD_KIB`] (best effort: it needs root); returns what was set. (The device comes from the
+/// mount table: a stat of the mount point would wait for the daemon, which may serve nothing yet.)
+pub fn raise_readahead(mountpoint: &Path) -> Option<u32> {
+    let device = mounted_device(mountpoint)?;
+    let bdi = format!("/sys/class/bdi/{device}/read_ahead_kb");
+    std::fs::write(bdi, READ_AHEAD_KIB.to_string()).ok()?;
+    Some(READ_AHEAD_KIB)
+}
+
 impl<S: Source + Sink> Mounted<S> {
     /// Raises the mount's readahead on its BDI (best effort: it needs root); returns what was set.
-    /// (The device comes from the mount table: a stat of the mount point would wait for this very
-    /// process, which serves nothing yet.)
     pub fn raise_readahead(&self) -> Option<u32> {
-        let device = mounted_device(&self.mountpoint)?;
-        let bdi = format!("/sys/class/bdi/{device}/read_ahead_kb");
-        std::fs::write(bdi, READ_AHEAD_KIB.to_string()).ok()?;
-        Some(READ_AHEAD_KIB)
+        raise_readahead(&self.mountpoint)
     }
 
     /// Serves the kernel's requests until the file system is unmounted.
