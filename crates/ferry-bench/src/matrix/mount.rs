@@ -4,6 +4,9 @@
 //!
 //! Rows (medians of `runs`, A/B interleaved):
 //! - uncached sequential read of the file through a fresh mount (empty chunk cache) vs `ferry pull` of it;
+//! - the FUSE floor beside it ([`ferry_mount::floor`]: a file of the same size answered from one buffer,
+//!   mounted as the mount mounts, in this process), through the page cache and with direct I/O: the CPU per
+//!   GB any FUSE read path costs here, and from it the highest ratio to pull a mount could reach;
 //! - the mount daemon's peak RSS over those reads;
 //! - cached sequential read through the mount (FUSE passthrough) vs a direct read of the same cache file,
 //!   and the same through a mount without passthrough (classic FUSE: every read reaches the daemon);
@@ -23,6 +26,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ferry_lab::PATHS;
+use ferry_mount::floor::{self, Floor};
 
 use super::mount_sshfs::{sshfs_figures, Readers};
 use super::pull::{Paired, Sharer};
@@ -140,6 +144,12 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
     let (mut cpu_pull, mut busy_pull) = (Vec::new(), Vec::new());
     let sharer = share.pid();
+    // The FUSE floor of each mode, after the mount's daemons in each run.
+    let floor_mnt = scratch.fresh("floor-mnt")?;
+    let mut floors = [
+        ("page cache", floor::Mode::PageCache, Uncached::default()),
+        ("direct I/O", floor::Mode::DirectIo, Uncached::default()),
+    ];
     for _ in 0..opts.runs {
         let out = scratch.fresh("pull-out")?;
         let (s0, p0) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
@@ -170,6 +180,9 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             )?;
             u.hwm = u.hwm.max(m.peak_rss_kib());
             m.unmount()?;
+        }
+        for (_, mode, u) in &mut floors {
+            floor_read(&floor_mnt, opts.file_bytes, *mode, u)?;
         }
     }
     let pulled = median(&mut pulled);
@@ -238,6 +251,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     ] {
         report.push(Row::new(BENCH, label, value, unit));
     }
+    push_floor_rows(report, &mut floors, med(&mut cpu_pull), med(&mut busy_pull));
     if std::env::var_os(ONLY_UNCACHED).is_some() {
         // With --rss-size: every build's peak RSS through a small cache, one after the other.
         if let Some(bytes) = opts.rss_bytes {
@@ -473,6 +487,83 @@ impl Mount {
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = self.stop();
+    }
+}
+
+/// One sequential read of a fresh `bytes`-byte FUSE floor in `mode` on `mnt`, in 1 MiB reads as the
+/// uncached row reads; its samples into `u`. The floor's daemon threads run in this process: its CPU is
+/// this process's over the read less the reading thread's (the bench's other threads are idle then).
+fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> io::Result<()> {
+    let gb = bytes as f64 / 1e9;
+    let f = Floor::mount(mnt, bytes, mode)?;
+    let (all0, r0) = (rusage_cpu(libc::RUSAGE_SELF), thread_cpu());
+    let secs = read_whole(&f.file())?;
+    let (all1, r1) = (rusage_cpu(libc::RUSAGE_SELF), thread_cpu());
+    let (daemon, reader) = (all1 - all0 - (r1 - r0), r1 - r0);
+    u.cpu_mount.push((daemon + reader) / gb);
+    u.cpu_daemon.push(daemon / gb);
+    u.cpu_reader.push(reader / gb);
+    u.busy.push((daemon + reader) / secs);
+    u.rate.push(gb / secs);
+    // Checked after the timed read (from the page cache, or through the daemon again with direct I/O).
+    let pattern: Vec<u8> = (0..2 * floor::PERIOD as u64).map(floor::byte_at).collect();
+    let (mut file, mut buf, mut at) = (File::open(f.file())?, vec![0u8; floor::PERIOD], 0u64);
+    loop {
+        let n = file.read(&mut buf)?;
+        let start = (at % floor::PERIOD as u64) as usize;
+        if n == 0 {
+            break;
+        } else if buf[..n] != pattern[start..start + n] {
+            return Err(io::Error::other(format!(
+                "the FUSE floor's file differs from its pattern near {at}"
+            )));
+        }
+        at += n as u64;
+    }
+    if at != bytes {
+        return Err(io::Error::other(format!(
+            "read {at} of the FUSE floor's {bytes} bytes"
+        )));
+    }
+    Ok(())
+}
+
+/// The FUSE floor's rows, and for each mode the highest ratio to pull any FUSE mount could reach here:
+/// the mount does pull's work plus the floor's (F), on the cores there are, so its rate is at most
+/// cores ÷ (pull's CPU/GB + F) where pull's is its cores busy ÷ its CPU/GB.
+fn push_floor_rows(
+    report: &mut Report,
+    floors: &mut [(&str, floor::Mode, Uncached)],
+    cpu_pull: f64,
+    busy_pull: f64,
+) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    for (name, _, u) in floors.iter_mut() {
+        let f = median(&mut u.cpu_mount);
+        for (label, value, unit) in [
+            (
+                format!("FUSE floor, {name}: sequential read (one buffer, no work)"),
+                median(&mut u.rate),
+                "GB/s",
+            ),
+            (
+                "  CPU per GB (F): floor daemon + reader".into(),
+                f,
+                "s/GB",
+            ),
+            ("    of which the floor daemon".into(), median(&mut u.cpu_daemon), "s/GB"),
+            ("    of which the reader".into(), median(&mut u.cpu_reader), "s/GB"),
+            ("  cores it kept busy".into(), median(&mut u.busy), "cores"),
+            (
+                format!(
+                    "  highest ratio to pull a mount could reach: (pull CPU/GB / pull cores) / ((pull CPU/GB + F) / {cores} cores)"
+                ),
+                (cpu_pull / busy_pull) / ((cpu_pull + f) / cores),
+                "x",
+            ),
+        ] {
+            report.push(Row::new(BENCH, label, value, unit));
+        }
     }
 }
 
