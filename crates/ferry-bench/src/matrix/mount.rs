@@ -142,7 +142,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     }
     let mut pulled = Vec::new();
     // CPU seconds per GB of every process on the path (2 cores here: their sum bounds the rate).
-    let (mut cpu_pull, mut busy_pull) = (Vec::new(), Vec::new());
+    let (mut cpu_pull, mut busy_pull, mut cpu_pull_sharer) = (Vec::new(), Vec::new(), Vec::new());
     let sharer = share.pid();
     // The FUSE floor of each mode, after the mount's daemons in each run.
     let floor_mnt = scratch.fresh("floor-mnt")?;
@@ -157,6 +157,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         pulled.push(gb / secs);
         let (s1, p1) = (cpu_secs(sharer), rusage_cpu(libc::RUSAGE_CHILDREN));
         cpu_pull.push((s1 - s0 + p1 - p0) / gb);
+        cpu_pull_sharer.push((s1 - s0) / gb);
         busy_pull.push((s1 - s0 + p1 - p0) / secs);
         let _ = fs::remove_dir_all(&out);
         for (daemon_bin, u) in &mut daemons {
@@ -243,6 +244,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             med(&mut cpu_pull),
             "s/GB",
         ),
+        ("    of which the sharer", med(&mut cpu_pull_sharer), "s/GB"),
         (
             "  cores the pull kept busy while it ran",
             med(&mut busy_pull),
@@ -251,7 +253,13 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     ] {
         report.push(Row::new(BENCH, label, value, unit));
     }
-    push_floor_rows(report, &mut floors, med(&mut cpu_pull), med(&mut busy_pull));
+    let figures = PullFigures {
+        cpu: med(&mut cpu_pull),
+        busy: med(&mut busy_pull),
+        sharer: med(&mut cpu_pull_sharer),
+        mount_sharer: med(&mut daemons[0].1.cpu_sharer),
+    };
+    push_floor_rows(report, &mut floors, &figures);
     if std::env::var_os(ONLY_UNCACHED).is_some() {
         // With --rss-size: every build's peak RSS through a small cache, one after the other.
         if let Some(bytes) = opts.rss_bytes {
@@ -528,16 +536,28 @@ fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> 
     Ok(())
 }
 
-/// The FUSE floor's rows, and for each mode the highest ratio to pull any FUSE mount could reach here:
-/// the mount does pull's work plus the floor's (F), on the cores there are, so its rate is at most
-/// cores ÷ (pull's CPU/GB + F) where pull's is its cores busy ÷ its CPU/GB.
+/// Pull's figures of a run, and the sharer's CPU of the mount's reads in the same run (s/GB).
+struct PullFigures {
+    cpu: f64,
+    /// Cores pull kept busy.
+    busy: f64,
+    sharer: f64,
+    mount_sharer: f64,
+}
+
+/// The FUSE floor's rows, and for each mode the highest ratio to pull any FUSE mount could reach here.
+/// The mount does pull's work plus the floor's (F) on the cores there are, so it reads at most at
+/// cores ÷ (pull's CPU/GB + F) GB/s, where pull reads at its cores busy ÷ its CPU/GB. The sharer of the
+/// mount's reads works less than pull's (it serves a stored hash tree where pull's hashes as it sends),
+/// so a second line puts its CPU/GB in place of pull's sharer's.
 fn push_floor_rows(
     report: &mut Report,
     floors: &mut [(&str, floor::Mode, Uncached)],
-    cpu_pull: f64,
-    busy_pull: f64,
+    pull: &PullFigures,
 ) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let pull_secs_per_gb = pull.cpu / pull.busy;
+    let mount_sharer = pull.mount_sharer - pull.sharer;
     for (name, _, u) in floors.iter_mut() {
         let f = median(&mut u.cpu_mount);
         for (label, value, unit) in [
@@ -546,19 +566,26 @@ fn push_floor_rows(
                 median(&mut u.rate),
                 "GB/s",
             ),
+            ("  CPU per GB (F): floor daemon + reader".into(), f, "s/GB"),
             (
-                "  CPU per GB (F): floor daemon + reader".into(),
-                f,
+                "    of which the floor daemon".into(),
+                median(&mut u.cpu_daemon),
                 "s/GB",
             ),
-            ("    of which the floor daemon".into(), median(&mut u.cpu_daemon), "s/GB"),
-            ("    of which the reader".into(), median(&mut u.cpu_reader), "s/GB"),
+            (
+                "    of which the reader".into(),
+                median(&mut u.cpu_reader),
+                "s/GB",
+            ),
             ("  cores it kept busy".into(), median(&mut u.busy), "cores"),
             (
-                format!(
-                    "  highest ratio to pull a mount could reach: (pull CPU/GB / pull cores) / ((pull CPU/GB + F) / {cores} cores)"
-                ),
-                (cpu_pull / busy_pull) / ((cpu_pull + f) / cores),
+                format!("  highest ratio to pull a mount could reach: pull's CPU/GB + F on {cores} cores"),
+                pull_secs_per_gb / ((pull.cpu + f) / cores),
+                "x",
+            ),
+            (
+                "    the same with the mount's sharer CPU/GB for pull's sharer's".into(),
+                pull_secs_per_gb / ((pull.cpu + mount_sharer + f) / cores),
                 "x",
             ),
         ] {
