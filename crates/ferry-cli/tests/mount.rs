@@ -476,6 +476,8 @@ fn bench_mount_quick_gives_every_row_a_number() {
     for want in [
         "uncached sequential read vs ferry pull",
         "peak RSS",
+        "FUSE floor, page cache",
+        "FUSE floor, direct I/O",
         "passthrough",
         "classic FUSE",
         "cold",
