@@ -5,7 +5,7 @@
 //! (a fixed pattern of period [`PERIOD`]): no source, no cache, no verification, no per-read allocation or
 //! copy beyond fuser's reply. It mounts exactly as `ferry mount` does for reads: the same session
 //! ([`lifecycle::session_config`]: [`lifecycle::THREADS`] workers on cloned descriptors), the same answer
-//! to the kernel's init ([`fuse::negotiate`]: 1 MiB requests, async reads, the background queue) and the
+//! to the kernel's init ([`crate::fuse::negotiate`]: 1 MiB requests, async reads, the background queue) and the
 //! same readahead on the BDI ([`lifecycle::raise_readahead`]). What ferry's mount spends beyond this floor
 //! is ferry's; what the floor spends, any FUSE mount on this machine spends.
 //!
