@@ -669,15 +669,16 @@ impl<S: Source> Reader<S> {
                         let bytes = Arc::new(bytes);
                         let behind = file.state().next_sequential;
                         file.held.keep(offset, Arc::clone(&bytes), behind);
+                        // Counted before it is stored: a reader that finds it stored finds it counted.
+                        self.stats
+                            .from_peer
+                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
                             SourceError::Failed {
                                 errno: libc::EIO,
                                 message: e.to_string(),
                             }
                         })?;
-                        self.stats
-                            .from_peer
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                         file.arrived(offset..offset + bytes.len() as u64);
                     }
                 }
