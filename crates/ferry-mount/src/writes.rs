@@ -493,6 +493,11 @@ impl Writes {
         let mut said = Vec::new();
         let mut left = self.left_behind.lock().unwrap_or_else(|e| e.into_inner());
         left.retain_mut(|l| {
+            // Refused by the sharer (not lost on the way): tried again by the next mount, not every round,
+            // which would send the whole file again each time.
+            if l.said {
+                return true;
+            }
             let j = &l.journal;
             let pushed = File::open(&l.file)
                 .map_err(|e| SourceError::Failed {

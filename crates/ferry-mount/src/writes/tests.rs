@@ -322,10 +322,23 @@ fn copies_a_stopped_mount_left_unpushed_are_pushed_by_the_next_one_and_never_los
     assert_eq!(kept[0].0, p("gone/x"));
     assert_eq!(std::fs::read(&kept[0].1).unwrap(), b"nowhere to go");
     assert_eq!(w.left_behind(), 1);
+    let sent = sharer.sent.lock().unwrap().len();
     assert!(w.push_left_behind(&sharer).is_empty(), "said once");
+    assert_eq!(
+        sharer.sent.lock().unwrap().len(),
+        sent,
+        "not sent again by this mount"
+    );
     drop(w);
     let w = Writes::new(&d.path().join("writes")).unwrap();
     assert_eq!(w.left_behind(), 1);
+    let said = w.push_left_behind(&sharer);
+    assert_eq!(
+        sharer.sent.lock().unwrap().len(),
+        sent + 1,
+        "tried by the next mount"
+    );
+    assert!(matches!(&said[..], [Recovered::Kept(path, _, _)] if *path == p("gone/x")));
 }
 
 #[test]
