@@ -55,6 +55,12 @@ pub fn byte_at(offset: u64) -> u8 {
     (i ^ (i >> 8) ^ (i >> 17)).wrapping_mul(31) as u8
 }
 
+/// Two periods of the pattern: the file's `n ≤ PERIOD` bytes at `offset` are the `n` bytes of it from
+/// `offset % PERIOD` on.
+pub fn pattern() -> Vec<u8> {
+    (0..2 * PERIOD as u64).map(byte_at).collect()
+}
+
 /// Whether `bytes` are the file's bytes from `offset` on.
 pub fn is_pattern(offset: u64, bytes: &[u8]) -> bool {
     bytes.iter().zip(offset..).all(|(&b, at)| b == byte_at(at))
@@ -74,7 +80,7 @@ impl FloorFs {
         FloorFs {
             size,
             mode,
-            pattern: (0..2 * PERIOD as u64).map(byte_at).collect(),
+            pattern: pattern(),
             uid: rustix::process::getuid().as_raw(),
             gid: rustix::process::getgid().as_raw(),
         }

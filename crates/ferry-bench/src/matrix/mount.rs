@@ -514,7 +514,7 @@ fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> 
     u.busy.push((daemon + reader) / secs);
     u.rate.push(gb / secs);
     // Checked after the timed read (from the page cache, or through the daemon again with direct I/O).
-    let pattern: Vec<u8> = (0..2 * floor::PERIOD as u64).map(floor::byte_at).collect();
+    let pattern = floor::pattern();
     let (mut file, mut buf, mut at) = (File::open(f.file())?, vec![0u8; floor::PERIOD], 0u64);
     loop {
         let n = file.read(&mut buf)?;
@@ -557,7 +557,8 @@ fn push_floor_rows(
 ) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let pull_secs_per_gb = pull.cpu / pull.busy;
-    let mount_sharer = pull.mount_sharer - pull.sharer;
+    // What the mount's sharer spends beyond pull's (negative: it spends less).
+    let sharer_extra = pull.mount_sharer - pull.sharer;
     for (name, _, u) in floors.iter_mut() {
         let f = median(&mut u.cpu_mount);
         for (label, value, unit) in [
@@ -585,7 +586,7 @@ fn push_floor_rows(
             ),
             (
                 "    the same with the mount's sharer CPU/GB for pull's sharer's".into(),
-                pull_secs_per_gb / ((pull.cpu + mount_sharer + f) / cores),
+                pull_secs_per_gb / ((pull.cpu + sharer_extra + f) / cores),
                 "x",
             ),
         ] {
