@@ -329,29 +329,36 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 None => Some(Lab::build(path).map_err(io::Error::other)?),
             },
         };
+        if let (Some(lab), Some(n)) = (&lab, std::env::var_os("FERRY_BENCH_MATRIX_INITCWND")) {
+            let n = n.to_string_lossy();
+            set_initcwnd(lab, &n)?;
+            out.note(path.name, &format!("every route of the lab's ends has initcwnd {n} (FERRY_BENCH_MATRIX_INITCWND): a what-if, not ferry's setting"));
+        }
         let ends = Ends::new(path, lab.as_ref(), ferry)?;
         let wire = path.wire_bytes_per_sec();
         // A row of memory moved across the path (no files): raw TCP, the channel.
+        let memory_rows = |m: &mut Matrix,
+                           layer: &'static str,
+                           bytes: u64,
+                           size: String,
+                           f: &mut dyn FnMut() -> io::Result<Sample>|
+         -> io::Result<Option<Cell>> {
+            if !opts.wants(layer) {
+                return Ok(None);
+            }
+            let samples = (0..runs).map(|_| f()).collect::<io::Result<Vec<_>>>()?;
+            let c = cell(path.name, layer, size, bytes, wire, &samples, None);
+            push(m, c.clone());
+            Ok(Some(c))
+        };
         let memory_row = |m: &mut Matrix,
                           layer: &'static str,
                           f: &mut dyn FnMut() -> io::Result<Sample>|
          -> io::Result<()> {
-            if !opts.wants(layer) {
+            if !case_wanted(false) {
                 return Ok(());
             }
-            let samples = (0..runs).map(|_| f()).collect::<io::Result<Vec<_>>>()?;
-            let size = size_name(opts.file_bytes);
-            let c = cell(
-                path.name,
-                layer,
-                size,
-                opts.file_bytes,
-                wire,
-                &samples,
-                None,
-            );
-            push(m, c);
-            Ok(())
+            memory_rows(m, layer, opts.file_bytes, size_name(opts.file_bytes), f).map(drop)
         };
         memory_row(&mut m, "raw TCP", &mut || {
             ends.raw_copy(opts.file_bytes, layers::Tune::Default)
@@ -441,6 +448,18 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
                 },
             }
             drop(share);
+        }
+
+        // The small files' bytes as one plaintext stream over one new TCP connection: what the path's TCP
+        // does with those bytes from its first window, against which the files' bound is read.
+        if case_wanted(true) {
+            let size = format!("{:.1} MB", tree_bytes as f64 / 1e6);
+            let raw = memory_rows(&mut m, "raw TCP", tree_bytes, size, &mut || {
+                ends.raw_copy(tree_bytes, layers::Tune::Default)
+            })?;
+            if let (Some(link), Some(c)) = (path.link, raw) {
+                out.note(path.name, &small_files_bound(&c, link.rtt));
+            }
         }
 
         // scp and croc pay a round trip or more per file: in a short run, their small files only where
@@ -549,6 +568,23 @@ pub fn run(opts: &Options, ferry: &FsPath, out: &Printer) -> io::Result<Matrix> 
         }
     }
     Ok(m)
+}
+
+/// Gives every route of the lab's two ends the first window `n` (a what-if of the administrator's setting: TCP
+/// starts from `n` segments instead of 10).
+fn set_initcwnd(lab: &Lab, n: &str) -> io::Result<()> {
+    for ns in [&lab.server, &lab.client] {
+        let routes = ns
+            .run("ip", &["-4", "route", "show"], "")
+            .map_err(io::Error::other)?;
+        let script: String = routes
+            .lines()
+            .filter(|r| !r.trim().is_empty())
+            .map(|r| format!("route change {} initcwnd {n}\n", r.trim()))
+            .collect();
+        ns.ip(&script).map_err(io::Error::other)?;
+    }
+    Ok(())
 }
 
 /// Issue 12's bound on the small files: 1.2 × (bytes / wire rate) + 3 RTT (no round trip per file), and

@@ -120,6 +120,21 @@ fn quick_matrix_measures_every_row_and_verifies_every_file() {
                 "{path}: no {row} row in {layers:?}"
             );
         }
+        // The small files' bytes as one raw TCP stream: the floor the files' bound is read against.
+        assert!(
+            layers
+                .iter()
+                .any(|l| l.starts_with("raw TCP ") && l.ends_with(" MB")),
+            "{path}: no raw TCP row of the small files' bytes in {layers:?}"
+        );
+        if *path != "loopback" {
+            assert!(
+                notes
+                    .iter()
+                    .any(|n| n.starts_with("raw TCP ") && n.contains("bound 1.2 ×")),
+                "{path}: the raw stream of the files' bytes is checked against their bound: {notes:?}"
+            );
+        }
         // Issue 12's bound on the small files (1.2 × bytes / wire + 3 RTT), checked on every emulated path.
         if *path != "loopback" {
             assert!(

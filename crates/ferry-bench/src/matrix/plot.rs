@@ -14,13 +14,13 @@ const INK: Rgb = [40, 40, 40];
 const GRID: Rgb = [225, 225, 225];
 const WIRE: Rgb = [170, 170, 170];
 const LOST: Rgb = [240, 170, 160];
-/// One plotted series: the matrix's layer, the end of its size (`" file"`, `" files"`, or `""` for any), the
+/// One plotted series: the matrix's layer, the end of its size (`" file"`, `" files"`, `"iB"`: the bytes of the single file's size, not the small files' bytes of a raw TCP row; `""` for any), the
 /// legend and the colour.
 struct Series(&'static str, &'static str, &'static str, Rgb);
 
 /// The throughput plot's bars, per path.
 const THROUGHPUT: [Series; 12] = [
-    Series("raw TCP", "", "raw TCP", [120, 120, 120]),
+    Series("raw TCP", "iB", "raw TCP", [120, 120, 120]),
     Series("ferry send", " file", "send, 1 file", [52, 101, 164]),
     Series("ferry send", " files", "send, files", [114, 159, 207]),
     Series("ferry pull", " file", "pull, 1 file", [78, 154, 6]),
@@ -36,7 +36,7 @@ const THROUGHPUT: [Series; 12] = [
 
 /// The waterfall's steps, each against the one before it: the layers under one file's `ferry send`.
 const WATERFALL: [Series; 4] = [
-    Series("raw TCP", "", "raw TCP", [120, 120, 120]),
+    Series("raw TCP", "iB", "raw TCP", [120, 120, 120]),
     Series("AEAD", "", "AEAD in memory", [196, 160, 0]),
     Series("channel", "", "channel", [117, 80, 123]),
     Series("ferry send", " file", "ferry send, 1 file", [52, 101, 164]),
