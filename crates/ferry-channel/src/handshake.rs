@@ -30,6 +30,9 @@ const MAX_HANDSHAKE_PACKET: usize = 4096;
 /// Most bytes [`Handshake::pad_next_flight`] pads a flight to: a first window of 10 segments is 14.5 KB on
 /// Ethernet and 90 KB with jumbo frames; on loopback (10 segments of 64 KiB) the window needs no warming.
 pub const MAX_PAD: usize = 64 << 10;
+/// Most bytes of decoy packets a handshake takes from the peer: four times what [`MAX_PAD`] lets a ferry
+/// send, so a peer cannot keep the handshake busy opening decoys until its deadline.
+pub const MAX_HANDSHAKE_DECOYS: usize = 4 * MAX_PAD;
 
 /// Channel parameters.
 #[derive(Clone, Debug)]
@@ -196,6 +199,8 @@ pub struct Handshake {
     auth_in_version: bool,
     /// What the flight that carries our version packet is padded to with decoys ([`Handshake::pad_next_flight`]).
     pad_to: usize,
+    /// Bytes of the peer's decoy packets taken so far (at most [`MAX_HANDSHAKE_DECOYS`]).
+    decoys_taken: usize,
 }
 
 impl Handshake {
@@ -245,6 +250,7 @@ impl Handshake {
             version: Vec::new(),
             auth_in_version: false,
             pad_to: 0,
+            decoys_taken: 0,
         }
     }
 
@@ -437,10 +443,17 @@ impl Handshake {
             let Some((total, header)) = reader.open(&mut self.inbuf)? else {
                 return Ok(None);
             };
-            let contents = self.inbuf[CONTENTS_OFFSET..total - TAG_LEN].to_vec();
-            self.inbuf.drain(..total);
             if header & HEADER_DECOY == 0 {
+                let contents = self.inbuf[CONTENTS_OFFSET..total - TAG_LEN].to_vec();
+                self.inbuf.drain(..total);
                 return Ok(Some(contents));
+            }
+            self.inbuf.drain(..total);
+            self.decoys_taken += total;
+            if self.decoys_taken > MAX_HANDSHAKE_DECOYS {
+                return Err(ChannelError::AuthProtocol(
+                    "more decoy packets in the handshake than a ferry sends",
+                ));
             }
         }
     }

@@ -48,8 +48,8 @@ pub use auth::{
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;
 pub use handshake::{
-    Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE, MAX_PAD,
-    PROTOCOL_VERSION,
+    Config, Established, Handshake, BITCOIN_MAINNET_MAGIC, FERRY_MAGIC, MAX_GARBAGE,
+    MAX_HANDSHAKE_DECOYS, MAX_PAD, PROTOCOL_VERSION,
 };
 pub use packet::{
     frame_len, Opener, Packet, Ready, Sealer, CONTENTS_OFFSET, DEFAULT_MAX_PAYLOAD, FRAME_OVERHEAD,

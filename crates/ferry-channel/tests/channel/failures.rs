@@ -3,7 +3,7 @@
 use ferry_channel::keys::{fill_random, ELLSWIFT_LEN, TERMINATOR_LEN};
 use ferry_channel::{
     Auth, ChannelError, Config, Handshake, Role, Suite, DEFAULT_MAX_PAYLOAD, FERRY_MAGIC,
-    MAX_GARBAGE, PROTOCOL_VERSION,
+    MAX_GARBAGE, MAX_HANDSHAKE_DECOYS, PROTOCOL_VERSION,
 };
 
 use crate::common::*;
@@ -247,4 +247,31 @@ fn a_length_above_max_payload_is_oversized_before_its_contents_arrive() {
         b.opener.next(),
         Err(ChannelError::Oversized { len, max }) if len == DEFAULT_MAX_PAYLOAD + 1 && max == DEFAULT_MAX_PAYLOAD
     ));
+}
+
+/// A peer that sends more decoys in its handshake than a ferry ever pads with is refused once it passes
+/// [`MAX_HANDSHAKE_DECOYS`]; decoys up to that bound are dropped and the handshake ends.
+#[test]
+fn a_handshake_flooded_with_decoys_is_refused_past_the_bound() {
+    let packet = 4096;
+    let within = MAX_HANDSHAKE_DECOYS / (packet + 64);
+    for (count, refused) in [(within, false), (within * 2, true)] {
+        let mut flooding = aes_config();
+        flooding.decoys = vec![packet; count];
+        let (a, b) = drive(initiator(flooding, code()), responder(aes_config(), code()));
+        if refused {
+            assert!(
+                matches!(b, Err(ChannelError::AuthProtocol(m)) if m.contains("decoy")),
+                "{count} decoys: the responder says {:?}",
+                b.err()
+            );
+        } else {
+            assert!(
+                a.is_ok() && b.is_ok(),
+                "{count} decoys: {:?} {:?}",
+                a.err(),
+                b.err()
+            );
+        }
+    }
 }
