@@ -6,18 +6,26 @@
 //! [`Chunks`]; every read then copies from the store once its range is present. A missing range is claimed
 //! in the file's in-flight list by the first reader that needs it and fetched by that reader, split into
 //! [`ReadConfig::piece`]-sized reads of which [`ReadConfig::window`] are in flight at once; other readers of
-//! that range wait, each woken by the pieces of its own range. A read that follows the previous one streams ahead on
-//! a thread of its own, up to [`ReadConfig::ahead`] bytes past the reader. A file that changed on the
-//! sharer fails its fetch with [`SourceError::Changed`]: the handle opens the new version and the read
-//! starts over there, so no read mixes versions. A change notification marks open files stale (the next
-//! read learns the version again) and stops their streaming.
+//! that range wait, each woken by the pieces of its own range.
+//!
+//! A read that follows the previous one moves the file's stream on to [`ReadConfig::ahead`] bytes past it;
+//! one streamer thread per file keeps the requests of the stream in flight by itself, whatever the
+//! reader's pace (a reader of a file opened with direct I/O has one read in flight and no kernel readahead):
+//! each piece of the stream is asked for as the sharer's largest piece and its rest, so the answers end in
+//! order; an answer is held in memory and its readers woken at once, the next request goes out, and a
+//! thread of its own writes the cache file and settles the claim. Readers are answered from the held
+//! pieces before the store is asked (its lock is taken by the cache write).
+//!
+//! A file that changed on the sharer fails its fetch with [`SourceError::Changed`]: the handle opens the
+//! new version and the read starts over there, so no read mixes versions. A change notification marks open
+//! files stale (the next read learns the version again) and stops their streaming.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use ferry_share::tree::Version;
+use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
@@ -31,7 +39,7 @@ type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
 pub struct ReadConfig {
     /// Bytes per read request.
     pub piece: u64,
-    /// Read requests one fetch keeps in flight.
+    /// Read requests one fetch keeps in flight (a streamer: pieces of the stream, each asked for in two).
     pub window: usize,
     /// How far past a sequential reader the stream runs.
     pub ahead: u64,
@@ -139,8 +147,8 @@ impl Held {
     }
 
     /// Keeps `bytes` (at `offset`) if the budget has room, after dropping the pieces that end at or before
-    /// `behind` (a sequential reader is past them).
-    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) {
+    /// `behind` (a sequential reader is past them); returns whether it was kept.
+    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) -> bool {
         let n = bytes.len() as u64;
         let mut pieces = self.pieces();
         let b = &self.budget;
@@ -152,13 +160,33 @@ impl Held {
                 b.used.fetch_sub(e.remove().len() as u64, Ordering::Relaxed);
             }
             if b.used.load(Ordering::Relaxed) + n > b.limit {
-                return;
+                return false;
             }
         }
         b.used.fetch_add(n, Ordering::Relaxed);
         if let Some(old) = pieces.insert(offset, bytes) {
             b.used.fetch_sub(old.len() as u64, Ordering::Relaxed);
         }
+        true
+    }
+
+    /// Whether the pieces held hold all of `want`.
+    fn covers(&self, want: &Range<u64>) -> bool {
+        let pieces = self.pieces();
+        let mut at = want.start;
+        let Some((&first, _)) = pieces.range(..=at).next_back() else {
+            return false;
+        };
+        for (&o, p) in pieces.range(first..want.end) {
+            if o > at {
+                return false;
+            }
+            at = at.max(o + p.len() as u64);
+            if at >= want.end {
+                return true;
+            }
+        }
+        false
     }
 
     /// `want` from the pieces held, if they hold all of it: a part of one piece, or a copy of the
@@ -222,8 +250,12 @@ struct FileState {
     last_failure: Option<SourceError>,
     /// Where the last read ended: a read starting there is sequential.
     next_sequential: u64,
-    /// How far streaming was started.
+    /// How far a sequential reader wants the file streamed.
     ahead_until: u64,
+    /// Where the streamer asks next.
+    stream_next: u64,
+    /// A streamer runs for this file.
+    streaming: bool,
     /// Readers waiting for a range, each woken only by a piece inside its range (or by a fetch that
     /// ended): a piece wakes one reader, not every reader of the file.
     waiting: Vec<(Range<u64>, Arc<Condvar>)>,
@@ -237,6 +269,8 @@ pub struct OpenFile {
     /// The path changed on the sharer: streaming stops and the next read learns the version again.
     stale: AtomicBool,
     held: Held,
+    /// The streamer waits here for the reader to move the stream on.
+    more: Condvar,
 }
 
 impl OpenFile {
@@ -252,14 +286,6 @@ impl OpenFile {
 
     fn state(&self) -> MutexGuard<'_, FileState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Claims the parts of `range` that are neither present nor claimed; returns them.
-    fn claim(&self, range: Range<u64>) -> Vec<Range<u64>> {
-        let mut st = self.state();
-        let mine = unclaimed(&self.chunks.missing(range), &st.in_flight);
-        st.in_flight.extend(mine.iter().cloned());
-        mine
     }
 
     /// The fetch of the claimed `mine` ended with `result`: the claim goes, a failure is recorded for the
@@ -320,6 +346,23 @@ pub struct Reader<S: Source> {
     /// Bytes of pieces held by all files.
     held: Arc<Budget>,
 }
+
+/// A streamer's requests in flight, oldest first: the slot each holds, its pieces, the range it claimed,
+/// and whether the next one continues its range (the two halves of one piece of the stream).
+type InFlight<'a> = VecDeque<(Slot<'a>, Box<dyn Pieces>, Range<u64>, bool)>;
+
+/// Pieces of a stream on their way to the store, and the claims they settle once stored.
+type Written = (Vec<Range<u64>>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
+
+/// Stream pieces (of up to 1 MiB) waiting to be written to the store before the streamer waits for the
+/// writer: what falls behind is bounded in memory.
+const WRITE_QUEUE: usize = 8;
+
+/// The sharer's largest piece (`ferry_share::server::DEFAULT_PIECE`): what a streamer asks for at once.
+const SHARER_PIECE: u64 = ferry_share::server::DEFAULT_PIECE;
+
+/// How long a streamer with nothing to fetch waits for its reader to move on before it ends.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// A counting semaphore for read requests in flight. A fetch that holds requests and finds no free slot
 /// drains what it holds instead of waiting, so fetches never wait for each other in a circle.
@@ -450,6 +493,7 @@ impl<S: Source> Reader<S> {
                 pieces: Mutex::new(BTreeMap::new()),
                 budget: Arc::clone(&self.held),
             },
+            more: Condvar::new(),
         });
         open.retain(|_, w| w.strong_count() > 0);
         open.insert(key, Arc::downgrade(&f));
@@ -513,6 +557,15 @@ impl<S: Source> Reader<S> {
         }
         let want = offset..end;
         self.stream_if_sequential(file, &want);
+        // Answered from the pieces fetched for it while they are held, before the store is asked: the
+        // store's lock is taken by the cache write of the piece the reader waits for, and the reply need not
+        // wait for that write (the piece is verified: it is held from the moment it is).
+        if let Some(bytes) = file.held.take(&want) {
+            self.stats
+                .from_cache
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+            return Ok(bytes);
+        }
         let mut fetched = self.ensure(file, want.clone())?;
         // Answered from the pieces fetched for it while they are held: the cache file is not read back.
         if let Some(bytes) = file.held.take(&want) {
@@ -553,51 +606,312 @@ impl<S: Source> Reader<S> {
         Ok(ReadBytes::own(buf))
     }
 
-    /// A read starting where the last one ended streams ahead of the reader.
+    /// A read starting where the last one ended moves the file's stream on to [`ReadConfig::ahead`] past
+    /// it, starting the file's streamer if none runs.
     fn stream_if_sequential(self: &Arc<Self>, file: &Arc<OpenFile>, want: &Range<u64>) {
         let size = file.version().size;
-        let start = {
+        {
             let mut st = file.state();
             let sequential = want.start == st.next_sequential && want.start > 0;
             st.next_sequential = want.end;
             if !sequential || file.stale.load(Ordering::Relaxed) {
                 return;
             }
-            let target = want.end.saturating_add(self.config.ahead);
             // Whole pieces: the sharer gets fewer, larger requests.
-            let target = target
+            let target = want
+                .end
+                .saturating_add(self.config.ahead)
                 .div_ceil(self.config.piece)
                 .saturating_mul(self.config.piece)
                 .min(size);
-            // Started again once the reader is half-way into what was streamed.
-            if st.ahead_until >= target || st.ahead_until > want.end + self.config.ahead / 2 {
+            if target <= st.ahead_until {
                 return;
             }
-            let from = st.ahead_until.max(want.end);
             st.ahead_until = target;
-            from..target
-        };
-        // Claimed here, before the reader's next read can claim parts of it in small pieces.
-        let mine = file.claim(start);
-        if mine.is_empty() {
-            return;
+            // A reader that jumped ahead is streamed from where it reads, not from where it was.
+            st.stream_next = st.stream_next.max(want.end);
+            if st.streaming {
+                file.more.notify_one();
+                return;
+            }
+            st.streaming = true;
         }
         let reader = Arc::clone(self);
-        let file = Arc::clone(file);
-        std::thread::spawn(move || {
-            // A failure reaches the readers that wait for these ranges; nobody else wants them.
-            let r = reader.fetch(&file, &mine, true);
-            file.settle(&mine, r);
+        let stream_file = Arc::clone(file);
+        let spawned = std::thread::Builder::new()
+            .name("ferry-ahead".into())
+            .spawn(move || reader.stream(&stream_file));
+        if spawned.is_err() {
+            // The reader fetches what it reads itself.
+            file.state().streaming = false;
+        }
+    }
+
+    /// The file's streamer: keeps up to [`ReadConfig::window`] requests in flight, as far as the reader
+    /// wants ([`FileState::ahead_until`]), and sends the next request as soon as one is answered, before
+    /// its bytes are stored, so the sharer always has one to serve whatever the reader's pace. Ends when
+    /// the file goes stale, a request fails (its readers hear of it), or the reader stops moving on.
+    fn stream(&self, file: &Arc<OpenFile>) {
+        let failed = Mutex::new(None);
+        let failed = &failed;
+        std::thread::scope(|scope| {
+            // The cache file is written by a thread of its own, off the path of the readers that wait
+            // (they are answered from the held piece): the streamer only takes the answers, holds them,
+            // wakes the readers and asks for more.
+            let (tx, rx) = mpsc::sync_channel::<Written>(WRITE_QUEUE);
+            let writer = std::thread::Builder::new()
+                .name("ferry-store".into())
+                .spawn_scoped(scope, move || {
+                    for (ranges, pieces) in rx {
+                        let stored = pieces
+                            .iter()
+                            .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
+                        if let Err(e) = &stored {
+                            failed
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .get_or_insert(e.clone());
+                        }
+                        file.settle(&ranges, stored);
+                    }
+                });
+            // Without a thread, the streamer writes itself.
+            let tx = writer.is_ok().then_some(tx);
+            let mut in_flight = VecDeque::new();
+            let result = self.stream_loop(file, &mut in_flight, tx.as_ref(), failed);
+            drop(tx);
+            // Requests still in flight are cancelled (dropped); their readers look again, or hear the
+            // failure.
+            let claims: Vec<Range<u64>> = in_flight.drain(..).map(|(_, _, r, _)| r).collect();
+            if result.is_err() {
+                file.state().streaming = false;
+            }
+            file.settle(&claims, result);
         });
     }
 
-    /// Makes `range` present in the file's store: fetches what nobody fetches yet, waits for the rest;
-    /// returns whether this call had to wait for the sharer.
+    /// The streamer's loop; `Ok` once it let go of the file's stream (`streaming` cleared, under the lock
+    /// a reader moving the stream on takes), `Err` when a request failed.
+    fn stream_loop<'a>(
+        &'a self,
+        file: &Arc<OpenFile>,
+        in_flight: &mut InFlight<'a>,
+        writer: Option<&mpsc::SyncSender<Written>>,
+        failed: &Mutex<Option<SourceError>>,
+    ) -> Result<(), SourceError> {
+        let version = file.version();
+        loop {
+            if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+                return Err(e);
+            }
+            self.refill(file, in_flight)?;
+            if in_flight.is_empty() {
+                // Nothing to fetch: wait a while for the reader to move on.
+                let mut st = file.state();
+                let until = std::time::Instant::now() + LINGER;
+                loop {
+                    let now = std::time::Instant::now();
+                    if file.stale.load(Ordering::Relaxed)
+                        || now >= until
+                        || Arc::strong_count(file) == 1
+                    {
+                        st.streaming = false;
+                        return Ok(());
+                    }
+                    if st.stream_next < st.ahead_until {
+                        break;
+                    }
+                    let wait = (until - now).min(std::time::Duration::from_millis(50));
+                    st = file
+                        .more
+                        .wait_timeout(st, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+                continue;
+            }
+            if file.stale.load(Ordering::Relaxed) {
+                file.state().streaming = false;
+                return Ok(());
+            }
+            // The oldest request, and the one after it when it is the rest of the same piece of the
+            // stream: their bytes are joined into one buffer (the first has room for them), so a reader's
+            // 1 MiB read is a slice of one held piece, not a copy of two.
+            let mut got: Vec<(u64, Vec<u8>, Vec<GroupCv>)> = Vec::new();
+            let mut ranges = Vec::new();
+            loop {
+                let Some((slot, mut pieces, range, continued)) = in_flight.pop_front() else {
+                    break;
+                };
+                let answered = (|| {
+                    while let Some(piece) = pieces.next_piece()? {
+                        match piece {
+                            Piece::Version(v) if v != version => return Err(SourceError::Changed),
+                            Piece::Version(_) => {}
+                            Piece::Data { offset, bytes, cvs } => {
+                                join(&mut got, offset, bytes, cvs)
+                            }
+                        }
+                    }
+                    Ok(())
+                })();
+                drop((slot, pieces));
+                ranges.push(range);
+                if let Err(e) = answered {
+                    file.settle(&ranges, Err(e.clone()));
+                    return Err(e);
+                }
+                if !continued {
+                    break;
+                }
+            }
+            // Held at once (the readers waiting for them are answered from memory), then the next
+            // requests go out, then the bytes are stored: the sharer serves the requests meanwhile.
+            let held: Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)> = got
+                .into_iter()
+                .map(|(offset, bytes, cvs)| (offset, self.hold_piece(file, offset, bytes), cvs))
+                .collect();
+            let refilled = self.refill(file, in_flight);
+            match writer {
+                // The claims stay until the bytes are stored; a writer gone has recorded why.
+                Some(w) => {
+                    let _ = w.send((ranges, held));
+                }
+                None => {
+                    let stored = held
+                        .iter()
+                        .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
+                    file.settle(&ranges, stored.clone());
+                    stored?;
+                }
+            }
+            refilled?;
+        }
+    }
+
+    /// Sends requests for the next pieces of the file's stream until [`ReadConfig::window`] are in flight
+    /// or the stream reaches what the reader wants; each range is claimed before it is asked for.
+    fn refill<'a>(
+        &'a self,
+        file: &OpenFile,
+        in_flight: &mut InFlight<'a>,
+    ) -> Result<(), SourceError> {
+        let version = file.version();
+        let piece = self.config.piece.max(1);
+        // Two requests per piece of the stream (see below).
+        while in_flight.len() < self.config.window.max(1) * 2 && !file.stale.load(Ordering::Relaxed)
+        {
+            // Each range is asked for as the sharer's largest piece and the rest: the sharer's reads take
+            // turns piece by piece, so a request of one piece and a bit would end only after a piece of
+            // every other request in flight; asked so, the requests end in order, one after the other,
+            // and the sharer always has the next one (measured: BENCHMARKS.md, session 10).
+            let mine: Vec<(Range<u64>, bool)> = {
+                let mut st = file.state();
+                if st.stream_next >= st.ahead_until {
+                    return Ok(());
+                }
+                let start = st.stream_next;
+                let end = ((start / piece).saturating_add(1))
+                    .saturating_mul(piece)
+                    .min(st.ahead_until);
+                st.stream_next = end;
+                let mine: Vec<(Range<u64>, bool)> =
+                    unclaimed(&file.chunks.missing(start..end), &st.in_flight)
+                        .into_iter()
+                        .flat_map(|r| {
+                            let cut = r.start.saturating_add(SHARER_PIECE);
+                            match cut < r.end {
+                                true => vec![(r.start..cut, true), (cut..r.end, false)],
+                                false => vec![(r, false)],
+                            }
+                        })
+                        .collect();
+                st.in_flight.extend(mine.iter().map(|(r, _)| r.clone()));
+                mine
+            };
+            for (i, (r, continued)) in mine.iter().enumerate() {
+                let rest = || mine[i..].iter().map(|(r, _)| r.clone()).collect::<Vec<_>>();
+                if !self.slots.take(in_flight.is_empty()) {
+                    // All slots taken by other fetches: what is not asked for yet is given back, and
+                    // the stream goes on from there later.
+                    let mut st = file.state();
+                    st.stream_next = st.stream_next.min(r.start);
+                    drop(st);
+                    file.settle(&rest(), Ok(()));
+                    return Ok(());
+                }
+                // Taken before the request: an error drops it, giving it back.
+                let slot = Slot(&self.slots);
+                match self
+                    .source
+                    .read(&file.path, Some(version.root), r.start, r.end - r.start)
+                {
+                    Ok(pieces) => in_flight.push_back((slot, pieces, r.clone(), *continued)),
+                    Err(e) => {
+                        file.settle(&rest(), Err(e.clone()));
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A verified piece of the file fetched: counted, held for the readers that wait for it (who are
+    /// answered from memory while it is written to the cache file), then stored.
+    fn store_piece(
+        &self,
+        file: &OpenFile,
+        offset: u64,
+        bytes: Vec<u8>,
+        cvs: &[GroupCv],
+    ) -> Result<(), SourceError> {
+        let bytes = self.hold_piece(file, offset, bytes);
+        self.write_piece(file, offset, &bytes, cvs)
+    }
+
+    /// A verified piece counted, then held (if the budget has room) and its waiting readers woken: a
+    /// reader that finds it held or stored finds it counted.
+    fn hold_piece(&self, file: &OpenFile, offset: u64, bytes: Vec<u8>) -> Arc<Vec<u8>> {
+        let bytes = Arc::new(bytes);
+        self.stats
+            .from_peer
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let behind = file.state().next_sequential;
+        if file.held.keep(offset, Arc::clone(&bytes), behind) {
+            file.arrived(offset..offset + bytes.len() as u64);
+        }
+        bytes
+    }
+
+    /// A held piece written to the store; the readers that wait for it from there are woken.
+    fn write_piece(
+        &self,
+        file: &OpenFile,
+        offset: u64,
+        bytes: &[u8],
+        cvs: &[GroupCv],
+    ) -> Result<(), SourceError> {
+        file.chunks
+            .insert(offset, bytes, cvs)
+            .map_err(|e| SourceError::Failed {
+                errno: libc::EIO,
+                message: e.to_string(),
+            })?;
+        file.arrived(offset..offset + bytes.len() as u64);
+        Ok(())
+    }
+
+    /// Makes `range` present in the file's store or in the pieces it holds: fetches what nobody fetches
+    /// yet, waits for the rest; returns whether this call had to wait for the sharer.
     fn ensure(&self, file: &OpenFile, range: Range<u64>) -> Result<bool, ReadError> {
         let mut st = file.state();
         let failures_before = st.failures;
         let mut waited = false;
         loop {
+            if waited && file.held.covers(&range) {
+                return Ok(waited);
+            }
             let missing = file.chunks.missing(range.clone());
             if missing.is_empty() {
                 return Ok(waited);
@@ -607,7 +921,7 @@ impl<S: Source> Reader<S> {
             if !mine.is_empty() {
                 st.in_flight.extend(mine.iter().cloned());
                 drop(st);
-                let r = self.fetch(file, &mine, false);
+                let r = self.fetch(file, &mine);
                 file.settle(&mine, r.clone());
                 r?;
                 st = file.state();
@@ -625,18 +939,12 @@ impl<S: Source> Reader<S> {
 
     /// Fetches `ranges` of the file's version with up to [`ReadConfig::window`] reads in flight, storing
     /// each verified piece as it comes and waking the readers that wait.
-    fn fetch(
-        &self,
-        file: &OpenFile,
-        ranges: &[Range<u64>],
-        cancellable: bool,
-    ) -> Result<(), ReadError> {
+    fn fetch(&self, file: &OpenFile, ranges: &[Range<u64>]) -> Result<(), ReadError> {
         let version = file.version();
         let mut todo = ranges
             .iter()
             .flat_map(|r| split(r.clone(), self.config.piece));
-        let mut in_flight: std::collections::VecDeque<(Slot<'_>, Box<dyn Pieces>)> =
-            Default::default();
+        let mut in_flight: VecDeque<(Slot<'_>, Box<dyn Pieces>)> = VecDeque::new();
         let mut next = todo.next();
         loop {
             while let Some(r) = next.clone() {
@@ -658,33 +966,39 @@ impl<S: Source> Reader<S> {
             };
             let pieces = &mut front.1;
             while let Some(piece) = pieces.next_piece()? {
-                if cancellable && file.stale.load(Ordering::Relaxed) {
-                    return Ok(());
-                }
                 match piece {
                     Piece::Version(v) if v != version => return Err(SourceError::Changed),
                     Piece::Version(_) => {}
                     Piece::Data { offset, bytes, cvs } => {
-                        // Held before it is stored: a reader that finds it stored finds it held.
-                        let bytes = Arc::new(bytes);
-                        let behind = file.state().next_sequential;
-                        file.held.keep(offset, Arc::clone(&bytes), behind);
-                        // Counted before it is stored: a reader that finds it stored finds it counted.
-                        self.stats
-                            .from_peer
-                            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        file.chunks.insert(offset, &bytes, &cvs).map_err(|e| {
-                            SourceError::Failed {
-                                errno: libc::EIO,
-                                message: e.to_string(),
-                            }
-                        })?;
-                        file.arrived(offset..offset + bytes.len() as u64);
+                        self.store_piece(file, offset, bytes, &cvs)?
                     }
                 }
             }
         }
     }
+}
+
+/// Adds a verified piece to `got`, appended to the last one when it continues it (with room for it: no
+/// bytes move) and both carry their groups' values.
+fn join(
+    got: &mut Vec<(u64, Vec<u8>, Vec<GroupCv>)>,
+    offset: u64,
+    bytes: Vec<u8>,
+    cvs: Vec<GroupCv>,
+) {
+    if let Some((o, b, c)) = got.last_mut() {
+        let continues = *o + b.len() as u64 == offset
+            && b.len() as u64 % GROUP == 0
+            && !c.is_empty()
+            && !cvs.is_empty()
+            && b.capacity() - b.len() >= bytes.len();
+        if continues {
+            b.extend_from_slice(&bytes);
+            c.extend_from_slice(&cvs);
+            return;
+        }
+    }
+    got.push((offset, bytes, cvs));
 }
 
 /// The parts of `missing` that no range of `claimed` covers.

@@ -73,6 +73,9 @@ struct Shared<S: Source + Sink> {
     /// Backing files registered with the kernel, by version root, while some handle holds them.
     backing: Mutex<HashMap<[u8; 32], Weak<BackingId>>>,
     passthrough: AtomicBool,
+    /// The kernel maps files opened with direct I/O (`FUSE_DIRECT_IO_ALLOW_MMAP`): files not yet whole in
+    /// the cache are opened so, and a read's reply goes straight into the reader's buffer.
+    direct_io: AtomicBool,
     notifier: OnceLock<Notifier>,
     /// Set when the mount writes: the working copies, and the store pushed versions are seeded into.
     writes: OnceLock<(Writes, Arc<dyn Store>)>,
@@ -117,6 +120,7 @@ impl<S: Source + Sink> ShareFs<S> {
                 next_fh: AtomicU64::new(1),
                 backing: Mutex::new(HashMap::new()),
                 passthrough: AtomicBool::new(false),
+                direct_io: AtomicBool::new(false),
                 notifier: OnceLock::new(),
                 writes: OnceLock::new(),
                 seeds: OnceLock::new(),
@@ -384,12 +388,14 @@ impl<S: Source + Sink> Shared<S> {
             None => self.inodes().classic_open(ino.0, true),
         }
         // The kernel's page cache of this inode is still good if it holds the same version (the kernel
-        // takes no other flag with passthrough: it would answer the open EIO). Files not whole in the
-        // cache are not opened with direct I/O: it saved the page cache's copy (about 0.2 CPU-s per GB on
-        // loopback) but each reader then waits for every reply without the kernel's readahead in flight,
-        // and measured slower on the wire (wan 0.82 vs 0.88 of it, lan 0.91 vs 0.94; BENCHMARKS.md).
+        // takes no other flag with passthrough: it would answer the open EIO). A file not whole in the
+        // cache is read with direct I/O: each reply is copied once, into the reader's buffer, instead of
+        // into the page cache and from there again; the daemon streams ahead of a sequential reader by
+        // itself, in place of the kernel's readahead (BENCHMARKS.md, session 10).
         let flags = if backing.is_some() {
             FopenFlags::empty()
+        } else if self.direct_io.load(Ordering::Relaxed) && !file.chunks().is_complete() {
+            FopenFlags::FOPEN_DIRECT_IO
         } else if known == Some(version) {
             FopenFlags::FOPEN_KEEP_CACHE
         } else {
@@ -1006,6 +1012,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let caps = config.capabilities();
         negotiate(config);
+        // mmap of a file opened with direct I/O goes through the page cache (kernel 6.6 and later); without
+        // it, files are never opened with direct I/O (mmap must work).
+        if caps.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            && config
+                .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+                .is_ok()
+        {
+            self.shared.direct_io.store(true, Ordering::Relaxed);
+        }
         if !self.passthrough_wanted {
             (self.shared.notice)("passthrough is off: cached files are read through the daemon");
         } else if caps.contains(InitFlags::FUSE_PASSTHROUGH)
