@@ -138,6 +138,62 @@ fn a_large_sequential_read_is_equal_and_a_cached_file_reads_through_passthrough(
 }
 
 #[test]
+fn a_file_not_whole_in_the_cache_is_opened_with_direct_io_and_maps_equal_to_the_source() {
+    if !fuse_usable(
+        "a_file_not_whole_in_the_cache_is_opened_with_direct_io_and_maps_equal_to_the_source",
+    ) {
+        return;
+    }
+    let w = World::new();
+    let content = pseudo_random(12 << 20, 77);
+    fs::write(w.src().join("mapped.bin"), &content).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &[]);
+    let before = m.stats();
+    // Uncached: opened with direct I/O (the kernel maps such files: FUSE_DIRECT_IO_ALLOW_MMAP), and a
+    // mapping of it reads the source's bytes.
+    let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
+    let digest = |p: &Path| {
+        let out = Command::new("python3")
+            .args(["-c", py])
+            .arg(p)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "python mmap: {out:?}");
+        out.stdout
+    };
+    assert_eq!(
+        digest(&m.path("mapped.bin")),
+        digest(&w.src().join("mapped.bin"))
+    );
+    let mapped = m.stats();
+    assert_eq!(
+        mapped["direct-io-opens"],
+        before["direct-io-opens"] + 1,
+        "{mapped:?}"
+    );
+    assert_eq!(mapped["passthrough-opens"], before["passthrough-opens"]);
+    // Read whole through the mapping's faults: once its last pieces are stored (by a thread of their
+    // own, after the readers had them), it opens with passthrough, not with direct I/O.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (mut last, mut after) = (mapped.clone(), mapped.clone());
+    while after["passthrough-opens"] == mapped["passthrough-opens"] && Instant::now() < deadline {
+        fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        assert!(fs::read(m.path("mapped.bin")).unwrap() == content, "read");
+        last = after;
+        after = m.stats();
+    }
+    assert!(
+        after["passthrough-opens"] > mapped["passthrough-opens"],
+        "{after:?}"
+    );
+    assert_eq!(
+        after["direct-io-opens"], last["direct-io-opens"],
+        "{after:?}"
+    );
+}
+
+#[test]
 fn without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon() {
     if !fuse_usable("without_passthrough_a_cached_file_is_read_from_the_cache_through_the_daemon") {
         return;

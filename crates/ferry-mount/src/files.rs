@@ -76,18 +76,21 @@ pub struct Stats {
     pub passthrough_opens: AtomicU64,
     /// Opens answered classically (reads come to the daemon).
     pub classic_opens: AtomicU64,
+    /// Of those, opens of files not whole in the cache answered with direct I/O.
+    pub direct_io_opens: AtomicU64,
 }
 
 impl Stats {
     /// The stats as one line.
     pub fn line(&self) -> String {
         format!(
-            "reads {} from-cache {} from-peer {} passthrough-opens {} classic-opens {}",
+            "reads {} from-cache {} from-peer {} passthrough-opens {} classic-opens {} direct-io-opens {}",
             self.reads.load(Ordering::Relaxed),
             self.from_cache.load(Ordering::Relaxed),
             self.from_peer.load(Ordering::Relaxed),
             self.passthrough_opens.load(Ordering::Relaxed),
             self.classic_opens.load(Ordering::Relaxed),
+            self.direct_io_opens.load(Ordering::Relaxed),
         )
     }
 }

@@ -406,6 +406,9 @@ impl<S: Source + Sink> Shared<S> {
             Some(_) => stats.passthrough_opens.fetch_add(1, Ordering::Relaxed),
             None => stats.classic_opens.fetch_add(1, Ordering::Relaxed),
         };
+        if flags.contains(FopenFlags::FOPEN_DIRECT_IO) {
+            stats.direct_io_opens.fetch_add(1, Ordering::Relaxed);
+        }
         self.open.lock().unwrap_or_else(|e| e.into_inner()).insert(
             fh,
             Open {
