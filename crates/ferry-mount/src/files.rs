@@ -11,9 +11,8 @@
 //! A read that follows the previous one moves the file's stream on to [`ReadConfig::ahead`] bytes past it;
 //! one streamer thread per file keeps the requests of the stream in flight by itself, whatever the
 //! reader's pace (a reader of a file opened with direct I/O has one read in flight and no kernel readahead):
-//! each piece of the stream is asked for as the sharer's largest piece and its rest, so the answers end in
-//! order; an answer is held in memory and its readers woken at once, the next request goes out, and a
-//! thread of its own writes the cache file and settles the claim. Readers are answered from the held
+//! an answer is held in memory and its readers woken at once, the next request goes out, and a thread of its
+//! own writes the cache file and settles the claim. Readers are answered from the held
 //! pieces before the store is asked (its lock is taken by the cache write).
 //!
 //! A file that changed on the sharer fails its fetch with [`SourceError::Changed`]: the handle opens the
@@ -25,7 +24,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use ferry_share::tree::{GroupCv, Version, GROUP};
+use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
@@ -39,7 +38,7 @@ type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
 pub struct ReadConfig {
     /// Bytes per read request.
     pub piece: u64,
-    /// Read requests one fetch keeps in flight (a streamer: pieces of the stream, each asked for in two).
+    /// Read requests one fetch (or a file's streamer) keeps in flight.
     pub window: usize,
     /// How far past a sequential reader the stream runs.
     pub ahead: u64,
@@ -350,9 +349,8 @@ pub struct Reader<S: Source> {
     held: Arc<Budget>,
 }
 
-/// A streamer's requests in flight, oldest first: the slot each holds, its pieces, the range it claimed,
-/// and whether the next one continues its range (the two halves of one piece of the stream).
-type InFlight<'a> = VecDeque<(Slot<'a>, Box<dyn Pieces>, Range<u64>, bool)>;
+/// A streamer's requests in flight, oldest first: the slot each holds, its pieces, the range it claimed.
+type InFlight<'a> = VecDeque<(Slot<'a>, Box<dyn Pieces>, Range<u64>)>;
 
 /// Pieces of a stream on their way to the store, and the claims they settle once stored.
 type Written = (Vec<Range<u64>>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
@@ -360,9 +358,6 @@ type Written = (Vec<Range<u64>>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
 /// Stream pieces (of up to 1 MiB) waiting to be written to the store before the streamer waits for the
 /// writer: what falls behind is bounded in memory.
 const WRITE_QUEUE: usize = 8;
-
-/// The sharer's largest piece (`ferry_share::server::DEFAULT_PIECE`): what a streamer asks for at once.
-const SHARER_PIECE: u64 = ferry_share::server::DEFAULT_PIECE;
 
 /// How long a streamer with nothing to fetch waits for its reader to move on before it ends.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
@@ -685,7 +680,7 @@ impl<S: Source> Reader<S> {
             drop(tx);
             // Requests still in flight are cancelled (dropped); their readers look again, or hear the
             // failure.
-            let claims: Vec<Range<u64>> = in_flight.drain(..).map(|(_, _, r, _)| r).collect();
+            let claims: Vec<Range<u64>> = in_flight.drain(..).map(|(_, _, r)| r).collect();
             if result.is_err() {
                 file.state().streaming = false;
             }
@@ -737,36 +732,23 @@ impl<S: Source> Reader<S> {
                 file.state().streaming = false;
                 return Ok(());
             }
-            // The oldest request, and the one after it when it is the rest of the same piece of the
-            // stream: their bytes are joined into one buffer (the first has room for them), so a reader's
-            // 1 MiB read is a slice of one held piece, not a copy of two.
-            let mut got: Vec<(u64, Vec<u8>, Vec<GroupCv>)> = Vec::new();
-            let mut ranges = Vec::new();
-            loop {
-                let Some((slot, mut pieces, range, continued)) = in_flight.pop_front() else {
-                    break;
-                };
-                let answered = (|| {
-                    while let Some(piece) = pieces.next_piece()? {
-                        match piece {
-                            Piece::Version(v) if v != version => return Err(SourceError::Changed),
-                            Piece::Version(_) => {}
-                            Piece::Data { offset, bytes, cvs } => {
-                                join(&mut got, offset, bytes, cvs)
-                            }
-                        }
+            let (slot, mut pieces, range) = in_flight.pop_front().expect("not empty");
+            let mut got = Vec::new();
+            let answered = (|| {
+                while let Some(piece) = pieces.next_piece()? {
+                    match piece {
+                        Piece::Version(v) if v != version => return Err(SourceError::Changed),
+                        Piece::Version(_) => {}
+                        Piece::Data { offset, bytes, cvs } => got.push((offset, bytes, cvs)),
                     }
-                    Ok(())
-                })();
-                drop((slot, pieces));
-                ranges.push(range);
-                if let Err(e) = answered {
-                    file.settle(&ranges, Err(e.clone()));
-                    return Err(e);
                 }
-                if !continued {
-                    break;
-                }
+                Ok(())
+            })();
+            drop((slot, pieces));
+            let ranges = vec![range];
+            if let Err(e) = answered {
+                file.settle(&ranges, Err(e.clone()));
+                return Err(e);
             }
             // Held at once (the readers waiting for them are answered from memory), then the next
             // requests go out, then the bytes are stored: the sharer serves the requests meanwhile.
@@ -801,14 +783,8 @@ impl<S: Source> Reader<S> {
     ) -> Result<(), SourceError> {
         let version = file.version();
         let piece = self.config.piece.max(1);
-        // Two requests per piece of the stream (see below).
-        while in_flight.len() < self.config.window.max(1) * 2 && !file.stale.load(Ordering::Relaxed)
-        {
-            // Each range is asked for as the sharer's largest piece and the rest: the sharer's reads take
-            // turns piece by piece, so a request of one piece and a bit would end only after a piece of
-            // every other request in flight; asked so, the requests end in order, one after the other,
-            // and the sharer always has the next one (measured: BENCHMARKS.md, session 10).
-            let mine: Vec<(Range<u64>, bool)> = {
+        while in_flight.len() < self.config.window.max(1) && !file.stale.load(Ordering::Relaxed) {
+            let mine = {
                 let mut st = file.state();
                 if st.stream_next >= st.ahead_until {
                     return Ok(());
@@ -818,29 +794,18 @@ impl<S: Source> Reader<S> {
                     .saturating_mul(piece)
                     .min(st.ahead_until);
                 st.stream_next = end;
-                let mine: Vec<(Range<u64>, bool)> =
-                    unclaimed(&file.chunks.missing(start..end), &st.in_flight)
-                        .into_iter()
-                        .flat_map(|r| {
-                            let cut = r.start.saturating_add(SHARER_PIECE);
-                            match cut < r.end {
-                                true => vec![(r.start..cut, true), (cut..r.end, false)],
-                                false => vec![(r, false)],
-                            }
-                        })
-                        .collect();
-                st.in_flight.extend(mine.iter().map(|(r, _)| r.clone()));
+                let mine = unclaimed(&file.chunks.missing(start..end), &st.in_flight);
+                st.in_flight.extend(mine.iter().cloned());
                 mine
             };
-            for (i, (r, continued)) in mine.iter().enumerate() {
-                let rest = || mine[i..].iter().map(|(r, _)| r.clone()).collect::<Vec<_>>();
+            for (i, r) in mine.iter().enumerate() {
                 if !self.slots.take(in_flight.is_empty()) {
                     // All slots taken by other fetches: what is not asked for yet is given back, and
                     // the stream goes on from there later.
                     let mut st = file.state();
                     st.stream_next = st.stream_next.min(r.start);
                     drop(st);
-                    file.settle(&rest(), Ok(()));
+                    file.settle(&mine[i..], Ok(()));
                     return Ok(());
                 }
                 // Taken before the request: an error drops it, giving it back.
@@ -849,9 +814,9 @@ impl<S: Source> Reader<S> {
                     .source
                     .read(&file.path, Some(version.root), r.start, r.end - r.start)
                 {
-                    Ok(pieces) => in_flight.push_back((slot, pieces, r.clone(), *continued)),
+                    Ok(pieces) => in_flight.push_back((slot, pieces, r.clone())),
                     Err(e) => {
-                        file.settle(&rest(), Err(e.clone()));
+                        file.settle(&mine[i..], Err(e.clone()));
                         return Err(e);
                     }
                 }
@@ -979,29 +944,6 @@ impl<S: Source> Reader<S> {
             }
         }
     }
-}
-
-/// Adds a verified piece to `got`, appended to the last one when it continues it (with room for it: no
-/// bytes move) and both carry their groups' values.
-fn join(
-    got: &mut Vec<(u64, Vec<u8>, Vec<GroupCv>)>,
-    offset: u64,
-    bytes: Vec<u8>,
-    cvs: Vec<GroupCv>,
-) {
-    if let Some((o, b, c)) = got.last_mut() {
-        let continues = *o + b.len() as u64 == offset
-            && b.len() as u64 % GROUP == 0
-            && !c.is_empty()
-            && !cvs.is_empty()
-            && b.capacity() - b.len() >= bytes.len();
-        if continues {
-            b.extend_from_slice(&bytes);
-            c.extend_from_slice(&cvs);
-            return;
-        }
-    }
-    got.push((offset, bytes, cvs));
 }
 
 /// The parts of `missing` that no range of `claimed` covers.

@@ -486,15 +486,9 @@ impl Client {
                 // A piece past the end fails the order check below; sized without underflow first.
                 let whole = end.saturating_sub(range.start);
                 let acc = held.get_or_insert_with(|| {
-                    // Room for the whole rest of the read when it may be coalesced, else this piece; a
-                    // large read gets room for all of COALESCE, so that its reader can append the next
-                    // read's bytes without moving these (the mount asks for 1 MiB as a piece and its tail).
+                    // Room for the whole rest of the read when it may be coalesced, else this piece.
                     let fits = whole <= COALESCE;
-                    let room = match fits {
-                        true if whole >= COALESCE / 2 => COALESCE,
-                        true => whole,
-                        false => u64::from(len),
-                    };
+                    let room = if fits { whole } else { u64::from(len) };
                     Verified {
                         start: range.start,
                         bytes: Vec::with_capacity(room as usize),
