@@ -152,19 +152,9 @@ fn a_file_not_whole_in_the_cache_is_opened_with_direct_io_and_maps_equal_to_the_
     let before = m.stats();
     // Uncached: opened with direct I/O (the kernel maps such files: FUSE_DIRECT_IO_ALLOW_MMAP), and a
     // mapping of it reads the source's bytes.
-    let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
-    let digest = |p: &Path| {
-        let out = Command::new("python3")
-            .args(["-c", py])
-            .arg(p)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "python mmap: {out:?}");
-        out.stdout
-    };
     assert_eq!(
-        digest(&m.path("mapped.bin")),
-        digest(&w.src().join("mapped.bin"))
+        mmap_digest(&m.path("mapped.bin")),
+        mmap_digest(&w.src().join("mapped.bin"))
     );
     let mapped = m.stats();
     assert_eq!(
@@ -372,19 +362,9 @@ fn real_programs_read_the_mount_as_the_source() {
     let mounted_db = format!("file:{}?immutable=1", m.path("db.sqlite").display());
     assert_eq!(sql(Path::new(&mounted_db), q), sql(&db, q));
 
-    let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
-    let digest = |p: &Path| {
-        let out = Command::new("python3")
-            .args(["-c", py])
-            .arg(p)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "python mmap: {out:?}");
-        out.stdout
-    };
     assert_eq!(
-        digest(&m.path("sub/data.bin")),
-        digest(&w.src().join("sub/data.bin"))
+        mmap_digest(&m.path("sub/data.bin")),
+        mmap_digest(&w.src().join("sub/data.bin"))
     );
 }
 
@@ -559,4 +539,16 @@ fn bench_mount_quick_gives_every_row_a_number() {
             assert!(b.as_f64().is_some_and(|v| v > 0.0), "a bad baseline: {r}");
         }
     }
+}
+
+/// SHA-256 of `p` read through a shared read-only mapping (python's mmap), as hex.
+fn mmap_digest(p: &Path) -> Vec<u8> {
+    let py = "import mmap,sys,hashlib\nf=open(sys.argv[1],'rb')\nm=mmap.mmap(f.fileno(),0,prot=mmap.PROT_READ)\nprint(hashlib.sha256(m[:]).hexdigest())";
+    let out = Command::new("python3")
+        .args(["-c", py])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "python mmap: {out:?}");
+    out.stdout
 }
