@@ -7,7 +7,9 @@
 //! - the FUSE floor beside it ([`ferry_mount::floor`]: a file of the same size answered from one buffer,
 //!   mounted as the mount mounts, in this process), through the page cache and with direct I/O: the CPU per
 //!   GB any FUSE read path costs here, and from it the highest ratio to pull a mount could reach;
-//! - the mount daemon's peak RSS over those reads;
+//! - the mount daemon's peak RSS over those reads, and the CPU per GB of the path: the sharer, the daemon
+//!   (and its threads by kind: link reader, store threads, FUSE workers, streamers, from
+//!   `/proc/PID/task/*/stat`, at the clock tick's resolution), the reader;
 //! - cached sequential read through the mount (FUSE passthrough) vs a direct read of the same cache file,
 //!   and the same through a mount without passthrough (classic FUSE: every read reaches the daemon);
 //! - random 4 KiB reads per second through the mount, cold (a fresh mount) and cached (after the file is
@@ -18,6 +20,7 @@
 //! Every sequential read through the mount is checked against the source's BLAKE3. Needs /dev/fuse and
 //! the privilege to mount (root); FUSE passthrough also needs CAP_SYS_ADMIN.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -55,6 +58,8 @@ struct Uncached {
     cpu_daemon: Vec<f64>,
     cpu_sharer: Vec<f64>,
     cpu_reader: Vec<f64>,
+    /// The daemon's CPU per GB by kind of thread ([`DAEMON_THREADS`], then the rest).
+    cpu_threads: BTreeMap<usize, Vec<f64>>,
     /// Cores the path kept busy while it read (its CPU seconds over the read's seconds).
     busy: Vec<f64>,
     hwm: u64,
@@ -164,9 +169,23 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             forget_cache(&paired)?;
             let m = Mount::new(&paired, &share, &mnt, daemon_bin, &[])?;
             let daemon = m.child.child.id();
+            let kinds0 = cpu_by_thread_kind(daemon);
             let (s0, d0, r0) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
             let secs = read_whole(&mnt.join("file.bin"))?;
             let (s1, d1, r1) = (cpu_secs(sharer), cpu_secs(daemon), thread_cpu());
+            let kinds1 = cpu_by_thread_kind(daemon);
+            let mut named = 0.0;
+            for kind in 0..DAEMON_THREADS.len() {
+                let spent = kinds1[kind] - kinds0[kind];
+                named += spent;
+                u.cpu_threads.entry(kind).or_default().push(spent / gb);
+            }
+            // Threads that ended during the read count here too (their ticks left the named kinds).
+            let rest = (d1 - d0 - named).max(0.0);
+            u.cpu_threads
+                .entry(DAEMON_THREADS.len())
+                .or_default()
+                .push(rest / gb);
             u.cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
             u.cpu_daemon.push((d1 - d0) / gb);
             u.cpu_sharer.push((s1 - s0) / gb);
@@ -207,34 +226,50 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             )
             .with_baseline(pulled),
         );
-        for (label, value, unit) in [
+        let mut rows = vec![
             (
-                "  mount daemon's peak RSS over those reads",
+                "  mount daemon's peak RSS over those reads".to_string(),
                 u.hwm as f64 / 1024.0,
                 "MiB",
             ),
             (
-                "  CPU per GB read through the mount: sharer + daemon + reader",
+                "  CPU per GB read through the mount: sharer + daemon + reader".into(),
                 med(&mut u.cpu_mount),
                 "s/GB",
             ),
-            ("    of which the sharer", med(&mut u.cpu_sharer), "s/GB"),
             (
-                "    of which the mount daemon",
-                med(&mut u.cpu_daemon),
+                "    of which the sharer".into(),
+                med(&mut u.cpu_sharer),
                 "s/GB",
             ),
             (
-                "    of which the reader (its copy out of the page cache)",
+                "    of which the mount daemon".into(),
+                med(&mut u.cpu_daemon),
+                "s/GB",
+            ),
+        ];
+        let kinds = DAEMON_THREADS.iter().map(|(_, what)| *what);
+        let rest = "the rest (other and ended threads, tick rounding)";
+        for (kind, what) in kinds.chain([rest]).enumerate() {
+            let value = u.cpu_threads.get_mut(&kind).map_or(0.0, |v| median(v));
+            // A kind of thread that took less than a clock tick over the reads has no row.
+            if value > 0.0 {
+                rows.push((format!("      of which {what}"), value, "s/GB"));
+            }
+        }
+        rows.extend([
+            (
+                "    of which the reader (its copy out of the page cache)".into(),
                 med(&mut u.cpu_reader),
                 "s/GB",
             ),
             (
-                "  cores the mount's path kept busy while it read",
+                "  cores the mount's path kept busy while it read".into(),
                 med(&mut u.busy),
                 "cores",
             ),
-        ] {
+        ]);
+        for (label, value, unit) in rows {
             report.push(Row::new(BENCH, format!("{pad}{label}"), value, unit));
         }
     }
@@ -597,8 +632,40 @@ fn push_floor_rows(
 
 /// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
 /// `/proc/PID/stat` always counts them); 0 when it cannot be read.
+/// The mount daemon's threads by kind: how their names begin (the kernel keeps 15 bytes of a name) and what
+/// they do.
+const DAEMON_THREADS: [(&str, &str); 4] = [
+    (
+        "ferry-remote-re",
+        "its link reader (receive, decrypt, verify)",
+    ),
+    ("ferry-store", "its store threads (the cache file's writes)"),
+    ("fuser-", "its FUSE workers (the replies to the kernel)"),
+    ("ferry-ahead", "its streamers (requests ahead, pieces held)"),
+];
+
+/// CPU seconds of `pid`'s live threads so far, summed by kind ([`DAEMON_THREADS`]).
+fn cpu_by_thread_kind(pid: u32) -> [f64; DAEMON_THREADS.len()] {
+    let mut out = [0.0; DAEMON_THREADS.len()];
+    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten();
+    for task in tasks.flatten() {
+        let comm = fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if let Some(kind) = DAEMON_THREADS.iter().position(|(k, _)| comm.starts_with(k)) {
+            out[kind] += stat_cpu_secs(&task.path().join("stat"));
+        }
+    }
+    out
+}
+
 fn cpu_secs(pid: u32) -> f64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_secs(FsPath::new(&format!("/proc/{pid}/stat")))
+}
+
+/// User and system CPU seconds in a `/proc/.../stat` file (0 when it is gone).
+fn stat_cpu_secs(path: &FsPath) -> f64 {
+    let stat = fs::read_to_string(path).unwrap_or_default();
     // After the command name (in parentheses, which may hold spaces): state is field 0, utime 11, stime 12.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
