@@ -8,8 +8,8 @@
 //!   mounted as the mount mounts, in this process), through the page cache and with direct I/O: the CPU per
 //!   GB any FUSE read path costs here, and from it the highest ratio to pull a mount could reach;
 //! - the mount daemon's peak RSS over those reads, and the CPU per GB of the path: the sharer, the daemon
-//!   (and its threads by kind: link reader, store threads, FUSE workers, streamers, from
-//!   `/proc/PID/task/*/stat`, at the clock tick's resolution), the reader;
+//!   (and its threads by kind: link reader, store threads, streamers, from `/proc/PID/task/*/stat` at the
+//!   clock tick's resolution, and the rest: its FUSE workers), the reader;
 //! - cached sequential read through the mount (FUSE passthrough) vs a direct read of the same cache file,
 //!   and the same through a mount without passthrough (classic FUSE: every read reaches the daemon);
 //! - random 4 KiB reads per second through the mount, cold (a fresh mount) and cached (after the file is
@@ -180,7 +180,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
                 named += spent;
                 u.cpu_threads.entry(kind).or_default().push(spent / gb);
             }
-            // Threads that ended during the read count here too (their ticks left the named kinds).
+            // The FUSE workers, and any other thread (one that ended during the read too).
             let rest = (d1 - d0 - named).max(0.0);
             u.cpu_threads
                 .entry(DAEMON_THREADS.len())
@@ -249,7 +249,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             ),
         ];
         let kinds = DAEMON_THREADS.iter().map(|(_, what)| *what);
-        let rest = "the rest (other and ended threads, tick rounding)";
+        let rest = "its FUSE workers and other threads (the rest)";
         for (kind, what) in kinds.chain([rest]).enumerate() {
             let value = u.cpu_threads.get_mut(&kind).map_or(0.0, |v| median(v));
             // A kind of thread that took less than a clock tick over the reads has no row.
@@ -630,17 +630,16 @@ fn push_floor_rows(
     }
 }
 
-/// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
-/// `/proc/PID/stat` always counts them); 0 when it cannot be read.
-/// The mount daemon's threads by kind: how their names begin (the kernel keeps 15 bytes of a name) and what
-/// they do.
-const DAEMON_THREADS: [(&str, &str); 4] = [
+/// The mount daemon's busiest threads by kind: how their names begin (the kernel keeps 15 bytes of a name)
+/// and what they do. The FUSE workers are the rest (the daemon's CPU less these): each runs a few clock
+/// ticks per read, too few to sum thread by thread (a thread started during the read loses up to a tick
+/// per field).
+const DAEMON_THREADS: [(&str, &str); 3] = [
     (
         "ferry-remote-re",
         "its link reader (receive, decrypt, verify)",
     ),
     ("ferry-store", "its store threads (the cache file's writes)"),
-    ("fuser-", "its FUSE workers (the replies to the kernel)"),
     ("ferry-ahead", "its streamers (requests ahead, pieces held)"),
 ];
 
@@ -659,6 +658,8 @@ fn cpu_by_thread_kind(pid: u32) -> [f64; DAEMON_THREADS.len()] {
     out
 }
 
+/// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
+/// `/proc/PID/stat` always counts them); 0 when it cannot be read.
 fn cpu_secs(pid: u32) -> f64 {
     stat_cpu_secs(FsPath::new(&format!("/proc/{pid}/stat")))
 }
