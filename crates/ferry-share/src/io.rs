@@ -21,7 +21,7 @@ use crate::client::{Client, ClientError, Event, Failure};
 use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
 use crate::server::{Job, Piece, PutOutcome, Server, ServerConfig, ServerError};
 use crate::subtree::Subtree;
-use crate::tree::{encode_piece_into, Version, GROUP};
+use crate::tree::{encode_piece_from_file, Version, GROUP};
 use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, Time, END};
 use crate::write::Upload;
 
@@ -520,8 +520,8 @@ impl<'a> Files<'a> {
         let len = (piece.range.end - piece.range.start) as u32;
         let header = wire::data_header_bytes(piece.id, piece.range.start, len);
         buf[..header.len()].copy_from_slice(&header);
-        let body = encode_piece_into(
-            &*opened.file,
+        let body = encode_piece_from_file(
+            &opened.file,
             &opened.cached.outboard,
             piece.range.clone(),
             &mut buf[header.len()..],
