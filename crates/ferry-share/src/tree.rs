@@ -290,11 +290,9 @@ pub fn encode_piece_into(
     range: Range<u64>,
     out: &mut [u8],
 ) -> io::Result<usize> {
-    let (len, leaves) = place_parents(outboard, &range, out)?;
-    for leaf in leaves {
-        data.read_exact_at(leaf.from, &mut out[leaf.at..leaf.at + leaf.size])?;
-    }
-    Ok(len)
+    lay_out_piece(outboard, &range, out, |from, place| {
+        data.read_exact_at(from, place)
+    })
 }
 
 /// [`encode_piece_into`] from a file: the groups' data, which lie one after the other in the file, is read
@@ -306,37 +304,23 @@ pub fn encode_piece_from_file(
     range: Range<u64>,
     out: &mut [u8],
 ) -> io::Result<usize> {
-    let (len, leaves) = place_parents(outboard, &range, out)?;
-    if leaves
-        .windows(2)
-        .any(|w| w[0].from + w[0].size as u64 != w[1].from)
-    {
-        return Err(io::Error::other(
-            "a piece's groups are not one run of the file",
-        ));
-    }
-    // The leaves' places in `out`, in order and apart: cut off one after the other.
-    let mut places = Vec::with_capacity(leaves.len());
-    let mut rest = out;
-    let mut cut = 0usize;
-    for leaf in &leaves {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(leaf.at - cut);
-        let (place, tail) = tail.split_at_mut(leaf.size);
-        places.push(place);
-        rest = tail;
-        cut = leaf.at + leaf.size;
-    }
-    let mut from = leaves.first().map_or(0, |l| l.from);
-    let mut places = &mut places[..];
+    let mut places: Vec<io::IoSliceMut<'_>> = Vec::new();
+    let mut next = range.start;
+    let len = lay_out_piece(outboard, &range, out, |from, place| {
+        if from != next {
+            return Err(io::Error::other(
+                "a piece's groups are not one run of the file",
+            ));
+        }
+        next += place.len() as u64;
+        places.push(io::IoSliceMut::new(place));
+        Ok(())
+    })?;
+    let (mut from, mut places) = (range.start, &mut places[..]);
     while !places.is_empty() {
-        // Up to the system's limit of buffers per call (1024 on Linux; 128 groups per MiB).
+        // Up to the system's limit of buffers per call (1024 on Linux).
         let batch = places.len().min(1024);
-        let mut bufs: Vec<io::IoSliceMut<'_>> = places[..batch]
-            .iter_mut()
-            .map(|p| io::IoSliceMut::new(p))
-            .collect();
-        let want: usize = bufs.iter().map(|b| b.len()).sum();
-        let n = match rustix::io::preadv(file, &mut bufs, from) {
+        let n = match rustix::io::preadv(file, &mut places[..batch], from) {
             Err(rustix::io::Errno::INTR) => continue,
             r => r?,
         };
@@ -344,37 +328,19 @@ pub fn encode_piece_from_file(
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         from += n as u64;
-        // Whole places read drop out; a place read in part keeps its rest for the next call.
-        let mut done = n;
-        let mut whole = 0;
-        while whole < batch && done >= places[whole].len() {
-            done -= places[whole].len();
-            whole += 1;
-        }
-        debug_assert!(n <= want);
-        places = &mut places[whole..];
-        if done > 0 {
-            let first = std::mem::take(&mut places[0]);
-            places[0] = &mut first[done..];
-        }
+        io::IoSliceMut::advance_slices(&mut places, n);
     }
     Ok(len)
 }
 
-/// Where one group's data goes in a piece: at `at` in the piece, `size` bytes read from `from` in the file.
-struct Leaf {
-    at: usize,
-    size: usize,
-    from: u64,
-}
-
-/// Writes the parents of the piece for `range` into their places in `out` and returns the piece's length
-/// and where its groups' data goes, in order.
-fn place_parents(
+/// Writes the parents of the piece for `range` into their places in `out` and hands each group's place, in
+/// order, to `data` with the group's offset in the file to fill it from. Returns the piece's length.
+fn lay_out_piece<'a>(
     outboard: &Outboard,
     range: &Range<u64>,
-    out: &mut [u8],
-) -> io::Result<(usize, Vec<Leaf>)> {
+    out: &'a mut [u8],
+    mut data: impl FnMut(u64, &'a mut [u8]) -> io::Result<()>,
+) -> io::Result<usize> {
     let size = outboard.version.size;
     if !is_piece_range(size, range) {
         return Err(io::Error::new(
@@ -383,41 +349,33 @@ fn place_parents(
         ));
     }
     if range.is_empty() {
-        return Ok((0, Vec::new()));
+        return Ok(0);
     }
     let short = || io::Error::new(io::ErrorKind::InvalidInput, "piece buffer too small");
-    let mut at = 0usize;
-    let mut leaves = Vec::with_capacity(((range.end - range.start) / GROUP + 1) as usize);
+    let (mut at, mut rest) = (0usize, out);
     for item in outboard
         .tree
         .ranges_pre_order_chunks_iter_ref(&chunks(range), 0)
     {
+        let len = match item {
+            BaoChunk::Parent { .. } => PAIR as usize,
+            BaoChunk::Leaf { size, .. } => size,
+        };
+        let (place, tail) = std::mem::take(&mut rest)
+            .split_at_mut_checked(len)
+            .ok_or_else(short)?;
+        rest = tail;
+        at += len;
         match item {
-            BaoChunk::Parent { node, .. } => {
-                let pair = outboard
+            BaoChunk::Parent { node, .. } => place.copy_from_slice(
+                &outboard
                     .pair(node)?
-                    .ok_or_else(|| io::Error::other("outboard misses a parent"))?;
-                out.get_mut(at..at + 64)
-                    .ok_or_else(short)?
-                    .copy_from_slice(&pair);
-                at += 64;
-            }
-            BaoChunk::Leaf {
-                start_chunk, size, ..
-            } => {
-                if out.len() < at + size {
-                    return Err(short());
-                }
-                leaves.push(Leaf {
-                    at,
-                    size,
-                    from: start_chunk.to_bytes(),
-                });
-                at += size;
-            }
+                    .ok_or_else(|| io::Error::other("outboard misses a parent"))?,
+            ),
+            BaoChunk::Leaf { start_chunk, .. } => data(start_chunk.to_bytes(), place)?,
         }
     }
-    Ok((at, leaves))
+    Ok(at)
 }
 
 /// Appends the piece for `range` to `out` ([`encode_piece_into`] for a growing buffer).
