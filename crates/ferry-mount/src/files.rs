@@ -352,8 +352,9 @@ pub struct Reader<S: Source> {
 /// A streamer's requests in flight, oldest first: the slot each holds, its pieces, the range it claimed.
 type InFlight<'a> = VecDeque<(Slot<'a>, Box<dyn Pieces>, Range<u64>)>;
 
-/// Pieces of a stream on their way to the store, and the claims they settle once stored.
-type Written = (Vec<Range<u64>>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
+/// The pieces of one answered request of a stream on their way to the store, and the claim they settle
+/// once stored.
+type Written = (Range<u64>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
 
 /// Stream pieces (of up to 1 MiB) waiting to be written to the store before the streamer waits for the
 /// writer: what falls behind is bounded in memory.
@@ -660,7 +661,7 @@ impl<S: Source> Reader<S> {
             let writer = std::thread::Builder::new()
                 .name("ferry-store".into())
                 .spawn_scoped(scope, move || {
-                    for (ranges, pieces) in rx {
+                    for (claim, pieces) in rx {
                         let stored = pieces
                             .iter()
                             .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
@@ -670,7 +671,7 @@ impl<S: Source> Reader<S> {
                                 .unwrap_or_else(|e| e.into_inner())
                                 .get_or_insert(e.clone());
                         }
-                        file.settle(&ranges, stored);
+                        file.settle(std::slice::from_ref(&claim), stored);
                     }
                 });
             // Without a thread, the streamer writes itself.
@@ -745,9 +746,9 @@ impl<S: Source> Reader<S> {
                 Ok(())
             })();
             drop((slot, pieces));
-            let ranges = vec![range];
+            let claim = std::slice::from_ref(&range);
             if let Err(e) = answered {
-                file.settle(&ranges, Err(e.clone()));
+                file.settle(claim, Err(e.clone()));
                 return Err(e);
             }
             // Held at once (the readers waiting for them are answered from memory), then the next
@@ -758,15 +759,15 @@ impl<S: Source> Reader<S> {
                 .collect();
             let refilled = self.refill(file, in_flight);
             match writer {
-                // The claims stay until the bytes are stored; a writer gone has recorded why.
+                // The claim stays until the bytes are stored; a writer gone has recorded why.
                 Some(w) => {
-                    let _ = w.send((ranges, held));
+                    let _ = w.send((range.clone(), held));
                 }
                 None => {
                     let stored = held
                         .iter()
                         .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
-                    file.settle(&ranges, stored.clone());
+                    file.settle(claim, stored.clone());
                     stored?;
                 }
             }
