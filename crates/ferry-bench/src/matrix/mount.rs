@@ -20,7 +20,6 @@
 //! Every sequential read through the mount is checked against the source's BLAKE3. Needs /dev/fuse and
 //! the privilege to mount (root); FUSE passthrough also needs CAP_SYS_ADMIN.
 
-use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -59,7 +58,7 @@ struct Uncached {
     cpu_sharer: Vec<f64>,
     cpu_reader: Vec<f64>,
     /// The daemon's CPU per GB by kind of thread ([`DAEMON_THREADS`], then the rest).
-    cpu_threads: BTreeMap<usize, Vec<f64>>,
+    cpu_threads: [Vec<f64>; DAEMON_THREADS.len() + 1],
     /// Cores the path kept busy while it read (its CPU seconds over the read's seconds).
     busy: Vec<f64>,
     hwm: u64,
@@ -178,14 +177,11 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
             for kind in 0..DAEMON_THREADS.len() {
                 let spent = kinds1[kind] - kinds0[kind];
                 named += spent;
-                u.cpu_threads.entry(kind).or_default().push(spent / gb);
+                u.cpu_threads[kind].push(spent / gb);
             }
             // The FUSE workers, and any other thread (one that ended during the read too).
             let rest = (d1 - d0 - named).max(0.0);
-            u.cpu_threads
-                .entry(DAEMON_THREADS.len())
-                .or_default()
-                .push(rest / gb);
+            u.cpu_threads[DAEMON_THREADS.len()].push(rest / gb);
             u.cpu_mount.push((s1 - s0 + d1 - d0 + r1 - r0) / gb);
             u.cpu_daemon.push((d1 - d0) / gb);
             u.cpu_sharer.push((s1 - s0) / gb);
@@ -251,7 +247,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         let kinds = DAEMON_THREADS.iter().map(|(_, what)| *what);
         let rest = "its FUSE workers and other threads (the rest)";
         for (kind, what) in kinds.chain([rest]).enumerate() {
-            let value = u.cpu_threads.get_mut(&kind).map_or(0.0, |v| median(v));
+            let value = median(&mut u.cpu_threads[kind]);
             // A kind of thread that took less than a clock tick over the reads has no row.
             if value > 0.0 {
                 rows.push((format!("      of which {what}"), value, "s/GB"));
