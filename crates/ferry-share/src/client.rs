@@ -138,6 +138,9 @@ enum Pending {
     List,
     Read {
         want: Range<u64>,
+        /// The version the read asked for: after another one was announced, only the sharer's
+        /// [`ErrorCode::Changed`] may follow, never data.
+        asked: Option<[u8; 32]>,
         version: Option<Version>,
         /// Start of the next piece expected.
         next: u64,
@@ -237,6 +240,7 @@ impl Client {
         self.send(
             Pending::Read {
                 want,
+                asked: version,
                 version: None,
                 next: 0,
                 end: 0,
@@ -472,6 +476,7 @@ impl Client {
             (
                 Pending::Read {
                     want,
+                    asked,
                     version: Some(version),
                     next,
                     end,
@@ -482,7 +487,10 @@ impl Client {
                 },
             ) => {
                 let range = offset..offset.saturating_add(u64::from(len));
-                let in_order = offset == *next && range.end <= *end;
+                // Data of a version other than the one asked for: the sharer must have refused the read.
+                let in_order = offset == *next
+                    && range.end <= *end
+                    && asked.is_none_or(|root| root == version.root);
                 // A piece past the end fails the order check below; sized without underflow first.
                 let whole = end.saturating_sub(range.start);
                 let acc = held.get_or_insert_with(|| {

@@ -503,6 +503,45 @@ fn a_lying_sharer_is_caught_and_nothing_is_handed_on() {
 }
 
 #[test]
+fn a_read_of_one_version_takes_no_data_of_another() {
+    let data = pseudo_random(10 * GROUP as usize + 123, 11);
+    let other = pseudo_random(data.len(), 12);
+    let asked = Outboard::compute(&data[..], data.len() as u64)
+        .unwrap()
+        .version()
+        .root;
+    let mut client = greeted_client();
+    let id = client.read(p("f"), Some(asked), 0, u64::MAX).unwrap();
+    // The sharer announces another version (as it must, before refusing with `Changed`), then sends that
+    // version's pieces, each of which verifies against the root it announced.
+    let mut failed = false;
+    for pk in honest_read(id, &other) {
+        match client.handle(&pk) {
+            Ok(Some(Event::Version { version, .. })) => assert_ne!(version.root, asked),
+            Ok(Some(Event::Failed {
+                failure: Failure::Integrity,
+                ..
+            })) => failed = true,
+            Ok(Some(Event::Data { .. })) => panic!("data of a version not asked for was handed on"),
+            Ok(Some(Event::Done { .. })) => panic!("the read completed"),
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(failed, "not detected");
+    // The same packets for a read that named no version are taken.
+    let mut client = greeted_client();
+    let id = client.read(p("f"), None, 0, u64::MAX).unwrap();
+    let mut got = Vec::new();
+    for pk in honest_read(id, &other) {
+        if let Ok(Some(Event::Data { bytes, .. })) = client.handle(&pk) {
+            got.extend_from_slice(&bytes);
+        }
+    }
+    assert_eq!(got, other);
+}
+
+#[test]
 fn a_hostile_sharers_listings_and_floods_end_the_session_or_are_dropped() {
     // Unsafe names in a listing: the packet is refused as a whole, no entry handed on.
     for bad in [&b".."[..], b".", b"a/b", b"x\0y", b""] {
