@@ -487,11 +487,12 @@ impl Client {
                 },
             ) => {
                 let range = offset..offset.saturating_add(u64::from(len));
-                // Data of a version other than the one asked for: the sharer must have refused the read.
-                let in_order = offset == *next
+                // In order, inside the read, and of the version asked for (after announcing another one
+                // the sharer must refuse the read, never send data).
+                let expected = offset == *next
                     && range.end <= *end
                     && asked.is_none_or(|root| root == version.root);
-                // A piece past the end fails the order check below; sized without underflow first.
+                // A piece past the end fails the check below; sized without underflow first.
                 let whole = end.saturating_sub(range.start);
                 let acc = held.get_or_insert_with(|| {
                     // Room for the whole rest of the read when it may be coalesced, else this piece.
@@ -504,7 +505,7 @@ impl Client {
                         whole: fits,
                     }
                 });
-                if !in_order
+                if !expected
                     || verify_piece_cvs(version, range.clone(), piece, &mut acc.bytes, &mut acc.cvs)
                         .is_err()
                 {

@@ -577,9 +577,10 @@ fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> 
 /// A virtual machine that reports its free pages to the host (virtio-balloon's free page reporting, on
 /// here) gives a page freed more than ~2 s ago back to the host, and the first write to it faults in the
 /// host: measured here, the copy into a tmpfs page took 5 % of a pull's profile when the pull before had
-/// just freed its pages and up to 66 % otherwise. Whichever timed step allocated that memory paid for it: in this loop it
-/// was always the pull (after the floors), while the mount's read reused the pages the pull's output had
-/// just freed, and the ratio was 1.18-1.75 where with both steps on touched memory it is 0.67-0.78.
+/// just freed its pages and up to 66 % otherwise. Whichever timed step allocated that memory paid for it:
+/// in this loop it was always the pull (after the floors), while the mount's read reused the pages the
+/// pull's output had just freed, and the ratio was 1.18-1.75 where with both steps on touched memory it is
+/// 0.67-0.78.
 fn touch_free_memory(scratch: &Scratch, bytes: u64) -> io::Result<()> {
     let dir = scratch.fresh("touched")?;
     let mut file = File::create(dir.join("zeros"))?;
