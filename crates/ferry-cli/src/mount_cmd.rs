@@ -180,6 +180,7 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     };
     let remote = Remote::connect(dial, config, on_change, on_link)
         .map_err(|e| anyhow::Error::new(e).context(paired::refused_before_hello(&peer)))?;
+    paired::check_share(&peer, share, &remote.share())?;
 
     let dir = cache_dir()
         .context("no cache directory: set HOME or XDG_CACHE_HOME")?

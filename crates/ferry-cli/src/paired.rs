@@ -143,6 +143,19 @@ pub fn reach_share(
     Ok(connected)
 }
 
+/// Refuses a sharer whose hello names another share than `asked`: discovery finds only the sharer of the
+/// share asked for, but at an address given with `--peer` whichever share runs there answers.
+pub fn check_share(peer: &Peer, asked: &str, got: &[u8]) -> anyhow::Result<()> {
+    if got == asked.as_bytes() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{} answered there with its share \"{}\", not \"{asked}\"",
+        peer.name,
+        crate::ui::escape(&String::from_utf8_lossy(got))
+    )
+}
+
 /// What to say when a sharer closed the connection before its hello.
 pub fn refused_before_hello(peer: &Peer) -> String {
     format!(
@@ -170,7 +183,10 @@ pub fn open_share(
     crate::transfer_cmd::report_path(ui, &connected);
     let (reader, writer) = split_tcp(connected.stream, connected.established)?;
     match Session::open(reader, writer, in_flight) {
-        Ok(session) => Ok((session, peer)),
+        Ok(session) => {
+            check_share(&peer, share, session.share())?;
+            Ok((session, peer))
+        }
         Err(e @ (ShareError::Closed | ShareError::Channel(_))) => {
             Err(anyhow::Error::new(e).context(refused_before_hello(&peer)))
         }

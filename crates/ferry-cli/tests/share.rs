@@ -437,3 +437,56 @@ fn a_writable_share_takes_writes_from_a_paired_peer_and_keeps_both_sides_of_a_co
     drop(session);
     stop_share(sharer);
 }
+
+#[test]
+fn a_sharer_of_another_share_at_the_address_is_refused() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (sharer, ready) = w.share("a", &[]);
+    assert_eq!(ready["share"], "default");
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    let (pulled, mnt) = (w.path("pulled"), w.path("mnt"));
+    fs::create_dir_all(&mnt).unwrap();
+    // Asked for "photos" at the address where "default" runs: ls, pull and mount each refuse it (mount
+    // before anything is mounted) instead of serving the other share.
+    let ls = w.ls("b", "a", &["--share", "photos", "--peer", &addr]);
+    let mut pull = w.as_("b");
+    pull.args([
+        "pull",
+        "--json",
+        "--share",
+        "photos",
+        "--peer",
+        &addr,
+        "a:docs/note.txt",
+    ]);
+    let pull = finish(pull.arg(&pulled).stdout(Stdio::piped()).spawn().unwrap());
+    let mut mount = w.as_("b");
+    mount.args(["mount", "--json", "--peer", &addr, "a:photos"]);
+    let mount = finish(mount.arg(&mnt).stdout(Stdio::piped()).spawn().unwrap());
+    for (what, out) in [("ls", &ls), ("pull", &pull), ("mount", &mount)] {
+        assert_failure(what, out, 1, "error");
+        let evs = events(&out.stdout);
+        let message = event(&evs, "error").unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(
+            message.contains("\"default\", not \"photos\""),
+            "{what}: {message}"
+        );
+    }
+    assert!(entries(&ls).is_empty());
+    assert!(!pulled.exists(), "nothing pulled");
+    assert!(
+        fs::read_dir(&mnt).unwrap().next().is_none(),
+        "nothing mounted"
+    );
+    // The share's own name still works at the same address.
+    assert_success(
+        "ls of the share that runs there",
+        &w.ls("b", "a", &["--peer", &addr]),
+    );
+    stop_share(sharer);
+}

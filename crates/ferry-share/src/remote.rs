@@ -369,7 +369,8 @@ impl Remote {
         &self.owner.0
     }
 
-    /// The share's name, from the sharer's first hello.
+    /// The share's name, from the sharer's first hello; a redial that reaches a sharer of another name is
+    /// refused (the link stays down, requests fail with that reason).
     pub fn share(&self) -> Vec<u8> {
         self.shared().share.clone()
     }
@@ -1164,7 +1165,17 @@ impl Shared {
             }
             if st.link.is_none() {
                 drop(st);
-                match open(&self.dial, &self.config) {
+                // The same share or none: a sharer of another share where this one was is refused.
+                let opened =
+                    open(&self.dial, &self.config).and_then(|o| match o.share == self.share {
+                        true => Ok(o),
+                        false => Err(format!(
+                            "the sharer reached now shares {:?}, not {:?}",
+                            String::from_utf8_lossy(&o.share),
+                            String::from_utf8_lossy(&self.share)
+                        )),
+                    });
+                match opened {
                     Ok(opened) => {
                         if !self.install(opened) {
                             continue;

@@ -88,12 +88,17 @@ impl World {
 
     /// A new sharer of the same share on a new listener (with a new key); the dial reaches it from now on.
     fn restart(&self) -> Arc<Sharer> {
+        self.restart_with(self.config.clone())
+    }
+
+    /// [`World::restart`] with other settings (another share's name, ...).
+    fn restart_with(&self, config: ServerConfig) -> Arc<Sharer> {
         let sharer = Arc::new(start_sharer_with(
             &self.share(),
             &self.dir.path().join("cache"),
             IdentityKey::from_seed(self.me).public(),
             self.changes.clone(),
-            self.config.clone(),
+            config,
         ));
         *self.current.lock().unwrap() = Some(Arc::clone(&sharer));
         sharer
@@ -919,4 +924,33 @@ fn a_put_whose_link_is_cut_lands_once_on_the_next_link() {
         assert!(std::time::Instant::now() < deadline, "a temp file stayed");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[test]
+fn a_redial_that_reaches_another_share_is_refused() {
+    let world = World::with(ServerConfig {
+        share: b"docs".to_vec(),
+        ..ServerConfig::default()
+    });
+    let c = world.connect(config(8, Duration::from_secs(2)));
+    assert_eq!(c.link.recv().unwrap(), LinkState::Up);
+    assert_eq!(c.remote.share(), b"docs");
+    // Where the share was, a sharer of another share answers now.
+    world.restart_with(ServerConfig {
+        share: b"photos".to_vec(),
+        ..ServerConfig::default()
+    });
+    world.cut();
+    assert!(matches!(c.link_until(|_| true), LinkState::Lost(_)));
+    // It is never taken: the link stays down and a request fails with the reason.
+    let e = c.remote.stat(&p("docs")).unwrap_err();
+    assert!(
+        matches!(&e, RemoteError::Disconnected(why) if why.contains("\"photos\", not \"docs\"")),
+        "{e}"
+    );
+    assert!(c.link.recv_timeout(Duration::from_millis(300)).is_err());
+    // The share itself back at a new listener: the link comes back.
+    world.restart();
+    assert_eq!(c.link_until(|_| true), LinkState::Back);
+    assert_eq!(c.remote.stat(&p("docs")).unwrap().kind, Kind::Dir);
 }
