@@ -97,6 +97,34 @@ impl UnmountArgs {
     }
 }
 
+/// An existing, empty directory that nothing is mounted on: a mount over files would hide them, and a
+/// second mount over a live one would hide it.
+fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
+    let shown = mountpoint.display();
+    if !mountpoint.is_dir() {
+        let why = match mountpoint.try_exists() {
+            Ok(false) => "no such directory",
+            _ => "not a directory",
+        };
+        return Err(Usage(format!("{shown}: {why}")).into());
+    }
+    if lifecycle::is_mounted(mountpoint) {
+        return Err(Usage(format!(
+            "{shown}: something is mounted there already (`ferry unmount {shown}` first)"
+        ))
+        .into());
+    }
+    let mut entries =
+        std::fs::read_dir(mountpoint).with_context(|| format!("{shown}: cannot list it"))?;
+    if entries.next().is_some() {
+        return Err(Usage(format!(
+            "{shown}: not empty (a mount would hide its files): give an empty directory"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
 /// Set in the environment of the process `--daemon` starts: it serves the mount, its parent returns.
 const DAEMON_CHILD: &str = "FERRY_MOUNT_DAEMON_CHILD";
 
@@ -125,9 +153,7 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
             mountpoint.display()
         ));
     }
-    if !mountpoint.is_dir() {
-        return Err(Usage(format!("{}: not a directory", mountpoint.display())).into());
-    }
+    check_mountpoint(&mountpoint)?;
     if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
         return daemonize(&mountpoint, ui);
     }

@@ -552,3 +552,44 @@ fn mmap_digest(p: &Path) -> Vec<u8> {
     assert!(out.status.success(), "python mmap: {out:?}");
     out.stdout
 }
+
+#[test]
+fn a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused() {
+    if !fuse_usable("a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused") {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing(&w);
+    let (full, file) = (w.path("full"), w.path("a-file"));
+    fs::create_dir_all(&full).unwrap();
+    fs::write(full.join("mine"), b"kept").unwrap();
+    fs::write(&file, b"x").unwrap();
+    let m = Mounted::start(&w, &[]);
+    let mount_on = |dir: &std::path::Path| {
+        let mut cmd = w.as_("b");
+        cmd.args(["mount", "--json", "a"])
+            .arg(dir)
+            .stdout(Stdio::piped());
+        finish(cmd.spawn().unwrap())
+    };
+    for (dir, why) in [
+        (w.path("missing"), "no such directory"),
+        (file.clone(), "not a directory"),
+        (full.clone(), "not empty"),
+        (m.dir.clone(), "something is mounted there already"),
+    ] {
+        let out = mount_on(&dir);
+        assert_failure(why, &out, 2, "usage");
+        let evs = events(&out.stdout);
+        let message = event(&evs, "error").unwrap()["message"].as_str().unwrap();
+        assert!(message.contains(why), "{message}");
+        assert!(
+            !evs.iter().any(|e| e["event"] == "connected"),
+            "refused before reaching the peer: {evs:?}"
+        );
+    }
+    // Nothing was hidden or replaced: the files are where they were, the live mount still serves.
+    assert_eq!(fs::read(full.join("mine")).unwrap(), b"kept");
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
+}
