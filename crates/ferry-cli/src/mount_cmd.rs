@@ -21,7 +21,9 @@ use ferry_mount::lifecycle::{self, Unmounted};
 use ferry_mount::source::Sink;
 use ferry_mount::store::Store;
 use ferry_session::Connected;
-use ferry_share::remote::{Dial, LinkState, Remote, RemoteConfig};
+use ferry_share::remote::{
+    Dial, LinkState, Remote, RemoteConfig, RemoteError, CLOSED_BEFORE_HELLO,
+};
 use serde_json::json;
 
 use crate::failure::Usage;
@@ -154,6 +156,9 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ));
     }
     check_mountpoint(&mountpoint)?;
+    if args.deadline.is_zero() {
+        return Err(Usage("--deadline 0: a request needs some time to be answered".into()).into());
+    }
     if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
         return daemonize(&mountpoint, ui);
     }
@@ -204,8 +209,15 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         deadline: args.deadline,
         ..RemoteConfig::default()
     };
-    let remote = Remote::connect(dial, config, on_change, on_link)
-        .map_err(|e| anyhow::Error::new(e).context(paired::refused_before_hello(&peer)))?;
+    let remote = Remote::connect(dial, config, on_change, on_link).map_err(|e| {
+        let context = match &e {
+            RemoteError::Disconnected(why) if why == CLOSED_BEFORE_HELLO => {
+                paired::refused_before_hello(&peer)
+            }
+            _ => format!("cannot open the share {share:?} of {}", peer.name),
+        };
+        anyhow::Error::new(e).context(context)
+    })?;
     paired::check_share(&peer, share, &remote.share())?;
 
     let dir = cache_dir()

@@ -554,8 +554,8 @@ fn mmap_digest(p: &Path) -> Vec<u8> {
 }
 
 #[test]
-fn a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused() {
-    if !fuse_usable("a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused") {
+fn a_bad_mount_point_or_deadline_is_refused_before_the_peer_is_reached() {
+    if !fuse_usable("a_bad_mount_point_or_deadline_is_refused_before_the_peer_is_reached") {
         return;
     }
     let w = World::new();
@@ -566,20 +566,21 @@ fn a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused() {
     fs::write(full.join("mine"), b"kept").unwrap();
     fs::write(&file, b"x").unwrap();
     let m = Mounted::start(&w, &[]);
-    let mount_on = |dir: &std::path::Path| {
+    let empty = w.path("empty");
+    fs::create_dir_all(&empty).unwrap();
+    let mount_on = |dir: &std::path::Path, extra: &[&str]| {
         let mut cmd = w.as_("b");
-        cmd.args(["mount", "--json", "a"])
-            .arg(dir)
-            .stdout(Stdio::piped());
-        finish(cmd.spawn().unwrap())
+        cmd.args(["mount", "--json", "a"]).arg(dir).args(extra);
+        finish(cmd.stdout(Stdio::piped()).spawn().unwrap())
     };
-    for (dir, why) in [
-        (w.path("missing"), "no such directory"),
-        (file.clone(), "not a directory"),
-        (full.clone(), "not empty"),
-        (m.dir.clone(), "something is mounted there already"),
+    for (dir, extra, why) in [
+        (w.path("missing"), &[][..], "no such directory"),
+        (file.clone(), &[], "not a directory"),
+        (full.clone(), &[], "not empty"),
+        (m.dir.clone(), &[], "something is mounted there already"),
+        (empty.clone(), &["--deadline", "0"], "--deadline 0"),
     ] {
-        let out = mount_on(&dir);
+        let out = mount_on(&dir, extra);
         assert_failure(why, &out, 2, "usage");
         let evs = events(&out.stdout);
         let message = event(&evs, "error").unwrap()["message"].as_str().unwrap();
@@ -592,4 +593,34 @@ fn a_mount_point_missing_not_a_directory_not_empty_or_mounted_is_refused() {
     // Nothing was hidden or replaced: the files are where they were, the live mount still serves.
     assert_eq!(fs::read(full.join("mine")).unwrap(), b"kept");
     assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
+}
+
+#[test]
+fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
+    if !fuse_usable("a_mount_by_a_peer_the_sharer_removed_is_refused_in_words") {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing(&w);
+    let removed = w.as_("a").args(["peers", "remove", "b"]).output().unwrap();
+    assert_success("peers remove", &removed);
+    let mnt = w.path("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    let mut cmd = w.as_("b");
+    cmd.args(["mount", "--json", "--wait", "2s", "a"]).arg(&mnt);
+    let out = finish(cmd.stdout(Stdio::piped()).spawn().unwrap());
+    let evs = events(&out.stdout);
+    let message = event(&evs, "error").map(|e| e["message"].to_string());
+    assert!(
+        !out.status.success()
+            && message
+                .as_deref()
+                .is_some_and(|m| m.contains("closed the connection before")),
+        "{out:?}"
+    );
+    assert!(
+        fs::read_dir(&mnt).unwrap().next().is_none(),
+        "nothing mounted"
+    );
 }

@@ -26,6 +26,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::ChannelError;
 
 use std::fs::File;
 use std::ops::Range;
@@ -75,6 +76,10 @@ impl Default for RemoteConfig {
         }
     }
 }
+
+/// Why a dial failed when the sharer closed the connection before its hello ([`RemoteError::Disconnected`]
+/// carries it): what a sharer does to a client it refuses (not paired, not allowed, full).
+pub const CLOSED_BEFORE_HELLO: &str = "the sharer closed the connection before its hello";
 
 /// What the link is doing, for the mount to print ("lost", "back").
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -760,10 +765,14 @@ fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     }
     writer.flush().map_err(|e| e.to_string())?;
     let share = loop {
-        let packet = reader
-            .recv()
-            .map_err(|e| format!("no hello from the sharer: {e}"))?
-            .ok_or("the sharer closed the connection before its hello")?;
+        let packet = match reader.recv() {
+            Ok(Some(p)) => p,
+            // A sharer that refuses this client ends the connection at once (cleanly or not).
+            Ok(None) | Err(ChannelError::Truncated | ChannelError::Closed) => {
+                return Err(CLOSED_BEFORE_HELLO.into())
+            }
+            Err(e) => return Err(format!("no hello from the sharer: {e}")),
+        };
         match client.handle(packet) {
             Ok(Some(Event::Ready { share })) => break share,
             Ok(_) => {}
