@@ -131,6 +131,19 @@ fn share_failure(e: &ferry_share::io::SessionError) -> Failure {
     }
 }
 
+/// A mount's link error (its first connection): the link's trouble as a peer gone, the sharer's refusal as
+/// the remote's, data that did not verify as integrity.
+fn remote_failure(e: &ferry_share::remote::RemoteError) -> Failure {
+    use ferry_share::remote::RemoteError as R;
+    match e {
+        R::Disconnected(_) | R::Deadline | R::Closed => ErrorCode::PeerGone,
+        R::Integrity => ErrorCode::Integrity,
+        R::Remote(..) => ErrorCode::Remote,
+        R::Local(_) => ErrorCode::Io,
+    }
+    .into()
+}
+
 /// Classifies an error by the most specific cause in its chain.
 pub fn classify(err: &anyhow::Error) -> Failure {
     for cause in err.chain() {
@@ -163,6 +176,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
         }
         if let Some(e) = cause.downcast_ref::<ferry_share::io::SessionError>() {
             return share_failure(e);
+        }
+        if let Some(e) = cause.downcast_ref::<ferry_share::remote::RemoteError>() {
+            return remote_failure(e);
         }
         if cause
             .downcast_ref::<ferry_rendezvous::CodeError>()
@@ -307,6 +323,27 @@ mod tests {
             Failure {
                 code: "remote",
                 exit: EXIT_ERROR
+            }
+        );
+    }
+
+    #[test]
+    fn a_mounts_link_errors_map_as_the_sessions_do() {
+        use ferry_share::remote::RemoteError;
+        let down = anyhow::Error::new(RemoteError::Disconnected("closed".into()))
+            .context("sharer closed the connection before its share's hello");
+        assert_eq!(
+            classify(&down),
+            Failure {
+                code: "peer-gone",
+                exit: 4
+            }
+        );
+        assert_eq!(
+            of(RemoteError::Integrity),
+            Failure {
+                code: "integrity",
+                exit: 5
             }
         );
     }

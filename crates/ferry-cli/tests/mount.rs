@@ -610,14 +610,13 @@ fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
     let mut cmd = w.as_("b");
     cmd.args(["mount", "--json", "--wait", "2s", "a"]).arg(&mnt);
     let out = finish(cmd.stdout(Stdio::piped()).spawn().unwrap());
+    // As `ls` says it: the peer ended the connection (exit 4), and why that happens, in words.
+    assert_failure("a mount by a removed peer", &out, 4, "peer-gone");
     let evs = events(&out.stdout);
-    let message = event(&evs, "error").map(|e| e["message"].to_string());
+    let message = event(&evs, "error").unwrap()["message"].as_str().unwrap();
     assert!(
-        !out.status.success()
-            && message
-                .as_deref()
-                .is_some_and(|m| m.contains("closed the connection before")),
-        "{out:?}"
+        message.contains("closed the connection before"),
+        "{message}"
     );
     assert!(
         fs::read_dir(&mnt).unwrap().next().is_none(),

@@ -750,6 +750,24 @@ fn link_of(st: &mut State, generation: u64) -> Result<&mut Link, RemoteError> {
 }
 
 /// Dials and greets: the sharer's hello within the deadline, then the subscription queued.
+/// Why the channel failed before the sharer's hello: [`CLOSED_BEFORE_HELLO`] when the sharer ended the
+/// connection, as it does to a client it refuses (cleanly, cut, or reset with this client's hello unread).
+fn before_hello(e: ChannelError) -> String {
+    use std::io::ErrorKind::*;
+    match &e {
+        ChannelError::Truncated | ChannelError::Closed => CLOSED_BEFORE_HELLO.into(),
+        ChannelError::Io(io)
+            if matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            ) =>
+        {
+            CLOSED_BEFORE_HELLO.into()
+        }
+        _ => format!("no hello from the sharer: {e}"),
+    }
+}
+
 fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     let (mut reader, mut writer) = dial()?;
     let stream = writer.get_ref().try_clone().map_err(|e| e.to_string())?;
@@ -761,18 +779,14 @@ fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     // One slot more than asked, for the subscription that stays in flight.
     let mut client = Client::new(config.max_in_flight.saturating_add(1));
     while let Some(p) = client.poll_transmit() {
-        writer.send(&p).map_err(|e| e.to_string())?;
+        writer.send(&p).map_err(before_hello)?;
     }
-    writer.flush().map_err(|e| e.to_string())?;
+    writer.flush().map_err(before_hello)?;
     let share = loop {
-        let packet = match reader.recv() {
-            Ok(Some(p)) => p,
-            // A sharer that refuses this client ends the connection at once (cleanly or not).
-            Ok(None) | Err(ChannelError::Truncated | ChannelError::Closed) => {
-                return Err(CLOSED_BEFORE_HELLO.into())
-            }
-            Err(e) => return Err(format!("no hello from the sharer: {e}")),
-        };
+        let packet = reader
+            .recv()
+            .map_err(before_hello)?
+            .ok_or(CLOSED_BEFORE_HELLO)?;
         match client.handle(packet) {
             Ok(Some(Event::Ready { share })) => break share,
             Ok(_) => {}
