@@ -749,7 +749,6 @@ fn link_of(st: &mut State, generation: u64) -> Result<&mut Link, RemoteError> {
     }
 }
 
-/// Dials and greets: the sharer's hello within the deadline, then the subscription queued.
 /// Why the channel failed before the sharer's hello: [`CLOSED_BEFORE_HELLO`] when the sharer ended the
 /// connection, as it does to a client it refuses (cleanly, cut, or reset with this client's hello unread).
 fn before_hello(e: ChannelError) -> String {
@@ -768,6 +767,7 @@ fn before_hello(e: ChannelError) -> String {
     }
 }
 
+/// Dials and greets: the sharer's hello within the deadline, then the subscription queued.
 fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     let (mut reader, mut writer) = dial()?;
     let stream = writer.get_ref().try_clone().map_err(|e| e.to_string())?;
