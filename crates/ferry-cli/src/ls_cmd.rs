@@ -1,5 +1,6 @@
 //! `ferry ls NAME[:PATH]`: lists a directory of a paired peer's share (or shows one file's entry).
 
+use std::ffi::{OsStr, OsString};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,7 +11,7 @@ use serde_json::json;
 use crate::failure::Usage;
 use crate::paired;
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
-use crate::ui::{escape, print_event, stdout_line, Ui};
+use crate::ui::{escape_bytes, print_event, stdout_line, Ui};
 
 /// Requests in flight at once: `ls` asks one thing at a time.
 const IN_FLIGHT: u32 = 4;
@@ -28,7 +29,7 @@ const IN_FLIGHT: u32 = 4;
 )]
 pub struct LsArgs {
     /// The paired peer (`ferry peers`) and, after a colon, the path inside its share (default: the top).
-    target: String,
+    target: OsString,
     /// The share's name on that peer (`ferry share --name`).
     #[arg(long, default_value = "default", value_name = "SHARE")]
     share: String,
@@ -50,20 +51,28 @@ impl LsArgs {
     }
 }
 
-/// `NAME[:PATH]` split, the path checked by the share's name rules (`/` separated, relative, no `..`);
-/// leading and trailing slashes are dropped.
-pub fn parse_target(target: &str) -> Result<(&str, SharePath), Usage> {
-    let (name, path) = target.split_once(':').unwrap_or((target, ""));
-    if name.is_empty() {
-        return Err(Usage(format!(
-            "{:?}: give the paired peer's name first, as NAME or NAME:PATH",
-            target
-        )));
-    }
-    let path = path.trim_matches('/');
-    let path = SharePath::new(path.as_bytes())
-        .map_err(|e| Usage(format!("{}: not a path inside a share: {e}", escape(path))))?;
+/// `NAME[:PATH]` split at the first colon ([`paired::split_target`]), the path checked by the share's name
+/// rules (`/` separated, relative, no `..`); leading and trailing slashes are dropped.
+pub fn parse_target(target: &OsStr) -> Result<(&str, SharePath), Usage> {
+    let (name, path) = paired::split_target(target)?;
+    let path = trim_slashes(path.unwrap_or_default());
+    let path = SharePath::new(path).map_err(|e| {
+        Usage(format!(
+            "{}: not a path inside a share: {e}",
+            escape_bytes(path)
+        ))
+    })?;
     Ok((name, path))
+}
+
+/// `path` without its leading and trailing slashes.
+fn trim_slashes(path: &[u8]) -> &[u8] {
+    let start = path.iter().position(|&b| b != b'/').unwrap_or(path.len());
+    let end = path
+        .iter()
+        .rposition(|&b| b != b'/')
+        .map_or(start, |i| i + 1);
+    &path[start..end]
 }
 
 /// Runs `ferry ls`.
@@ -76,14 +85,14 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
         wait: args.wait,
     };
     let (mut session, peer) = paired::open_share(name, &args.share, &reach, IN_FLIGHT, ui)?;
-    let shown = String::from_utf8_lossy(path.as_bytes()).into_owned();
+    let shown = escape_bytes(path.as_bytes()).into_owned();
     let entry = session
         .stat(path.clone())
-        .with_context(|| format!("{}:{}", peer.name, escape(&shown)))?;
+        .with_context(|| format!("{}:{shown}", peer.name))?;
     let entries = match entry.kind {
         Kind::Dir => session
             .list_all(path)
-            .with_context(|| format!("{}:{}", peer.name, escape(&shown)))?,
+            .with_context(|| format!("{}:{shown}", peer.name))?,
         _ => vec![entry],
     };
     for e in &entries {
@@ -102,15 +111,13 @@ fn kind_str(kind: Kind) -> &'static str {
 
 /// One entry: a JSON `entry` event, or a line `KIND MODE SIZE MTIME NAME[ -> TARGET]`.
 fn show(e: &Entry, json: bool) {
-    let name = String::from_utf8_lossy(&e.name);
-    let target = String::from_utf8_lossy(&e.target);
     if json {
         let mut fields = json!({
-            "name": name, "kind": kind_str(e.kind), "size": e.size, "mode": e.mode,
+            "name": String::from_utf8_lossy(&e.name), "kind": kind_str(e.kind), "size": e.size, "mode": e.mode,
             "mtime": e.mtime, "mtime_nsec": e.mtime_nsec,
         });
         if e.kind == Kind::Symlink {
-            fields["target"] = json!(target);
+            fields["target"] = json!(String::from_utf8_lossy(&e.target));
         }
         print_event("entry", fields);
         return;
@@ -121,7 +128,7 @@ fn show(e: &Entry, json: bool) {
         Kind::Symlink => 'l',
     };
     let link = match e.kind {
-        Kind::Symlink => format!(" -> {}", escape(&target)),
+        Kind::Symlink => format!(" -> {}", escape_bytes(&e.target)),
         _ => String::new(),
     };
     let suffix = if e.kind == Kind::Dir { "/" } else { "" };
@@ -130,7 +137,7 @@ fn show(e: &Entry, json: bool) {
         e.mode & 0o7777,
         e.size,
         utc(e.mtime),
-        escape(&name)
+        escape_bytes(&e.name)
     ));
 }
 
@@ -142,19 +149,36 @@ fn utc(secs: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
     use super::{parse_target, utc};
+
+    fn parsed(target: &[u8]) -> Result<(String, Vec<u8>), String> {
+        parse_target(OsStr::from_bytes(target))
+            .map(|(name, path)| (name.to_string(), path.as_bytes().to_vec()))
+            .map_err(|e| e.0)
+    }
 
     #[test]
     fn targets_split_at_the_first_colon_and_paths_are_checked() {
-        let (name, path) = parse_target("laptop").unwrap();
-        assert_eq!((name, path.as_bytes()), ("laptop", &b""[..]));
-        let (name, path) = parse_target("laptop:/photos/2026/").unwrap();
-        assert_eq!((name, path.as_bytes()), ("laptop", &b"photos/2026"[..]));
-        let (_, path) = parse_target("laptop:a:b").unwrap();
-        assert_eq!(path.as_bytes(), b"a:b");
-        assert!(parse_target("laptop:../etc").is_err());
-        assert!(parse_target("laptop:a/../../b").is_err());
-        assert!(parse_target(":x").is_err());
+        assert_eq!(parsed(b"laptop"), Ok(("laptop".into(), b"".to_vec())));
+        assert_eq!(parsed(b"laptop:"), Ok(("laptop".into(), b"".to_vec())));
+        assert_eq!(parsed(b"laptop:/"), Ok(("laptop".into(), b"".to_vec())));
+        assert_eq!(
+            parsed(b"laptop://photos/2026//"),
+            Ok(("laptop".into(), b"photos/2026".to_vec()))
+        );
+        assert_eq!(parsed(b"laptop:a:b").unwrap().1, b"a:b");
+        // File names are bytes; a peer's name is text.
+        assert_eq!(
+            parsed(b"laptop:bad\xffname"),
+            Ok(("laptop".into(), b"bad\xffname".to_vec()))
+        );
+        assert!(parsed(b"lap\xfftop:x").unwrap_err().contains("lap\\xfftop"));
+        assert!(parsed(b"laptop:../etc").is_err());
+        assert!(parsed(b"laptop:a/../../b").is_err());
+        assert!(parsed(b":x").is_err());
     }
 
     #[test]

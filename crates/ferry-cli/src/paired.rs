@@ -8,7 +8,9 @@
 //! against `peers.toml` (read again for every connection, so `ferry peers remove` takes effect at once)
 //! before it reads a single request.
 
+use std::ffi::OsStr;
 use std::net::{SocketAddr, TcpStream};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +24,9 @@ use ferry_rendezvous::NameplateHash;
 use ferry_session::{Connected, HashSource, Meeting, MeetingAuth, PeerOptions};
 use ferry_share::io::{Session, SessionError as ShareError};
 
+use crate::failure::Usage;
 use crate::peers_cmd::{config, unix_now};
-use crate::ui::{escape, Ui};
+use crate::ui::{escape, escape_bytes, Ui};
 
 /// The purpose of `send --to` / `receive --from` meetings.
 pub const TRANSFER: &str = "transfer";
@@ -143,6 +146,30 @@ pub fn reach_share(
     Ok(connected)
 }
 
+/// A command line's `NAME:PATH` split at its first colon: the paired peer's name (text, as `ferry peers`
+/// names peers) and the path's bytes as given (file names are bytes: `$'bad\\xffname'` names a file that
+/// is not UTF-8), `None` without a colon. The path is not checked here.
+pub fn split_target(target: &OsStr) -> Result<(&str, Option<&[u8]>), Usage> {
+    let bytes = target.as_bytes();
+    let (name, path) = match bytes.iter().position(|&b| b == b':') {
+        Some(at) => (&bytes[..at], Some(&bytes[at + 1..])),
+        None => (bytes, None),
+    };
+    let name = std::str::from_utf8(name).map_err(|_| {
+        Usage(format!(
+            "\"{}\": a paired peer's name is text (UTF-8); give it first, as NAME:PATH",
+            escape_bytes(bytes)
+        ))
+    })?;
+    if name.is_empty() {
+        return Err(Usage(format!(
+            "\"{}\": give the paired peer's name first, as NAME:PATH",
+            escape_bytes(bytes)
+        )));
+    }
+    Ok((name, path))
+}
+
 /// Refuses a sharer whose hello names another share than `asked`: discovery finds only the sharer of the
 /// share asked for, but at an address given with `--peer` whichever share runs there answers.
 pub fn check_share(peer: &Peer, asked: &str, got: &[u8]) -> anyhow::Result<()> {
@@ -152,7 +179,7 @@ pub fn check_share(peer: &Peer, asked: &str, got: &[u8]) -> anyhow::Result<()> {
     anyhow::bail!(
         "{} answered there with its share \"{}\", not \"{asked}\"",
         peer.name,
-        crate::ui::escape(&String::from_utf8_lossy(got))
+        escape_bytes(got)
     )
 }
 

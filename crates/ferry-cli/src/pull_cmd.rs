@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::failure::Usage;
 use crate::paired;
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
-use crate::ui::Ui;
+use crate::ui::{escape, escape_bytes, Ui};
 
 /// `ferry pull`'s command line.
 #[derive(Args, Debug)]
@@ -39,7 +39,7 @@ pub struct PullArgs {
     /// The paired peer (`ferry peers`) and the path in its share: NAME:PATH (`NAME:` for the whole share, as a
     /// directory named as the shared one).
     #[arg(value_name = "NAME:PATH")]
-    pub remote: String,
+    pub remote: OsString,
     /// Directory to pull into (created if missing).
     #[arg(default_value = ".")]
     pub dest: PathBuf,
@@ -80,19 +80,17 @@ impl PullArgs {
 
     /// The peer's name and the path in its share, checked by the name rules.
     pub fn target(&self) -> anyhow::Result<(&str, SharePath)> {
-        let Some((name, path)) = self.remote.split_once(':') else {
+        let (name, path) = paired::split_target(&self.remote)?;
+        let Some(path) = path else {
             return Err(Usage(format!(
-                "{:?}: give the peer and the path as NAME:PATH (NAME: for the whole share)",
-                self.remote
+                "\"{}\": give the peer and the path as NAME:PATH (NAME: for the whole share)",
+                escape_bytes(self.remote.as_bytes())
             ))
             .into());
         };
-        if name.is_empty() {
-            return Err(Usage("NAME:PATH: the peer's name is missing".into()).into());
-        }
-        let trimmed = path.trim_end_matches('/');
-        let path = SharePath::new(trimmed.as_bytes())
-            .map_err(|problem| Usage(format!("{path:?}: {problem}")))?;
+        let end = path.iter().rposition(|&b| b != b'/').map_or(0, |i| i + 1);
+        let path = SharePath::new(&path[..end])
+            .map_err(|problem| Usage(format!("\"{}\": {problem}", escape_bytes(path))))?;
         Ok((name, path))
     }
 
@@ -155,8 +153,9 @@ fn classified(e: SessionError, args: &PullArgs) -> anyhow::Error {
         SessionError::Transfer(t) => t.into(),
         e @ SessionError::Remote(ferry_share::wire::ErrorCode::NotFound, _) => {
             anyhow::Error::new(e).context(format!(
-                "{:?} is not in the share {:?} there",
-                args.remote, args.share
+                "\"{}\" is not in the share \"{}\" there",
+                escape_bytes(args.remote.as_bytes()),
+                escape(&args.share)
             ))
         }
         e => e.into(),

@@ -109,6 +109,23 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Bytes a peer or a file system named (a file name: any bytes but `/` and NUL) shown as [`escape`] shows
+/// text, with each byte that is not part of valid UTF-8 as `\\xNN`, so that the name can be typed back
+/// (`$'bad\\xffname'` in bash) and two different names never look the same for that reason.
+pub fn escape_bytes(b: &[u8]) -> Cow<'_, str> {
+    if let Ok(s) = std::str::from_utf8(b) {
+        return escape(s);
+    }
+    let mut out = String::with_capacity(b.len() + 16);
+    for chunk in b.utf8_chunks() {
+        out.push_str(&escape(chunk.valid()));
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    Cow::Owned(out)
+}
+
 /// [`escape`] for text of several lines: each line escaped, the line breaks kept.
 fn escape_lines(s: &str) -> String {
     s.split('\n').map(escape).collect::<Vec<_>>().join("\n")
@@ -173,11 +190,15 @@ const PROMPT_NAMES: usize = 5;
 /// entry too (the JSON event's `entries`, exact paths; the text's lines, escaped, with file sizes).
 pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     let t = offer.totals;
-    let names = offer.top_level.iter().map(|n| String::from_utf8_lossy(n));
     if json {
+        let names: Vec<_> = offer
+            .top_level
+            .iter()
+            .map(|n| String::from_utf8_lossy(n))
+            .collect();
         let mut fields = json!({
             "files": t.files, "dirs": t.dirs, "symlinks": t.symlinks, "bytes": t.bytes,
-            "names": names.clone().collect::<Vec<_>>(),
+            "names": names,
             "names_total": offer.top_level_count,
             "resumable_bytes": offer.resumable_bytes,
             "text": offer.text,
@@ -199,9 +220,11 @@ pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     } else {
         String::new()
     };
-    let shown: Vec<String> = names
+    let shown: Vec<String> = offer
+        .top_level
+        .iter()
         .take(PROMPT_NAMES)
-        .map(|n| escape(&n).into_owned())
+        .map(|n| escape_bytes(n).into_owned())
         .collect();
     let more = offer.top_level_count.saturating_sub(shown.len() as u64);
     let more = if more > 0 {
@@ -225,16 +248,15 @@ pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     text
 }
 
-/// One line of `--list`: the size of a file, then the path (escaped); a directory ends in `/`, a
-/// symlink shows its target.
+/// One line of `--list`: the size of a file, then the path (escaped, [`escape_bytes`]); a directory ends
+/// in `/`, a symlink shows its target.
 fn list_line(entry: &Entry) -> String {
-    let path = escape(&entry.path_lossy()).into_owned();
+    let path = escape_bytes(&entry.path);
     match entry.kind {
         EntryKind::File => format!("{:>12}  {path}", human_bytes(entry.size)),
         EntryKind::Dir => format!("{:>12}  {path}/", ""),
         EntryKind::Symlink => {
-            let target = String::from_utf8_lossy(&entry.target);
-            format!("{:>12}  {path} -> {}", "", escape(&target))
+            format!("{:>12}  {path} -> {}", "", escape_bytes(&entry.target))
         }
     }
 }
@@ -537,8 +559,8 @@ impl Progress for Ui {
 
 #[cfg(test)]
 mod tests {
-    use super::{bar_message, count, escape, rate};
-    use ferry_transfer::{ProgressState, Totals};
+    use super::{bar_message, count, escape, escape_bytes, rate, show_offer};
+    use ferry_transfer::{Entry, EntryKind, Offer, ProgressState, Totals};
 
     #[test]
     fn escape_leaves_text_and_shows_controls() {
@@ -546,6 +568,53 @@ mod tests {
         assert_eq!(
             escape("a\u{1b}[2J\r\n\u{7f}\u{9b}b\u{202e}c\u{2066}"),
             "a\\x1b[2J\\x0d\\x0a\\x7f\\x9bb\\u{202e}c\\u{2066}"
+        );
+    }
+
+    #[test]
+    fn bytes_that_are_not_utf8_are_shown_as_escapes() {
+        assert_eq!(escape_bytes("名前.txt".as_bytes()), "名前.txt");
+        assert_eq!(escape_bytes(b"bad\xffname"), "bad\\xffname");
+        assert_eq!(
+            escape_bytes(b"\xc3\x28\x1b\xe5\x90\x8d\xe5"),
+            "\\xc3(\\x1b名\\xe5"
+        );
+    }
+
+    #[test]
+    fn an_offer_shows_names_that_are_not_utf8_as_escapes() {
+        let file = |path: &[u8]| Entry {
+            path: path.to_vec(),
+            kind: EntryKind::File,
+            size: 3,
+            mode: 0o644,
+            mtime: 0,
+            mtime_nsec: 0,
+            target: Vec::new(),
+        };
+        let entries = [file(b"bad\xffname"), file(b"bad\xef\xbf\xbdname")];
+        let top: Vec<&[u8]> = entries.iter().map(|e| &e.path[..]).collect();
+        let offer = Offer {
+            totals: Totals {
+                files: 2,
+                bytes: 6,
+                ..Default::default()
+            },
+            offer_id: [0; 32],
+            entries: &entries,
+            resumable_bytes: 0,
+            top_level: &top,
+            top_level_count: 2,
+            text: false,
+        };
+        let shown = show_offer(&offer, false, true);
+        assert!(
+            shown.contains("\n  bad\\xffname, bad\u{fffd}name\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.ends_with("3 B  bad\\xffname\n         3 B  bad\u{fffd}name"),
+            "{shown}"
         );
     }
 

@@ -7,8 +7,10 @@
 
 mod common;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -154,6 +156,62 @@ fn a_pulled_tree_a_file_and_the_whole_share_equal_the_source() {
     );
     let refused = log.iter().filter(|e| e["event"] == "refused").count();
     assert_eq!(refused, 2, "{log:?}");
+}
+
+#[test]
+fn a_file_name_that_is_not_utf8_is_listed_as_its_bytes_and_pulled_by_them() {
+    let w = World::new();
+    w.pair("a", "b");
+    let name = OsStr::from_bytes(b"bad\xffname");
+    fs::write(w.src().join(name), b"bytes, not text").unwrap();
+    // What a lossy display would show for it: another file.
+    fs::write(w.src().join("bad\u{fffd}name"), b"another file").unwrap();
+    let (sharer, _) = w.share("a", &[]);
+
+    // `ls` shows the byte as an escape that can be typed back, unlike the other file's name.
+    let out = w.as_("b").args(["ls", "a"]).output().unwrap();
+    assert_success("ls", &out);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.lines().any(|l| l.ends_with(" bad\\xffname")), "{text}");
+    assert!(
+        text.lines().any(|l| l.ends_with(" bad\u{fffd}name")),
+        "{text}"
+    );
+
+    // `ls` and `pull` take the name's bytes.
+    let target = [&b"a:"[..], name.as_bytes()].concat();
+    let target = OsStr::from_bytes(&target);
+    let out = w.as_("b").arg("ls").arg(target).output().unwrap();
+    assert_success("ls of the file", &out);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains(" 15 ") && text.ends_with(" bad\\xffname\n"),
+        "{text}"
+    );
+    let dest = w.path("got");
+    let out = w
+        .as_("b")
+        .args(["pull", "--json"])
+        .arg(target)
+        .arg(&dest)
+        .output()
+        .unwrap();
+    done("pull of the file", &out);
+    assert_eq!(fs::read(dest.join(name)).unwrap(), b"bytes, not text");
+    assert_eq!(fs::read_dir(&dest).unwrap().count(), 1);
+
+    // A peer's name is text: a usage error, nothing sought.
+    let out = w
+        .as_("b")
+        .args(["pull", "--json", "--wait", "0"])
+        .arg(OsStr::from_bytes(b"\xff:x"))
+        .arg(w.path("none"))
+        .output()
+        .unwrap();
+    assert_failure("pull from a peer name that is not text", &out, 2, "usage");
+    assert!(!w.path("none").exists());
+    stop_share(sharer);
 }
 
 #[test]
