@@ -107,6 +107,14 @@ impl PullArgs {
                 crate::spool::check_file_name("-o", name)?;
             }
         }
+        let to_stdout = self.output.as_deref() == Some(std::ffi::OsStr::new("-"));
+        if !to_stdout && self.dest.exists() && !self.dest.is_dir() {
+            return Err(Usage(format!(
+                "{}: not a directory (DEST is the directory to pull into; -o NAME names the file)",
+                escape_bytes(self.dest.as_os_str().as_bytes())
+            ))
+            .into());
+        }
         Ok(())
     }
 
@@ -336,6 +344,20 @@ mod tests {
         }
         assert!(args(&["laptop:", "--range", "0:1"]).check().is_err());
         assert!(args(&["laptop:a", "-o", "x/y"]).check().is_err());
+        // DEST is a directory: a file there is refused before the peer is sought, unless the data goes to
+        // standard output.
+        let file = std::env::temp_dir().join(format!("ferry-pull-dest-{}", std::process::id()));
+        std::fs::write(&file, b"mine").unwrap();
+        let dest = file.to_str().unwrap();
+        let err = args(&["laptop:a", dest]).check().unwrap_err().to_string();
+        assert!(err.contains("not a directory"), "{err}");
+        assert!(
+            args(&["laptop:a", dest, "-o", "-"]).check().is_ok() || std::io::stdout().is_terminal()
+        );
+        assert!(args(&["laptop:a", std::env::temp_dir().to_str().unwrap()])
+            .check()
+            .is_ok());
+        std::fs::remove_file(&file).unwrap();
         for bad in ["1", "a:1", "1:b", "18446744073709551615:1"] {
             assert!(parse_range(bad).is_err(), "{bad}");
         }
