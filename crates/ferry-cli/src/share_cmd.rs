@@ -20,6 +20,7 @@ use ferry_session::{Connected, Standing};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes};
 use ferry_share::server::ServerConfig;
+use ferry_share::watch::WatchNotice;
 use serde_json::{json, Value};
 
 use crate::failure::Usage;
@@ -213,10 +214,22 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
             &args.dir,
             CHANGE_DEBOUNCE,
             move |paths| changes.publish(paths),
-            move |warning| {
-                log.event("warning", json!({ "message": warning }), || {
-                    format!("warning: {warning}")
-                })
+            move |notice| match notice {
+                WatchNotice::Warning(warning) => {
+                    log.event("warning", json!({ "message": warning }), || {
+                        format!("warning: {warning}")
+                    })
+                }
+                // Serving on would answer from a directory that is no longer at DIR (or from nothing):
+                // the sharer stops, as on a signal, with the reason.
+                WatchNotice::Gone(why) => {
+                    crate::interrupt::release_kept();
+                    let message = format!("{why}: stopped sharing it");
+                    log.event("error", json!({ "code": "io", "message": message }), || {
+                        format!("ferry: {message}")
+                    });
+                    std::process::exit(1);
+                }
             },
         )
         .with_context(|| format!("cannot watch {} for changes", args.dir.display()))?

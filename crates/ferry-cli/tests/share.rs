@@ -490,3 +490,34 @@ fn a_sharer_of_another_share_at_the_address_is_refused() {
     );
     stop_share(sharer);
 }
+
+#[test]
+fn a_sharer_whose_directory_is_removed_stops_and_says_why() {
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (sharer, _) = w.share("a", &[]);
+    assert_success("ls before", &w.ls("b", "a", &[]));
+    // Served on, the share would list an empty, deleted directory (even once DIR is made again).
+    fs::remove_dir_all(w.src()).unwrap();
+    let out = sharer.finish();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let ev = events(&out.stdout);
+    let error = event(&ev, "error").expect("an error event");
+    assert_eq!(error["code"], "io");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "the shared directory {} was removed: stopped sharing it",
+            w.src().display()
+        )),
+        "{message}"
+    );
+    fs::create_dir_all(w.src()).unwrap();
+    assert_failure(
+        "ls after",
+        &w.ls("b", "a", &["--wait", "1"]),
+        4,
+        "peer-not-found",
+    );
+}

@@ -8,12 +8,16 @@
 //! then on the whole share is announced every [`UNWATCHED_INTERVAL`]: changes in the directories without a
 //! watch reach clients late, never silently (and no read is ever wrong meanwhile: versions are checked on
 //! every read).
+//!
+//! When the shared directory itself goes (removed, moved away, its file system unmounted), nothing at its
+//! path is the share any more: [`WatchNotice::Gone`] says so, once, and the watch ends.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsStr;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,8 +48,22 @@ impl Drop for Watcher {
     }
 }
 
+/// How often the path of the shared directory is looked at, to see it removed or replaced.
+const ROOT_CHECK: Duration = Duration::from_millis(500);
+
+/// What the watch tells besides changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchNotice {
+    /// Something cannot be watched (the watch limit): changes there are announced late.
+    Warning(String),
+    /// The shared directory was removed, moved away or unmounted; the watch has ended.
+    Gone(String),
+}
+
 fn flags() -> WatchFlags {
-    WatchFlags::CREATE
+    WatchFlags::DELETE_SELF
+        | WatchFlags::MOVE_SELF
+        | WatchFlags::CREATE
         | WatchFlags::DELETE
         | WatchFlags::MODIFY
         | WatchFlags::CLOSE_WRITE
@@ -57,12 +75,12 @@ fn flags() -> WatchFlags {
 }
 
 /// Watches `root`; `on_change` gets the changed paths (sorted, each once) at most every `debounce`, and
-/// `on_warning` what cannot be watched.
+/// `on_notice` what cannot be watched and the end of the shared directory.
 pub fn watch(
     root: &Path,
     debounce: Duration,
     on_change: impl FnMut(Vec<SharePath>) + Send + 'static,
-    on_warning: impl FnMut(String) + Send + 'static,
+    on_notice: impl FnMut(WatchNotice) + Send + 'static,
 ) -> io::Result<Watcher> {
     watch_limited(
         root,
@@ -70,7 +88,7 @@ pub fn watch(
         UNWATCHED_INTERVAL,
         usize::MAX,
         on_change,
-        on_warning,
+        on_notice,
     )
 }
 
@@ -82,7 +100,7 @@ fn watch_limited(
     unwatched_interval: Duration,
     max_watches: usize,
     mut on_change: impl FnMut(Vec<SharePath>) + Send + 'static,
-    mut on_warning: impl FnMut(String) + Send + 'static,
+    mut on_notice: impl FnMut(WatchNotice) + Send + 'static,
 ) -> io::Result<Watcher> {
     let fd = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC)?;
     let mut state = State {
@@ -92,7 +110,11 @@ fn watch_limited(
         full: false,
         max_watches,
     };
-    state.add_tree(&[], &mut on_warning);
+    state.add_tree(&[], &mut |w| on_notice(WatchNotice::Warning(w)));
+    // The directory itself, to see it go: one that this process holds open (the share does) gets no
+    // `IN_DELETE_SELF` when removed until it is closed, so its links and DIR's path are looked at too.
+    let dir = std::fs::File::open(root)?;
+    let mut looked = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = Arc::clone(&stop);
     let thread = std::thread::spawn(move || {
@@ -119,6 +141,25 @@ fn watch_limited(
                 let Some(dir) = state.dirs.get(&ev.wd()).cloned() else {
                     continue;
                 };
+                // The root's own end (its watch is never removed by this process).
+                if dir.is_empty() {
+                    let how = if flags.contains(ReadFlags::MOVE_SELF) {
+                        Some("was moved away")
+                    } else if flags.contains(ReadFlags::UNMOUNT) {
+                        Some("is gone: its file system was unmounted")
+                    } else if flags.intersects(ReadFlags::DELETE_SELF | ReadFlags::IGNORED) {
+                        Some("was removed")
+                    } else {
+                        None
+                    };
+                    if let Some(how) = how {
+                        on_notice(WatchNotice::Gone(format!(
+                            "the shared directory {} {how}",
+                            state.root.display()
+                        )));
+                        return;
+                    }
+                }
                 if flags.contains(ReadFlags::IGNORED) {
                     state.dirs.remove(&ev.wd());
                     continue;
@@ -136,8 +177,29 @@ fn watch_limited(
                     }
                 }
             }
+            if looked.elapsed() >= ROOT_CHECK {
+                looked = Instant::now();
+                let identity = |m: &std::fs::Metadata| (m.dev(), m.ino());
+                let how = match (dir.metadata(), std::fs::metadata(&state.root)) {
+                    (Ok(held), _) if held.nlink() == 0 => Some("was removed"),
+                    (Ok(_), Err(e)) if e.kind() == io::ErrorKind::NotFound => {
+                        Some("was moved away")
+                    }
+                    (Ok(held), Ok(now)) if identity(&held) != identity(&now) => {
+                        Some("was moved away")
+                    }
+                    _ => None,
+                };
+                if let Some(how) = how {
+                    on_notice(WatchNotice::Gone(format!(
+                        "the shared directory {} {how}",
+                        state.root.display()
+                    )));
+                    return;
+                }
+            }
             for d in new_dirs {
-                state.add_tree(&d, &mut on_warning);
+                state.add_tree(&d, &mut |w| on_notice(WatchNotice::Warning(w)));
             }
             if state.full && whole_announced.elapsed() >= unwatched_interval {
                 pending.insert(SharePath::root());
@@ -235,7 +297,7 @@ mod tests {
             t.path(),
             Duration::from_millis(50),
             move |paths| tx.send(paths).unwrap(),
-            |w| panic!("{w}"),
+            |w| panic!("{w:?}"),
         )
         .unwrap();
         std::fs::write(t.path().join("a/b/new.txt"), b"x").unwrap();
@@ -274,7 +336,10 @@ mod tests {
         )
         .unwrap();
         let warning = wrx.recv_timeout(Duration::from_secs(5)).expect("warned");
-        assert!(warning.contains("limit"), "{warning}");
+        assert!(
+            matches!(&warning, WatchNotice::Warning(w) if w.contains("limit")),
+            "{warning:?}"
+        );
         assert!(wrx.try_recv().is_err(), "warned once");
         // A write in an unwatched directory: the whole share is announced soon.
         std::fs::write(t.path().join("a/b/new.txt"), b"x").unwrap();
@@ -285,6 +350,49 @@ mod tests {
             if got.contains(&SharePath::root()) {
                 break;
             }
+        }
+    }
+
+    #[test]
+    fn the_end_of_the_shared_directory_is_told_once() {
+        for how in ["was removed", "was moved away", "was replaced"] {
+            let t = ferry_testkit::temp_dir("ferry-watch-");
+            let root = t.path().join("shared");
+            std::fs::create_dir_all(root.join("sub")).unwrap();
+            let (tx, rx) = mpsc::channel();
+            // Held open, as the share holds it (no IN_DELETE_SELF then).
+            let _held = std::fs::File::open(&root).unwrap();
+            let w = watch(
+                &root,
+                Duration::from_millis(20),
+                |_| {},
+                move |n| tx.send(n).unwrap(),
+            )
+            .unwrap();
+            // A subdirectory removed or moved is a change, not the end.
+            std::fs::rename(root.join("sub"), root.join("sub2")).unwrap();
+            std::fs::remove_dir(root.join("sub2")).unwrap();
+            assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
+            match how {
+                "was removed" => std::fs::remove_dir(&root).unwrap(),
+                "was moved away" => std::fs::rename(&root, t.path().join("elsewhere")).unwrap(),
+                _ => {
+                    // Another directory renamed over it: the shared one is removed.
+                    std::fs::create_dir(t.path().join("new")).unwrap();
+                    std::fs::rename(t.path().join("new"), &root).unwrap();
+                }
+            }
+            let told = match how {
+                "was replaced" => "was removed",
+                how => how,
+            };
+            let got = rx.recv_timeout(Duration::from_secs(5)).expect("told");
+            assert_eq!(
+                got,
+                WatchNotice::Gone(format!("the shared directory {} {told}", root.display()))
+            );
+            drop(w);
+            assert!(rx.try_recv().is_err(), "told once");
         }
     }
 }
