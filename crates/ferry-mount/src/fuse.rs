@@ -781,6 +781,8 @@ impl<S: Source + Sink> Shared<S> {
         if let Some(size) = size {
             let copy = self.working_copy(ino.0, size == 0)?;
             writes::lock(&copy).set_len(size).map_err(io_errno)?;
+            // What the sharer's version is streamed ahead for is not read through this inode any more.
+            self.reader.changed(&path);
             // A truncate(2) of a file nobody writes lands at once.
             if !self.has_writers(ino.0) {
                 self.push(ino.0, &copy)?;
@@ -851,6 +853,9 @@ impl<S: Source + Sink> Shared<S> {
         }
         let replace = !flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
         self.remote(self.source.rename(&from, &to, replace))?;
+        // Streaming ahead of readers of either name stops at once (not at the sharer's notification).
+        self.reader.changed(&from);
+        self.reader.changed(&to);
         if let Some(ino) = self.inodes().ino(&to) {
             self.forget_copy(ino);
         }
@@ -874,6 +879,7 @@ impl<S: Source + Sink> Shared<S> {
             true => self.remote(self.source.rmdir(&path))?,
             false => self.remote(self.source.unlink(&path))?,
         }
+        self.reader.changed(&path);
         if let Some(ino) = self.inodes().ino(&path) {
             self.forget_copy(ino);
         }

@@ -20,6 +20,8 @@ struct FakeSharer {
     offline: AtomicBool,
     reads: AtomicU64,
     bytes: AtomicU64,
+    /// Milliseconds each read request takes to be sent (a slow sharer).
+    delay_ms: AtomicU64,
 }
 
 impl FakeSharer {
@@ -56,6 +58,9 @@ impl Source for FakeSharer {
             return Err(SourceError::Offline("link lost".into()));
         }
         self.reads.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(
+            self.delay_ms.load(Ordering::Relaxed),
+        ));
         let files = self.files.lock().unwrap();
         let (content, generation) = files.get(path).ok_or(SourceError::Failed {
             errno: libc::ENOENT,
@@ -336,6 +341,44 @@ fn a_file_changed_on_the_sharer_is_read_whole_from_its_new_version() {
     sharer.put("f", data(10, 6));
     reader.changed(&p("f"));
     assert_eq!(reader.read(&h, 0, 1000).unwrap(), &data(10, 6)[..]);
+}
+
+#[test]
+fn streaming_ahead_stops_when_the_file_changes() {
+    // One request of 1 MiB at a time, each taking 20 ms: streaming the 64 MiB ahead takes over a second.
+    let config = ReadConfig {
+        window: 1,
+        ahead: 64 << 20,
+        ..ReadConfig::default()
+    };
+    let (sharer, reader, _) = setup_with(config);
+    let content = data(64 << 20, 10);
+    sharer.put("f", content.clone());
+    sharer.delay_ms.store(20, Ordering::Relaxed);
+    let h = reader.open(&p("f"), None).unwrap();
+    // Two reads in a row: sequential, the stream starts.
+    assert_eq!(reader.read(&h, 0, 4096).unwrap(), &content[..4096]);
+    assert_eq!(reader.read(&h, 4096, 4096).unwrap(), &content[4096..8192]);
+    let file = h.file();
+    assert!(file.state().streaming, "streaming ahead");
+    // Renamed, removed or truncated (the mount's own operations, or the sharer's notification).
+    reader.changed(&p("f"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while file.state().streaming && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!file.state().streaming, "the streamer stopped");
+    let fetched = sharer.bytes.load(Ordering::Relaxed);
+    assert!(
+        fetched < content.len() as u64 / 2,
+        "{fetched} bytes fetched"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(
+        sharer.bytes.load(Ordering::Relaxed),
+        fetched,
+        "nothing more"
+    );
 }
 
 #[test]
