@@ -220,7 +220,9 @@ fn changes_on_the_sharer_appear_in_the_mount() {
     fs::write(w.src().join("modified"), b"version one").unwrap();
     fs::write(w.src().join("shrunk"), pseudo_random(100_000, 1)).unwrap();
     fs::write(w.src().join("deleted"), b"bye").unwrap();
-    fs::write(w.src().join("held"), b"held, version one").unwrap();
+    // Larger than what a first open brings with the version: its open is classic.
+    let held = pseudo_random(100_000, 2);
+    fs::write(w.src().join("held"), &held).unwrap();
     let _sharer = sharing(&w);
     let m = Mounted::start(&w, &[]);
     assert_eq!(fs::read(m.path("modified")).unwrap(), b"version one");
@@ -247,13 +249,13 @@ fn changes_on_the_sharer_appear_in_the_mount() {
     let mut f = fs::File::open(m.path("held")).unwrap();
     let mut buf = Vec::new();
     f.read_to_end(&mut buf).unwrap();
-    assert_eq!(buf, b"held, version one");
+    assert!(buf == held);
     fs::write(w.src().join("held"), b"2").unwrap();
     eventually("the open file's new version", || {
         let mut buf = Vec::new();
         f.seek(SeekFrom::Start(0)).unwrap();
         f.read_to_end(&mut buf).unwrap();
-        assert!(buf == b"2" || buf == b"held, version one", "a mix: {buf:?}");
+        assert!(buf == b"2" || buf == held, "a mix: {} bytes", buf.len());
         buf == b"2"
     });
     // Opened when fully cached (passthrough): it reads the version it opened, whole, after a change too.

@@ -48,6 +48,10 @@ pub struct ReadConfig {
     /// Bytes of fetched pieces all files together keep in memory after storing them, so that the reads
     /// that wait for them are answered without reading the cache file back.
     pub hold: u64,
+    /// Bytes from the start of a file asked for with its version when a path is opened the first time
+    /// (the round trip that learns the version brings a small file whole, so its first read waits for
+    /// nothing); 0: the version only.
+    pub first: u64,
 }
 
 impl Default for ReadConfig {
@@ -58,6 +62,7 @@ impl Default for ReadConfig {
             ahead: 16 << 20,
             max_in_flight: 192,
             hold: 24 << 20,
+            first: 64 << 10,
         }
     }
 }
@@ -448,23 +453,46 @@ impl<S: Source> Reader<S> {
 
     /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
     /// when the sharer cannot be reached.
+    ///
+    /// A path opened the first time (no `known` version) asks for its first [`ReadConfig::first`] bytes with
+    /// the version, and stores them: the first read of a small file then finds it whole.
     fn current(
         &self,
         path: &SharePath,
         known: Option<Version>,
     ) -> Result<Arc<OpenFile>, ReadError> {
-        let version = match self.learn_version(path) {
+        let first = if known.is_none() {
+            self.config.first
+        } else {
+            0
+        };
+        let (version, rest) = match self.learn_version(path, first) {
             Ok(v) => v,
-            Err(SourceError::Offline(why)) => known.ok_or(SourceError::Offline(why))?,
+            Err(SourceError::Offline(why)) => (known.ok_or(SourceError::Offline(why))?, None),
             Err(e) => return Err(e),
         };
-        self.file_of(path, version)
+        let file = self.file_of(path, version)?;
+        if let Some(mut rest) = rest {
+            // The open's own bytes: stored if they arrive; if not, the reads fetch them as any miss.
+            while let Ok(Some(Piece::Data { offset, bytes, cvs })) = rest.next_piece() {
+                if self.store_piece(&file, offset, bytes, &cvs).is_err() {
+                    break;
+                }
+            }
+        }
+        Ok(file)
     }
 
-    fn learn_version(&self, path: &SharePath) -> Result<Version, SourceError> {
-        let mut pieces = self.source.read(path, None, 0, 0)?;
+    /// The current version of `path`, and the rest of the read that learned it when `first` bytes were
+    /// asked for too.
+    fn learn_version(
+        &self,
+        path: &SharePath,
+        first: u64,
+    ) -> Result<(Version, Option<Box<dyn Pieces>>), SourceError> {
+        let mut pieces = self.source.read(path, None, 0, first)?;
         match pieces.next_piece()? {
-            Some(Piece::Version(v)) => Ok(v),
+            Some(Piece::Version(v)) => Ok((v, (first > 0 && v.size > 0).then_some(pieces))),
             _ => Err(SourceError::Failed {
                 errno: libc::EIO,
                 message: "the sharer answered a read without its version".into(),

@@ -34,7 +34,7 @@ use fuser::{
 };
 
 use crate::files::{Handle, Reader};
-use crate::inodes::{child, Inodes, ROOT};
+use crate::inodes::{child, listing_of, Inodes, Listing, ROOT};
 use crate::source::{Sink, Source, SourceError};
 use crate::store::Store;
 use crate::writes::{self, Pushed, Recovered, Writes, DEBOUNCE};
@@ -269,10 +269,10 @@ impl<S: Source + Sink> Shared<S> {
     }
 
     /// The listing of `ino`, found as [`ShareFs::entry`] finds an entry.
-    fn listing(&self, ino: u64, path: &SharePath) -> Result<Vec<Entry>, Errno> {
+    fn listing(&self, ino: u64, path: &SharePath) -> Result<Listing, Errno> {
         self.known_or_asked(
             |inodes, fresh| inodes.listing(ino, fresh),
-            || self.source.list(path),
+            || self.source.list(path).map(listing_of),
             |inodes, l| inodes.set_listing(ino, l),
         )
     }
@@ -316,24 +316,15 @@ impl<S: Source + Sink> Shared<S> {
             let ino = self.inodes().looked_up(path, parent.0, e.clone());
             return Ok((ino, e));
         }
-        let listed = self.inodes().listing(parent.0, true);
+        let listed = self.inodes().listed_entry(parent.0, name.as_bytes(), true);
         let entry = match listed {
-            Some(l) => l
-                .into_iter()
-                .find(|e| e.name == name.as_bytes())
-                .ok_or(Errno::ENOENT)?,
+            Some(found) => found.ok_or(Errno::ENOENT)?,
             None => match self.source.stat(&path) {
                 Ok(e) => e,
                 Err(SourceError::Offline(why)) => {
                     let t = self.inodes();
-                    let listed = t.listing(parent.0, false);
-                    let known = t.last_seen(&path).or_else(|| {
-                        listed
-                            .as_ref()?
-                            .iter()
-                            .find(|e| e.name == name.as_bytes())
-                            .cloned()
-                    });
+                    let listed = t.listed_entry(parent.0, name.as_bytes(), false);
+                    let known = t.last_seen(&path).or_else(|| listed.clone().flatten());
                     drop(t);
                     match (known, listed) {
                         (Some(e), _) => e,
@@ -1220,24 +1211,32 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
-        // The kernel fills in `..` itself; the number given here is not used.
-        let mut rows: Vec<(u64, FileType, Vec<u8>)> = vec![
-            (ino.0, FileType::Directory, b".".to_vec()),
-            (ROOT, FileType::Directory, b"..".to_vec()),
-        ];
-        {
-            let mut t = self.shared.inodes();
-            for e in &entries {
-                if let Some(path) = child(&dir, &e.name) {
-                    rows.push((t.ino_for(path, ino.0), kind_of(e), e.name.clone()));
+        // Rows from `offset` until the reply is full (a large directory comes in many calls): `.` and
+        // `..` (the kernel fills in `..` itself; the number given here is not used), then the listing;
+        // a row's offset is its position + 1.
+        let mut t = self.shared.inodes();
+        for i in offset as usize..entries.len() + 2 {
+            let (row_ino, kind, name) = match i {
+                0 => (ino.0, FileType::Directory, &b"."[..]),
+                1 => (ROOT, FileType::Directory, &b".."[..]),
+                _ => {
+                    let e = &entries[i - 2];
+                    let Some(path) = child(&dir, &e.name) else {
+                        continue;
+                    };
+                    (t.ino_for(path, ino.0), kind_of(e), &e.name[..])
                 }
-            }
-        }
-        for (i, (ino, kind, name)) in rows.into_iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(ino), i as u64 + 1, kind, OsStr::from_bytes(&name)) {
+            };
+            if reply.add(
+                INodeNo(row_ino),
+                i as u64 + 1,
+                kind,
+                OsStr::from_bytes(name),
+            ) {
                 break;
             }
         }
+        drop(t);
         reply.ok();
     }
 

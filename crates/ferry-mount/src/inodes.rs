@@ -3,6 +3,7 @@
 //! for a path can be turned into the kernel invalidations it needs.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ferry_share::tree::Version;
@@ -10,6 +11,18 @@ use ferry_share::wire::{Entry, Kind, SharePath};
 
 /// The root's inode number (FUSE's).
 pub const ROOT: u64 = 1;
+
+/// A directory's entries, sorted by name, one per name: shared without copying (a readdir of a large
+/// directory comes in many calls), a name found by binary search (a lookup per entry, `ls -l`).
+pub type Listing = Arc<Vec<Entry>>;
+
+/// `entries` as a [`Listing`]: sorted by name, one entry per name (a sharer that names one twice is
+/// believed once).
+pub fn listing_of(mut entries: Vec<Entry>) -> Listing {
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries.dedup_by(|a, b| a.name == b.name);
+    Arc::new(entries)
+}
 
 /// What is known of one path.
 #[derive(Debug)]
@@ -21,7 +34,7 @@ struct Node {
     /// The last entry seen and when; `None` until stat or listed.
     entry: Option<(Entry, Instant)>,
     /// The last listing seen (directories) and when.
-    listing: Option<(Vec<Entry>, Instant)>,
+    listing: Option<(Listing, Instant)>,
     /// The version last opened (files): open works offline from a cached version.
     version: Option<Version>,
     /// Set by a change notification: the next use asks the sharer again.
@@ -176,27 +189,35 @@ impl Inodes {
     }
 
     /// The listing of directory `ino`, fresh or last seen, as for [`Inodes::entry`].
-    pub fn listing(&self, ino: u64, fresh: bool) -> Option<Vec<Entry>> {
+    pub fn listing(&self, ino: u64, fresh: bool) -> Option<Listing> {
         let n = self.by_ino.get(&ino)?;
         let (l, at) = n.listing.as_ref()?;
-        (!fresh || (!n.listing_stale && at.elapsed() < self.fresh_for)).then(|| l.clone())
+        (!fresh || (!n.listing_stale && at.elapsed() < self.fresh_for)).then(|| Arc::clone(l))
+    }
+
+    /// What the listing of directory `ino` (fresh or last seen, as for [`Inodes::listing`]) says of
+    /// `name`: `None` without such a listing, `Some(None)` when the name is not in it.
+    pub fn listed_entry(&self, ino: u64, name: &[u8], fresh: bool) -> Option<Option<Entry>> {
+        let l = self.listing(ino, fresh)?;
+        let found = l.binary_search_by(|e| e.name.as_slice().cmp(name)).ok();
+        Some(found.map(|i| l[i].clone()))
     }
 
     /// Remembers the listing of directory `ino`, and each child's entry for the inodes already known.
-    pub fn set_listing(&mut self, ino: u64, entries: Vec<Entry>) {
+    pub fn set_listing(&mut self, ino: u64, entries: Listing) {
         let Some(n) = self.by_ino.get_mut(&ino) else {
             return;
         };
         let dir = n.path.clone();
-        n.listing = Some((entries.clone(), Instant::now()));
+        n.listing = Some((Arc::clone(&entries), Instant::now()));
         n.listing_stale = false;
         let now = Instant::now();
-        for e in entries {
+        for e in entries.iter() {
             let Some(path) = child(&dir, &e.name) else {
                 continue;
             };
             if let Some(c) = self.by_path.get(&path).and_then(|i| self.by_ino.get_mut(i)) {
-                c.entry = Some((e, now));
+                c.entry = Some((e.clone(), now));
                 c.stale = false;
             }
         }
@@ -265,7 +286,7 @@ impl Inodes {
         let ino = self.looked_up(path, parent, entry);
         if dir {
             let n = self.by_ino.get_mut(&ino).expect("just made");
-            n.listing = Some((Vec::new(), Instant::now()));
+            n.listing = Some((Listing::default(), Instant::now()));
             n.listing_stale = false;
         }
         ino
@@ -288,9 +309,10 @@ impl Inodes {
         let Some((listing, _)) = self.by_ino.get_mut(&dir).and_then(|n| n.listing.as_mut()) else {
             return;
         };
-        match listing.iter_mut().find(|e| e.name == entry.name) {
-            Some(e) => *e = entry.clone(),
-            None => listing.push(entry.clone()),
+        let listing = Arc::make_mut(listing);
+        match listing.binary_search_by(|e| e.name.cmp(&entry.name)) {
+            Ok(i) => listing[i] = entry.clone(),
+            Err(i) => listing.insert(i, entry.clone()),
         }
     }
 
@@ -506,7 +528,7 @@ mod tests {
     fn a_lookup_of_a_directory_does_not_make_its_changed_listing_fresh_again() {
         let mut t = Inodes::new(Duration::from_secs(60));
         let d = t.looked_up(p("d"), ROOT, file("d", 0));
-        t.set_listing(d, vec![file("f", 28)]);
+        t.set_listing(d, listing_of(vec![file("f", 28)]));
         t.changed(&p("d/f"));
         assert!(t.listing(d, true).is_none());
         t.looked_up(p("d"), ROOT, file("d", 0));
@@ -516,7 +538,7 @@ mod tests {
             28,
             "kept for offline use"
         );
-        t.set_listing(d, vec![file("f", 8)]);
+        t.set_listing(d, listing_of(vec![file("f", 8)]));
         assert_eq!(t.listing(d, true).unwrap()[0].size, 8);
     }
 
@@ -639,8 +661,41 @@ mod tests {
         let mut t = Inodes::new(Duration::from_secs(60));
         let f = t.looked_up(p("f"), ROOT, file("f", 1));
         t.changed(&p("f"));
-        t.set_listing(ROOT, vec![file("f", 9), file("new", 3)]);
+        t.set_listing(ROOT, listing_of(vec![file("new", 3), file("f", 9)]));
         assert_eq!(t.entry(f, true).unwrap().size, 9);
         assert_eq!(t.listing(ROOT, true).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_listing_is_sorted_one_entry_per_name_and_found_by_name() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let names: Vec<String> = (0..1000).rev().map(|i| format!("f{i:04}")).collect();
+        let mut entries: Vec<Entry> = names.iter().map(|n| file(n, 1)).collect();
+        // A sharer that names one twice is believed once.
+        entries.push(file("f0500", 2));
+        t.set_listing(ROOT, listing_of(entries));
+        let l = t.listing(ROOT, true).unwrap();
+        assert_eq!(l.len(), 1000);
+        assert!(l.windows(2).all(|w| w[0].name < w[1].name));
+        assert_eq!(
+            t.listed_entry(ROOT, b"f0007", true).unwrap().unwrap().name,
+            b"f0007"
+        );
+        assert_eq!(t.listed_entry(ROOT, b"nope", true), Some(None));
+        assert_eq!(t.listed_entry(4242, b"f0007", true), None);
+        // What this mount makes goes in at its place; the listing handed out before stays as it was.
+        t.made(p("f0007x"), ROOT, file("f0007x", 5));
+        let after = t.listing(ROOT, true).unwrap();
+        assert_eq!(after.len(), 1001);
+        assert_eq!(l.len(), 1000);
+        assert!(after.windows(2).all(|w| w[0].name < w[1].name));
+        assert_eq!(
+            t.listed_entry(ROOT, b"f0007x", true).unwrap().unwrap().size,
+            5
+        );
+        // Stale: not fresh, but still known for offline use.
+        t.changed(&p("f0001"));
+        assert_eq!(t.listed_entry(ROOT, b"f0001", true), None);
+        assert!(t.listed_entry(ROOT, b"f0001", false).unwrap().is_some());
     }
 }

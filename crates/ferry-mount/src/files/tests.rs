@@ -299,7 +299,11 @@ fn a_sequential_read_is_streamed_in_large_requests_and_fetched_once() {
 
 #[test]
 fn concurrent_readers_of_one_file_share_its_fetches() {
-    let (sharer, reader) = setup();
+    // Opens learn the version only: four first opens at once would each bring the first bytes.
+    let (sharer, reader, _) = setup_with(ReadConfig {
+        first: 0,
+        ..ReadConfig::default()
+    });
     let content = Arc::new(data(8 << 20, 3));
     sharer.put("f", content.to_vec());
     let threads: Vec<_> = (0..4)
@@ -341,6 +345,55 @@ fn a_file_changed_on_the_sharer_is_read_whole_from_its_new_version() {
     sharer.put("f", data(10, 6));
     reader.changed(&p("f"));
     assert_eq!(reader.read(&h, 0, 1000).unwrap(), &data(10, 6)[..]);
+}
+
+#[test]
+fn a_first_open_brings_the_start_of_the_file_with_its_version() {
+    let (sharer, reader, store_reads) = setup_with(ReadConfig::default());
+    let small = data(10_000, 11);
+    let big = data(1 << 20, 12);
+    sharer.put("small", small.clone());
+    // Twice: the fake's roots are generations, and the first one of "big" would be "small"'s.
+    sharer.put("big", Vec::new());
+    sharer.put("big", big.clone());
+    // One request: the version and the whole small file; its reads wait for nothing.
+    let h = reader.open(&p("small"), None).unwrap();
+    assert_eq!(sharer.reads.load(Ordering::Relaxed), 1);
+    assert_eq!(reader.read(&h, 0, 4096).unwrap(), &small[..4096]);
+    assert_eq!(reader.read(&h, 4096, 1 << 20).unwrap(), &small[4096..]);
+    assert_eq!(sharer.reads.load(Ordering::Relaxed), 1);
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), small.len() as u64);
+    assert_eq!(
+        store_reads.load(Ordering::Relaxed),
+        0,
+        "answered from the held piece"
+    );
+    // A larger file: its first 64 KiB; the rest is read as any miss.
+    let g = reader.open(&p("big"), None).unwrap();
+    assert_eq!(
+        sharer.bytes.load(Ordering::Relaxed),
+        small.len() as u64 + (64 << 10)
+    );
+    assert_eq!(reader.read(&g, 1000, 100).unwrap(), &big[1000..1100]);
+    assert_eq!(sharer.reads.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        reader.read(&g, 500_000, 100).unwrap(),
+        &big[500_000..500_100]
+    );
+    assert_eq!(sharer.reads.load(Ordering::Relaxed), 3);
+    // Opened again where a version is known: the version only.
+    let before = sharer.bytes.load(Ordering::Relaxed);
+    let v = h.file().version();
+    drop(h);
+    let h = reader.open(&p("small"), Some(v)).unwrap();
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), before);
+    assert_eq!(reader.read(&h, 0, 1 << 20).unwrap(), &small[..]);
+    // The start of a file that changed since it was known comes with its new version all the same
+    // when it is opened the first time (twice: a generation of its own).
+    sharer.put("small", data(5, 13));
+    sharer.put("small", data(5, 13));
+    let h2 = reader.open(&p("small"), None).unwrap();
+    assert_eq!(reader.read(&h2, 0, 100).unwrap(), &data(5, 13)[..]);
 }
 
 #[test]
