@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use ferry_lab::PATHS;
 use ferry_mount::floor::{self, Floor};
 
-use super::mount_sshfs::{sshfs_figures, Readers};
+use super::mount_sshfs::{small_files, sshfs_figures, tar_c, Readers};
 use super::pull::{Paired, Sharer};
 use super::{ferry_cmd, Ends, Scratch, Spawned};
 use crate::report::{
@@ -128,6 +128,15 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         File::create(src_dir.join(SPARSE))?.set_len(bytes)?;
     }
     let want = hash_file(&src)?;
+    // Small files beside it, for `tar c` out of the mount (a directory of them read whole, as `tar`,
+    // `grep -r` or a build read a tree).
+    small_files(&src_dir.join(SMALL), opts.tar_files)?;
+    let want_tar = tar_c(&src_dir, SMALL)?.1;
+    let tar_c_rate = |dir: &FsPath| -> io::Result<f64> {
+        let (secs, got) = tar_c(dir, SMALL)?;
+        check(&got, &want_tar, "tar c of the small files through a mount")?;
+        Ok(opts.tar_files as f64 / secs)
+    };
     let ends = Ends::new(&PATHS[0], None, ferry)?;
     let paired = Paired::new(&ends, &scratch, &[&src])?;
     let share = paired.share(&ends, &src_dir)?;
@@ -376,6 +385,22 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         "reads/s",
     ));
 
+    // `tar c` of the small files: out of a fresh cache and mount, then again through the same mount. One
+    // untimed pass first: the sharer hashes each file's tree on its first read.
+    let (mut tar_cold, mut tar_warm) = (Vec::new(), Vec::new());
+    for run in 0..=opts.runs {
+        forget_cache(&paired)?;
+        let m = Mount::new(&paired, &share, &mnt, ferry, &[])?;
+        let cold = tar_c_rate(&mnt)?;
+        let warm = tar_c_rate(&mnt)?;
+        if run > 0 {
+            tar_cold.push(cold);
+            tar_warm.push(warm);
+        }
+        m.unmount()?;
+    }
+    let (tar_cold, tar_warm) = (median(&mut tar_cold), median(&mut tar_warm));
+
     if let Some(bytes) = opts.rss_bytes {
         forget_cache(&paired)?;
         let (secs, hwm) = read_through_small_cache(&paired, &share, &mnt, ferry, bytes)?;
@@ -388,6 +413,7 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         whole: &read_whole,
         random: &|p: &FsPath, seed| random_reads(p, &source, opts, seed),
         check: &|p: &FsPath| check(&hash_file(p)?, &want, "a read through sshfs"),
+        tar_c: &tar_c_rate,
     };
     let sshfs_base = scratch.fresh("sshfs")?;
     match sshfs_figures(
@@ -432,13 +458,41 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
                 s.tar_x_files_per_s,
                 "files/s",
             ));
+            report.push(vs(
+                &format!(
+                    "tar c of {} small files, cold (fresh cache and mount)",
+                    opts.tar_files
+                ),
+                tar_cold,
+                s.tar_c_cold,
+                "files/s",
+            ));
+            report.push(vs(
+                &format!("tar c of {} small files, again (cached)", opts.tar_files),
+                tar_warm,
+                s.tar_c_warm,
+                "files/s",
+            ));
         }
-        Err(e) => report.push(Row::new(
-            BENCH,
-            format!("  no sshfs reference: {e}"),
-            f64::NAN,
-            "",
-        )),
+        Err(e) => {
+            report.push(Row::new(
+                BENCH,
+                format!("  no sshfs reference: {e}"),
+                f64::NAN,
+                "",
+            ));
+            for (when, rate) in [
+                ("cold (fresh cache and mount)", tar_cold),
+                ("again (cached)", tar_warm),
+            ] {
+                report.push(Row::new(
+                    BENCH,
+                    format!("tar c of {} small files, {when}", opts.tar_files),
+                    rate,
+                    "files/s",
+                ));
+            }
+        }
     }
     drop(share);
     mount_write::run(opts, &ends, &paired, &scratch, &src, report)?;
@@ -705,6 +759,9 @@ fn stat_cpu_secs(path: &FsPath) -> f64 {
 
 /// The sparse file of the RSS row, beside the file of the other rows.
 const SPARSE: &str = "sparse.bin";
+
+/// The directory of small files beside the file, for `tar c`.
+const SMALL: &str = "small";
 
 /// The peak RSS row of a read of `bytes` through a small cache (`tag` names the build) and its rate.
 fn push_rss_rows(report: &mut Report, bytes: u64, tag: &str, hwm_kib: u64, secs: f64) {

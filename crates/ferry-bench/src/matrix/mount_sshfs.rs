@@ -69,17 +69,7 @@ impl Drop for SshfsMount {
 /// `dir`/small.tar; returns the archive.
 pub fn small_files_tarball(dir: &FsPath, count: usize) -> io::Result<PathBuf> {
     let tree = dir.join("tree");
-    let mut seed = 0x7461_7278u64;
-    for i in 0..count {
-        let sub = tree.join(format!("d{:03}", i / 100));
-        if i % 100 == 0 {
-            fs::create_dir_all(&sub)?;
-        }
-        let len = 100 + (crate::report::xorshift(&mut seed) % 8092) as usize;
-        let mut bytes = vec![0u8; len];
-        crate::report::fill_random(&mut bytes, &mut seed);
-        fs::write(sub.join(format!("f{i:05}")), bytes)?;
-    }
+    small_files(&tree, count)?;
     let tar = dir.join("small.tar");
     let status = Command::new("tar")
         .arg("cf")
@@ -93,6 +83,50 @@ pub fn small_files_tarball(dir: &FsPath, count: usize) -> io::Result<PathBuf> {
     }
     fs::remove_dir_all(&tree)?;
     Ok(tar)
+}
+
+/// Writes `count` small files (100 B to 8 KiB, 100 to a directory, the same every time) under `tree`.
+pub fn small_files(tree: &FsPath, count: usize) -> io::Result<()> {
+    let mut seed = 0x7461_7278u64;
+    for i in 0..count {
+        let sub = tree.join(format!("d{:03}", i / 100));
+        if i % 100 == 0 {
+            fs::create_dir_all(&sub)?;
+        }
+        let len = 100 + (crate::report::xorshift(&mut seed) % 8092) as usize;
+        let mut bytes = vec![0u8; len];
+        crate::report::fill_random(&mut bytes, &mut seed);
+        fs::write(sub.join(format!("f{i:05}")), bytes)?;
+    }
+    Ok(())
+}
+
+/// `tar c --sort=name` of `dir`/`name` into a pipe, read whole (GNU tar reads nothing for an archive on
+/// /dev/null):
+/// seconds until tar exits, and the archive's BLAKE3.
+pub fn tar_c(dir: &FsPath, name: &str) -> io::Result<(f64, blake3::Hash)> {
+    let t0 = Instant::now();
+    // In name order: the archive does not depend on the order a file system lists a directory in.
+    let mut child = Command::new("tar")
+        .args(["c", "--sort=name"])
+        .arg("-C")
+        .arg(dir)
+        .arg(name)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut hasher = blake3::Hasher::new();
+    io::copy(child.stdout.as_mut().expect("piped"), &mut hasher)?;
+    let status = child.wait()?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !status.success() {
+        return Err(io::Error::other(format!(
+            "tar c of {} failed",
+            dir.join(name).display()
+        )));
+    }
+    Ok((secs, hasher.finalize()))
 }
 
 /// `tar x` of `tar` into a fresh directory `into` (inside a mount); seconds until tar exits. The files
@@ -138,6 +172,10 @@ pub struct SshfsFigures {
     pub random_cached: f64,
     /// `tar x` of small files into the mount, files per second.
     pub tar_x_files_per_s: f64,
+    /// `tar c` of the shared small files out of a fresh mount, files per second.
+    pub tar_c_cold: f64,
+    /// The same again through the same mount.
+    pub tar_c_warm: f64,
 }
 
 /// What a reader of the file at a path measures: seconds of a whole sequential read, or random reads per
@@ -149,6 +187,9 @@ pub struct Readers<'a> {
     pub random: &'a dyn Fn(&FsPath, u64) -> io::Result<f64>,
     /// The file's BLAKE3 matches the source's.
     pub check: &'a dyn Fn(&FsPath) -> io::Result<()>,
+    /// Files per second of a `tar c` of the shared small files out of a mount at a path (the archive
+    /// checked against the source's).
+    pub tar_c: &'a dyn Fn(&FsPath) -> io::Result<f64>,
 }
 
 /// sshfs's rows' figures: `src_dir`/`name` (`gb` GB) read through fresh sshfs mounts `runs` times, and
@@ -170,6 +211,7 @@ pub fn sshfs_figures(
     let _ = fs::create_dir_all(&mnt);
     let (mut uncached, mut cached, mut cold, mut warm) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tar_cold, mut tar_warm) = (Vec::new(), Vec::new());
     for run in 0..runs {
         let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
         let file = m.path().join(name);
@@ -182,6 +224,10 @@ pub fn sshfs_figures(
         cold.push((readers.random)(&file, run as u64)?);
         (readers.whole)(&file)?;
         warm.push((readers.random)(&file, run as u64 + 100)?);
+        drop(m);
+        let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
+        tar_cold.push((readers.tar_c)(m.path())?);
+        tar_warm.push((readers.tar_c)(m.path())?);
     }
     // Small files into the sharer's side through the mount: a scratch directory of its own.
     let tar_dir = base.join("sshfs-tar");
@@ -201,5 +247,7 @@ pub fn sshfs_figures(
         random_cold: median(&mut cold),
         random_cached: median(&mut warm),
         tar_x_files_per_s: tar_files as f64 / secs,
+        tar_c_cold: median(&mut tar_cold),
+        tar_c_warm: median(&mut tar_warm),
     })
 }
