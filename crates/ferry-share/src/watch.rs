@@ -112,7 +112,7 @@ fn watch_limited(
     };
     state.add_tree(&[], &mut |w| on_notice(WatchNotice::Warning(w)));
     // The directory itself, to see it go: one that this process holds open (the share does) gets no
-    // `IN_DELETE_SELF` when removed until it is closed, so its links and DIR's path are looked at too.
+    // `IN_DELETE_SELF` when removed until it is closed, so what DIR's path names is looked at too.
     let dir = std::fs::File::open(root)?;
     let mut looked = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -179,16 +179,21 @@ fn watch_limited(
             }
             if looked.elapsed() >= ROOT_CHECK {
                 looked = Instant::now();
+                // Gone when DIR no longer names it (a link count alone is not trusted: some file
+                // systems report 0 or 1 for directories); removed if nothing links it any more.
                 let identity = |m: &std::fs::Metadata| (m.dev(), m.ino());
                 let how = match (dir.metadata(), std::fs::metadata(&state.root)) {
-                    (Ok(held), _) if held.nlink() == 0 => Some("was removed"),
-                    (Ok(_), Err(e)) if e.kind() == io::ErrorKind::NotFound => {
-                        Some("was moved away")
+                    (Ok(held), now) => {
+                        let elsewhere = match now {
+                            Ok(now) => identity(&now) != identity(&held),
+                            Err(e) => e.kind() == io::ErrorKind::NotFound,
+                        };
+                        elsewhere.then_some(match held.nlink() {
+                            0 => "was removed",
+                            _ => "was moved away",
+                        })
                     }
-                    (Ok(held), Ok(now)) if identity(&held) != identity(&now) => {
-                        Some("was moved away")
-                    }
-                    _ => None,
+                    (Err(_), _) => None,
                 };
                 if let Some(how) = how {
                     on_notice(WatchNotice::Gone(format!(
