@@ -442,6 +442,20 @@ impl<S: Source> Reader<S> {
         })
     }
 
+    /// [`Reader::open`] for a caller that needs the version only (a file about to be truncated): none of
+    /// its content is asked for with it.
+    pub fn open_version(
+        &self,
+        path: &SharePath,
+        known: Option<Version>,
+    ) -> Result<Handle, ReadError> {
+        let file = self.current_first(path, known, 0)?;
+        Ok(Handle {
+            path: path.clone(),
+            file: Mutex::new(file),
+        })
+    }
+
     /// Opens `path` at `version` (the version the kernel's other handles of it read).
     pub fn open_at(&self, path: &SharePath, version: Version) -> Result<Handle, ReadError> {
         let file = self.file_of(path, version)?;
@@ -466,6 +480,16 @@ impl<S: Source> Reader<S> {
         } else {
             0
         };
+        self.current_first(path, known, first)
+    }
+
+    /// [`Reader::current`] asking for `first` bytes with the version.
+    fn current_first(
+        &self,
+        path: &SharePath,
+        known: Option<Version>,
+        first: u64,
+    ) -> Result<Arc<OpenFile>, ReadError> {
         let (version, rest) = match self.learn_version(path, first) {
             Ok(v) => v,
             Err(SourceError::Offline(why)) => (known.ok_or(SourceError::Offline(why))?, None),

@@ -553,7 +553,12 @@ impl<S: Source + Sink> Shared<S> {
         }
         let path = self.path(INodeNo(ino))?;
         let known = self.inodes().version(ino);
-        let handle = self.reader.open(&path, known).map_err(|e| errno_of(&e))?;
+        // Truncated, its content is not needed: the version it derives from is.
+        let handle = match truncate {
+            true => self.reader.open_version(&path, known),
+            false => self.reader.open(&path, known),
+        }
+        .map_err(|e| errno_of(&e))?;
         let version = handle.file().version();
         let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
         let mut copy = w

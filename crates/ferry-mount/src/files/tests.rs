@@ -388,6 +388,11 @@ fn a_first_open_brings_the_start_of_the_file_with_its_version() {
     let h = reader.open(&p("small"), Some(v)).unwrap();
     assert_eq!(sharer.bytes.load(Ordering::Relaxed), before);
     assert_eq!(reader.read(&h, 0, 1 << 20).unwrap(), &small[..]);
+    // A caller that needs the version only (a file about to be truncated) gets nothing more.
+    let before = sharer.bytes.load(Ordering::Relaxed);
+    let t = reader.open_version(&p("big"), None).unwrap();
+    assert_eq!(t.file().version().size, big.len() as u64);
+    assert_eq!(sharer.bytes.load(Ordering::Relaxed), before);
     // The start of a file that changed since it was known comes with its new version all the same
     // when it is opened the first time (twice: a generation of its own).
     sharer.put("small", data(5, 13));
