@@ -314,13 +314,14 @@ impl Client {
         Ok(())
     }
 
-    /// Ends the put `id`: the sharer verifies the content and makes it visible.
-    pub fn put_end(&mut self, id: RequestId) -> Result<(), PutError> {
+    /// Ends the put `id`: the sharer verifies the content against `root` (its BLAKE3 root) and makes it
+    /// visible.
+    pub fn put_end(&mut self, id: RequestId, root: [u8; 32]) -> Result<(), PutError> {
         match self.pending.get_mut(&id) {
             Some(Pending::Put { ended, .. }) if !*ended => {
                 *ended = true;
                 let mut buf = Vec::new();
-                Request::PutEnd { id }.encode(&mut buf);
+                Request::PutEnd { id, root }.encode(&mut buf);
                 self.out.push_back(buf);
                 Ok(())
             }

@@ -465,12 +465,12 @@ impl<'a> Files<'a> {
                     server.fail(id, code, &message);
                 }
             }
-            Job::PutEnd { id } => {
+            Job::PutEnd { id, root } => {
                 let Some(upload) = self.uploads.remove(&id) else {
                     return;
                 };
                 let path = upload.path().clone();
-                let result = upload.finish(self.cache, &server.config().peer);
+                let result = upload.finish(self.cache, &server.config().peer, root);
                 match &result {
                     Ok(PutOutcome::Written) => self.publish(vec![path]),
                     Ok(PutOutcome::Conflicted(name)) => {
@@ -726,7 +726,7 @@ impl<R: Read, W: Write> Session<R, W> {
     ) -> Result<PutOutcome, SessionError> {
         use std::os::unix::fs::FileExt;
         let size = file.metadata()?.len();
-        let root = crate::write::hash(file, size)?;
+        let mut running = crate::write::RunningRoot::new();
         let id = self
             .client
             .put(wire::PutHeader {
@@ -734,7 +734,6 @@ impl<R: Read, W: Write> Session<R, W> {
                 base,
                 from_base,
                 size,
-                root,
                 mode,
                 mtime,
             })
@@ -757,12 +756,14 @@ impl<R: Read, W: Write> Session<R, W> {
                 let buf = self.writer.payload_buf(len)?;
                 buf[..header.len()].copy_from_slice(&header);
                 file.read_exact_at(&mut buf[header.len()..len], at)?;
+                running.sent(at, &buf[header.len()..len]);
                 self.writer.send_payload_buf(len)?;
                 at += n as u64;
             }
         }
+        let root = running.root(file, size)?;
         self.client
-            .put_end(id)
+            .put_end(id, root)
             .map_err(|e| SessionError::Io(io::Error::other(e)))?;
         loop {
             match self.next_event()? {

@@ -38,6 +38,7 @@ use crate::wire::{
     Entry, ErrorCode, PutHeader, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
     PUT_DATA_HEADER_LEN,
 };
+use crate::write::RunningRoot;
 
 /// How to (re)open the channel to the sharer: the CLI passes a closure that reaches the paired peer
 /// (ferry-cli's `paired::open_share` does the reaching today). Called again after a connection is lost.
@@ -528,8 +529,8 @@ impl Remote {
         let s = self.shared();
         let local = |e: std::io::Error| RemoteError::Local(e.to_string());
         let size = file.metadata().map_err(local)?.len();
-        let root = crate::write::hash(file, size).map_err(local)?;
-        let version = Version { size, root };
+        // Known once the content went out whole: hashed as it went (or read back for what did not).
+        let mut version: Option<Version> = None;
         let whole = 0..size;
         let mut from_base = ranges.is_some() && base.is_some();
         let mut progress = Instant::now();
@@ -546,19 +547,20 @@ impl Remote {
                         base,
                         from_base,
                         size,
-                        root,
                         mode,
                         mtime,
                     })
                 })?;
                 let chunk = s.put_chunk();
                 let mut buf = Vec::new();
+                let mut running = RunningRoot::new();
                 'send: for range in sent {
                     let (mut at, end) = (range.start.min(size), range.end.min(size));
                     while at < end {
                         let n = (end - at).min(chunk as u64) as usize;
                         buf.resize(n, 0);
                         file.read_exact_at(&mut buf, at).map_err(local)?;
+                        running.sent(at, &buf);
                         if !s.put_data(&request, at, &buf)? {
                             // The put failed early: its answer is on the way.
                             break 'send;
@@ -567,9 +569,17 @@ impl Remote {
                         at += n as u64;
                     }
                 }
-                ended = s.put_end(&request)?;
+                let known = match version {
+                    Some(v) => v,
+                    None => Version {
+                        size,
+                        root: running.root(file, size).map_err(local)?,
+                    },
+                };
+                version = Some(known);
+                ended = s.put_end(&request, known.root)?;
                 match s.wait(&request)?.pop() {
-                    Some(Event::Done { .. }) => Ok(PutOutcome::Written { version }),
+                    Some(Event::Done { .. }) => Ok(PutOutcome::Written { version: known }),
                     Some(Event::Conflicted { name, .. }) => Ok(PutOutcome::Conflicted { name }),
                     other => Err(unexpected(other)),
                 }
@@ -577,9 +587,9 @@ impl Remote {
             match attempt {
                 Err(RemoteError::Remote(ErrorCode::Changed, _)) if from_base => from_base = false,
                 Err(RemoteError::Disconnected(why)) if progress.elapsed() < s.config.deadline => {
-                    if ended {
+                    if let Some(version) = version.filter(|_| ended) {
                         // Its end went out: it may have landed before the link was lost.
-                        match self.read_into(path, Some(root), 0, &mut []) {
+                        match self.read_into(path, Some(version.root), 0, &mut []) {
                             Ok((v, _)) if v == version => {
                                 return Ok(PutOutcome::Written { version })
                             }
@@ -900,11 +910,11 @@ impl Shared {
     }
 
     /// Ends the put `request`; `false` when it was over already.
-    fn put_end(&self, request: &Issued) -> Result<bool, RemoteError> {
+    fn put_end(&self, request: &Issued, root: [u8; 32]) -> Result<bool, RemoteError> {
         {
             let mut st = lock(&self.state);
             let link = link_of(&mut st, request.generation)?;
-            if link.client.put_end(request.id).is_err() {
+            if link.client.put_end(request.id, root).is_err() {
                 return Ok(false);
             }
             link.unsent = true;

@@ -186,10 +186,13 @@ pub enum Job {
         /// The bytes.
         bytes: Vec<u8>,
     },
-    /// A put's content is complete: verify it and make it visible; report with [`Server::put_done`].
+    /// A put's content is complete: verify it against `root` and make it visible; report with
+    /// [`Server::put_done`].
     PutEnd {
         /// The put.
         id: RequestId,
+        /// The root the client named for the content.
+        root: [u8; 32],
     },
     /// Run a write; report with [`Server::write_done`].
     Write {
@@ -209,7 +212,7 @@ impl Job {
             | Job::Pull { id, .. }
             | Job::Put { id, .. }
             | Job::PutData { id, .. }
-            | Job::PutEnd { id }
+            | Job::PutEnd { id, .. }
             | Job::Write { id, .. } => *id,
         }
     }
@@ -400,7 +403,7 @@ impl Server {
             Request::Subscribe { id } => (id, None, InFlight::Subscribed),
             Request::Pull { id, path } => (id, Some(Job::Pull { id, path }), InFlight::Pulling),
             Request::PutData { id, offset, bytes } => return self.put_data(id, offset, &bytes),
-            Request::PutEnd { id } => return self.put_end(id),
+            Request::PutEnd { id, root } => return self.put_end(id, root),
             Request::Put { id, put } => {
                 let state = InFlight::Putting {
                     path: put.path.clone(),
@@ -489,11 +492,11 @@ impl Server {
         }
     }
 
-    fn put_end(&mut self, id: RequestId) -> Result<(), ServerError> {
+    fn put_end(&mut self, id: RequestId, root: [u8; 32]) -> Result<(), ServerError> {
         match self.in_flight.get_mut(&id) {
             Some(InFlight::Putting { ended, .. }) if !*ended => {
                 *ended = true;
-                self.jobs.push_back(Job::PutEnd { id });
+                self.jobs.push_back(Job::PutEnd { id, root });
                 Ok(())
             }
             _ if self.dead_puts.contains(&id) => {

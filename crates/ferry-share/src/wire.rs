@@ -15,9 +15,9 @@
 //! | [`SUBSCRIBE`] | client | id |
 //! | [`CANCEL`] | client | id of the request to cancel |
 //! | [`PULL`] | client | id, path: the file or subtree, by the transfer protocol (the connection's only request) |
-//! | [`PUT`] | client | id, path, has base u8, base root \[32\], from base u8, size u64, root \[32\], mode u32, has mtime u8, mtime i64, nanoseconds u32 |
+//! | [`PUT`] | client | id, path, has base u8, base root \[32\], from base u8, size u64, mode u32, has mtime u8, mtime i64, nanoseconds u32 |
 //! | [`PUT_DATA`] | client | id (of the put), offset u64, then the bytes (the rest, ≤ [`MAX_PUT_DATA`]) |
-//! | [`PUT_END`] | client | id: the put's data is complete |
+//! | [`PUT_END`] | client | id, root \[32\]: the put's data is complete, and its content's BLAKE3 root |
 //! | [`MKDIR`] | client | id, path, mode u32 |
 //! | [`RMDIR`] | client | id, path |
 //! | [`UNLINK`] | client | id, path, has base u8, base root \[32\] |
@@ -42,7 +42,7 @@ use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, 
 use ferry_wire::{Put, Reader, WireError};
 
 /// Protocol version in [`HELLO`].
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Hello: the first message each way.
 pub const HELLO: u8 = 1;
@@ -425,10 +425,13 @@ pub enum Request {
         /// The bytes (at most [`MAX_PUT_DATA`]).
         bytes: Vec<u8>,
     },
-    /// A put's content is complete: verify it and make it visible.
+    /// A put's content is complete: verify it against `root` and make it visible. The root comes last so
+    /// that the client hashes the content as it sends it, not in a pass of its own before.
     PutEnd {
         /// The put.
         id: RequestId,
+        /// The BLAKE3 root of the new content, checked before anything becomes visible.
+        root: [u8; 32],
     },
     /// Create the directory `path`.
     Mkdir {
@@ -502,8 +505,6 @@ pub struct PutHeader {
     pub from_base: bool,
     /// The new content's size.
     pub size: u64,
-    /// The BLAKE3 root of the new content, checked before anything becomes visible.
-    pub root: [u8; 32],
     /// Permission bits of the new file.
     pub mode: u32,
     /// Its modification time (`None`: the time it lands).
@@ -696,7 +697,6 @@ impl Request {
                 put_root(out, &put.base);
                 out.put_u8(u8::from(put.from_base));
                 out.put_u64(put.size);
-                out.put(&put.root);
                 out.put_u32(put.mode);
                 put_time(out, &put.mtime);
             }
@@ -704,9 +704,10 @@ impl Request {
                 out.put(&put_data_header(*id, *offset));
                 out.put(bytes);
             }
-            Request::PutEnd { id } => {
+            Request::PutEnd { id, root } => {
                 out.put_u8(PUT_END);
                 out.put_u32(*id);
+                out.put(root);
             }
             Request::Mkdir { id, path, mode } => {
                 out.put_u8(MKDIR);
@@ -818,7 +819,6 @@ impl Request {
                 let base = get_root(&mut r)?;
                 let from_base = get_flag(&mut r)?;
                 let size = r.u64()?;
-                let root = r.array()?;
                 let mode = r.u32()?;
                 let mtime = get_time(&mut r)?;
                 if from_base && base.is_none() {
@@ -829,7 +829,6 @@ impl Request {
                     base,
                     from_base,
                     size,
-                    root,
                     mode,
                     mtime,
                 };
@@ -843,7 +842,10 @@ impl Request {
                     bytes: bytes.to_vec(),
                 });
             }
-            PUT_END => Request::PutEnd { id: r.u32()? },
+            PUT_END => Request::PutEnd {
+                id: r.u32()?,
+                root: r.array()?,
+            },
             MKDIR => Request::Mkdir {
                 id: r.u32()?,
                 path: SharePath::decode(&mut r)?,
@@ -1198,7 +1200,6 @@ mod tests {
                     base: Some([3; 32]),
                     from_base: true,
                     size: 1 << 33,
-                    root: [4; 32],
                     mode: 0o640,
                     mtime: Some(Time {
                         secs: -5,
@@ -1213,7 +1214,6 @@ mod tests {
                     base: None,
                     from_base: false,
                     size: 0,
-                    root: [0; 32],
                     mode: 0o600,
                     mtime: None,
                 },
@@ -1223,7 +1223,10 @@ mod tests {
                 offset: 4096,
                 bytes: b"xyz".to_vec(),
             },
-            Request::PutEnd { id: 7 },
+            Request::PutEnd {
+                id: 7,
+                root: [4; 32],
+            },
             Request::Mkdir {
                 id: 9,
                 path: SharePath::new(b"d").unwrap(),
@@ -1450,7 +1453,6 @@ mod tests {
                 base: Some([0; 32]),
                 from_base: true,
                 size: 0,
-                root: [0; 32],
                 mode: 0,
                 mtime: None,
             },

@@ -3,7 +3,7 @@
 //!
 //! A put writes into `.ferry-put-<random>` in the target's directory (copying the base's content with
 //! `copy_file_range` when the client sends only changed ranges), hashes the result and compares it with the
-//! root the client named: a mismatch changes nothing. Right before the rename, the conflict check: the path's
+//! root the client names at the put's end: a mismatch changes nothing. Right before the rename, the conflict check: the path's
 //! current version (its root, by the outboard cache; none when absent) must still be the put's base. Then the
 //! temp file is renamed over the path (`RENAME_NOREPLACE` when the base is none), so a reader on the sharer
 //! sees the old content or the new, never a mix. Otherwise the sharer's file stays as it is and the client's
@@ -445,6 +445,45 @@ fn hash_rest(file: &File, mut hasher: blake3::Hasher, from: u64, len: u64) -> io
     Ok(*hasher.finalize().as_bytes())
 }
 
+/// The root of a put's content, hashed as the content goes out: the bytes sent one after the other from the
+/// start (a new file, a file written whole) are hashed as they are sent, so the file is not read a second
+/// time to be hashed. Whatever did not go out so (the ranges of a file changed in place, holes) is read
+/// from the file at the end.
+#[derive(Debug, Clone, Default)]
+pub struct RunningRoot {
+    hasher: blake3::Hasher,
+    /// The bytes `0..len` are hashed.
+    len: u64,
+}
+
+impl RunningRoot {
+    /// Nothing hashed yet.
+    pub fn new() -> RunningRoot {
+        RunningRoot::default()
+    }
+
+    /// `bytes`, the file's bytes at `offset`, went out.
+    pub fn sent(&mut self, offset: u64, bytes: &[u8]) {
+        if offset == self.len {
+            self.hasher.update(bytes);
+            self.len += bytes.len() as u64;
+        }
+    }
+
+    /// How many bytes from the start are hashed.
+    pub fn hashed(&self) -> u64 {
+        self.len
+    }
+
+    /// The root of `file`'s first `size` bytes: what was hashed, then the rest read from the file.
+    pub fn root(&self, file: &File, size: u64) -> io::Result<[u8; 32]> {
+        match self.len <= size {
+            true => hash_rest(file, self.hasher.clone(), self.len, size),
+            false => hash(file, size),
+        }
+    }
+}
+
 /// A put being received: its temp file in the target's directory, removed on drop unless it landed.
 #[derive(Debug)]
 pub struct Upload {
@@ -485,8 +524,14 @@ impl Upload {
         Ok(())
     }
 
-    /// Verifies the content against its root, then lands it by the conflict rule (see the module).
-    pub fn finish(mut self, cache: &OutboardCache, peer: &str) -> Result<PutOutcome, FsError> {
+    /// Verifies the content against `want`, the root the client named at the put's end, then lands it by the
+    /// conflict rule (see the module).
+    pub fn finish(
+        mut self,
+        cache: &OutboardCache,
+        peer: &str,
+        want: [u8; 32],
+    ) -> Result<PutOutcome, FsError> {
         let path = self.put.path.clone();
         self.file.sync_data().map_err(|e| io_error(e, &path))?;
         let root = match self.hashed.take() {
@@ -495,7 +540,7 @@ impl Upload {
             None => hash(&self.file, self.put.size),
         }
         .map_err(|e| io_error(e, &path))?;
-        if root != self.put.root {
+        if root != want {
             return Err((
                 ErrorCode::Integrity,
                 format!(
@@ -646,5 +691,52 @@ mod tests {
         let long = conflict_name(&[b'x'; 255], &"p".repeat(200), &stamp, 12);
         assert_eq!(long.len(), 255);
         ferry_tree::path::check_name(&long).unwrap();
+    }
+
+    /// Bytes of a file sent in order, out of order, twice, or not at all: the root is always the file's,
+    /// and a file sent whole from its start is hashed without being read again.
+    #[test]
+    fn a_running_root_is_the_root_of_the_file_whatever_was_sent() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let dir = ferry_testkit::temp_dir("running-root");
+        for round in 0..200 {
+            let size = next(300_000);
+            let content = ferry_testkit::pseudo_random(size as usize, round);
+            let path = dir.path().join(format!("f{round}"));
+            std::fs::write(&path, &content).unwrap();
+            let file = File::open(&path).unwrap();
+            let mut running = RunningRoot::new();
+            let whole = next(3) == 0;
+            let mut at = 0u64;
+            while at < size {
+                let n = (1 + next(40_000)).min(size - at);
+                // Sent whole, or with jumps back (a range again) and ahead (a range left out).
+                let from = match (whole, next(4)) {
+                    (true, _) | (false, 0 | 1) => at,
+                    (false, 2) => at.saturating_sub(next(10_000)),
+                    (false, _) => (at + next(10_000)).min(size - n),
+                };
+                running.sent(from, &content[from as usize..(from + n) as usize]);
+                at = at.max(from + n);
+            }
+            assert_eq!(
+                running.root(&file, size).unwrap(),
+                hash(&file, size).unwrap(),
+                "round {round}"
+            );
+            assert_eq!(
+                *blake3::hash(&content).as_bytes(),
+                hash(&file, size).unwrap()
+            );
+            if whole {
+                assert_eq!(running.hashed(), size, "round {round}: sent whole");
+            }
+        }
     }
 }

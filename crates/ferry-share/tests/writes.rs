@@ -25,13 +25,12 @@ fn root_of(data: &[u8]) -> [u8; 32] {
 }
 
 /// A put of a whole file (mode 0640, no time given).
-fn header(path: &str, base: Option<[u8; 32]>, size: u64, root: [u8; 32]) -> PutHeader {
+fn header(path: &str, base: Option<[u8; 32]>, size: u64) -> PutHeader {
     PutHeader {
         path: p(path),
         base,
         from_base: false,
         size,
-        root,
         mode: 0o640,
         mtime: None,
     }
@@ -152,10 +151,10 @@ impl<'a> Pair<'a> {
         }
     }
 
-    /// Starts a put of `data` (whole) to `path`.
-    fn put(&mut self, path: &str, base: Option<[u8; 32]>, data: &[u8], root: [u8; 32]) -> u32 {
+    /// Starts a put of `data` (whole) to `path`; its end (with the root) is the caller's.
+    fn put(&mut self, path: &str, base: Option<[u8; 32]>, data: &[u8]) -> u32 {
         let size = data.len() as u64;
-        let id = self.client.put(header(path, base, size, root)).unwrap();
+        let id = self.client.put(header(path, base, size)).unwrap();
         for (i, chunk) in data.chunks(100_000).enumerate() {
             self.client
                 .put_data(id, (i * 100_000) as u64, chunk)
@@ -171,7 +170,7 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
     let disk = Disk::new();
     let mut pair = Pair::new(&disk, writable());
     let data = pseudo_random(1_000_000, 1);
-    let id = pair.put("sub/new.bin", None, &data, root_of(&data));
+    let id = pair.put("sub/new.bin", None, &data);
     // All its data is in, not its end: the content sits in a temp file that listings leave out.
     assert!(!disk.share().join("sub/new.bin").exists());
     assert_eq!(temps(&disk.share().join("sub")).len(), 1);
@@ -192,7 +191,7 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
     );
     let walk = ferry_share::subtree::Subtree::resolve(&disk.root, &p("sub")).unwrap();
     assert_eq!(walk.walk().manifest.entries.len(), 1, "the directory alone");
-    pair.client.put_end(id).unwrap();
+    pair.client.put_end(id, root_of(&data)).unwrap();
     pair.pump();
     assert!(matches!(pair.outcome(id), Event::Done { .. }));
     assert_eq!(
@@ -207,13 +206,8 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
 
     // The same bytes under another root: nothing changes, and no temp file stays.
     let other = pseudo_random(1_000_000, 2);
-    let id = pair.put(
-        "sub/new.bin",
-        Some(root_of(&data)),
-        &other,
-        root_of(&data[1..]),
-    );
-    pair.client.put_end(id).unwrap();
+    let id = pair.put("sub/new.bin", Some(root_of(&data)), &other);
+    pair.client.put_end(id, root_of(&data[1..])).unwrap();
     pair.pump();
     assert_eq!(pair.code(id), ErrorCode::Integrity);
     assert_eq!(
@@ -240,14 +234,11 @@ fn data_in_any_order_with_holes_lands_as_sent() {
     ];
     for (name, data, ranges) in sends {
         let size = data.len() as u64;
-        let id = pair
-            .client
-            .put(header(name, None, size, root_of(data)))
-            .unwrap();
+        let id = pair.client.put(header(name, None, size)).unwrap();
         for r in ranges {
             pair.client.put_data(id, r.start as u64, &data[r]).unwrap();
         }
-        pair.client.put_end(id).unwrap();
+        pair.client.put_end(id, root_of(data)).unwrap();
         pair.pump();
         assert!(matches!(pair.outcome(id), Event::Done { .. }), "{name}");
         assert_eq!(
@@ -263,8 +254,8 @@ fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
     let disk = Disk::new();
     let mut pair = Pair::new(&disk, ServerConfig::default());
     let data = b"never written".to_vec();
-    let put = pair.put("x", None, &data, root_of(&data));
-    pair.client.put_end(put).ok();
+    let put = pair.put("x", None, &data);
+    pair.client.put_end(put, root_of(&data)).ok();
     let ids = [
         put,
         pair.client.mkdir(p("d"), 0o755).unwrap(),
@@ -297,7 +288,7 @@ fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
 fn data_outside_the_size_fails_the_put_and_a_cancel_removes_its_temp_file() {
     let disk = Disk::new();
     let mut pair = Pair::new(&disk, writable());
-    let id = pair.client.put(header("f", None, 10, [0; 32])).unwrap();
+    let id = pair.client.put(header("f", None, 10)).unwrap();
     pair.pump();
     assert_eq!(temps(&disk.share()).len(), 1);
     // The client checks ranges; a hostile one does not.
@@ -314,9 +305,9 @@ fn data_outside_the_size_fails_the_put_and_a_cancel_removes_its_temp_file() {
         offset: 0,
         bytes: vec![1; 3],
     });
-    pair.raw(Request::PutEnd { id });
+    pair.raw(Request::PutEnd { id, root: [0; 32] });
 
-    let id = pair.client.put(header("f", None, 10, [0; 32])).unwrap();
+    let id = pair.client.put(header("f", None, 10)).unwrap();
     pair.client.put_data(id, 0, b"12345").unwrap();
     pair.pump();
     assert_eq!(temps(&disk.share()).len(), 1);
@@ -333,8 +324,8 @@ fn writes_that_leave_the_share_or_go_through_a_symlink_are_refused() {
     let mut pair = Pair::new(&disk, writable());
     let data = b"mine".to_vec();
     // Through a symlink to a directory inside the share: writes take no symlink on the way.
-    let through = pair.put("link/f", None, &data, root_of(&data));
-    pair.client.put_end(through).ok();
+    let through = pair.put("link/f", None, &data);
+    pair.client.put_end(through, root_of(&data)).ok();
     let mkdir = pair.client.mkdir(p("link/d"), 0o755).unwrap();
     // The name of a temp file.
     let temp = pair
@@ -381,10 +372,10 @@ fn writes_that_leave_the_share_or_go_through_a_symlink_are_refused() {
     // A symlink to outside swapped in for the file while its put is on the way: the put does not write
     // through it; the link stays and the content is kept beside it.
     let base = root_of(b"the sharer's words");
-    let id = pair.put("old.txt", Some(base), &data, root_of(&data));
+    let id = pair.put("old.txt", Some(base), &data);
     std::fs::remove_file(disk.share().join("old.txt")).unwrap();
     std::os::unix::fs::symlink("../secret", disk.share().join("old.txt")).unwrap();
-    pair.client.put_end(id).unwrap();
+    pair.client.put_end(id, root_of(&data)).unwrap();
     pair.pump();
     let Event::Conflicted { name, .. } = pair.outcome(id) else {
         panic!("{:?}", pair.outcome(id));
@@ -725,9 +716,7 @@ fn a_connection_dropped_mid_put_leaves_no_temp_file_and_stale_ones_are_swept() {
     {
         let mut session = s.connect(&key);
         let client = session.client();
-        let id = client
-            .put(header("docs/half.bin", None, 1 << 20, [0; 32]))
-            .unwrap();
+        let id = client.put(header("docs/half.bin", None, 1 << 20)).unwrap();
         client.put_data(id, 0, &[5; 1000]).unwrap();
         // A stat answered after the put's start and data: its temp file exists.
         session.stat(p("docs")).unwrap();
