@@ -49,6 +49,9 @@ pub const OTHER_DAEMON: &str = "FERRY_BENCH_MOUNT_B";
 /// Set (to anything): only the uncached rows run (and with `--rss-size`, the peak RSS row of every build).
 pub const ONLY_UNCACHED: &str = "FERRY_BENCH_MOUNT_ONLY_UNCACHED";
 
+/// Set: only the write rows (the 1 GiB write until verified on the sharer vs `ferry send`, `tar x`).
+pub const ONLY_WRITES: &str = "FERRY_BENCH_MOUNT_ONLY_WRITES";
+
 /// One daemon build's samples of the uncached rows.
 #[derive(Default)]
 struct Uncached {
@@ -143,6 +146,10 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
     let mnt = scratch.fresh("mnt")?;
     let gb = opts.file_bytes as f64 / 1e9;
 
+    if std::env::var_os(ONLY_WRITES).is_some() {
+        drop(share);
+        return mount_write::run(opts, &ends, &paired, &scratch, &src, report);
+    }
     // The sharer hashes a file's tree on its first read: done before anything is timed.
     warm_sharer(&paired, &share, &mnt, ferry)?;
     // Uncached: a fresh cache each run; `ferry pull` of the same file interleaved, and the mount daemon of

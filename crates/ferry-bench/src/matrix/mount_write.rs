@@ -37,13 +37,17 @@ pub(super) fn run(
     let gb = fs::metadata(src)?.len() as f64 / 1e9;
 
     let (mut written, mut sent) = (Vec::new(), Vec::new());
+    let (mut writing, mut pushing) = (Vec::new(), Vec::new());
     let m = Mount::new(paired, &share, &mnt, ends.ferry, &[])?;
     for run in 0..opts.runs {
         let out = scratch.fresh("send-out")?;
         sent.push(gb / ends.ferry_send(src, &out, scratch)?.secs);
         let _ = fs::remove_dir_all(&out);
         let name = format!("written-{run}.bin");
-        written.push(gb / write_through(src, &mnt.join(&name))?);
+        let (write, push) = write_through(src, &mnt.join(&name))?;
+        written.push(gb / (write + push));
+        writing.push(write / gb);
+        pushing.push(push / gb);
         if hash_file(&target.join(&name))? != want {
             return Err(io::Error::other(
                 "the file written through the mount differs on the sharer",
@@ -60,6 +64,18 @@ pub(super) fn run(
         )
         .with_baseline(median(&mut sent)),
     );
+    report.push(Row::new(
+        BENCH,
+        "  of which writing (until the last write returned)",
+        median(&mut writing),
+        "s/GB",
+    ));
+    report.push(Row::new(
+        BENCH,
+        "  of which the push (fsync until the sharer verified and landed it)",
+        median(&mut pushing),
+        "s/GB",
+    ));
 
     // tar x of the same small files as sshfs's row (100 B to 8 KiB, 100 to a directory), a fresh directory
     // in the mount each run; every file counted on the sharer.
@@ -89,9 +105,9 @@ pub(super) fn run(
     Ok(())
 }
 
-/// Copies `src` into the new file `dst` (in the mount) in 1 MiB writes and closes it; seconds, close
-/// included (that is when the sharer has it, verified).
-fn write_through(src: &FsPath, dst: &FsPath) -> io::Result<f64> {
+/// Copies `src` into the new file `dst` (in the mount) in 1 MiB writes, then fsync and close (that is when
+/// the sharer has it, verified); seconds writing, and seconds from there to close's return.
+fn write_through(src: &FsPath, dst: &FsPath) -> io::Result<(f64, f64)> {
     let mut from = File::open(src)?;
     let mut buf = vec![0u8; 1 << 20];
     let t0 = Instant::now();
@@ -103,10 +119,11 @@ fn write_through(src: &FsPath, dst: &FsPath) -> io::Result<f64> {
         }
         to.write_all(&buf[..n])?;
     }
+    let t1 = Instant::now();
     // close(2) reports the push's failure; File's drop would not.
     to.sync_all()?;
     drop(to);
-    Ok(t0.elapsed().as_secs_f64())
+    Ok(((t1 - t0).as_secs_f64(), t1.elapsed().as_secs_f64()))
 }
 
 /// Regular files under `dir`.
