@@ -108,9 +108,19 @@ pub enum ClientError {
     /// A packet did not decode.
     #[error("malformed answer: {0}")]
     Malformed(#[from] DecodeError),
-    /// No hello first, or an incompatible version.
-    #[error("the sharer did not start with a compatible hello")]
+    /// No hello first.
+    #[error("the sharer did not start with a hello")]
     Hello,
+    /// The sharer speaks another version of the share protocol (another ferry release).
+    #[error(
+        "the sharer speaks share protocol version {theirs}, this ferry version {}: run the same ferry \
+         release on both machines",
+        PROTOCOL_VERSION
+    )]
+    Version {
+        /// The sharer's version.
+        theirs: u16,
+    },
     /// An answer that fits no request in flight.
     #[error("unexpected answer for request {0}")]
     Unexpected(RequestId),
@@ -404,6 +414,7 @@ impl Client {
                     self.max_in_flight = self.max_in_flight.min(h.max_in_flight.max(1));
                     Ok(Some(Event::Ready { share: h.share }))
                 }
+                Response::Hello(h) => Err(ClientError::Version { theirs: h.version }),
                 _ => Err(ClientError::Hello),
             };
         }

@@ -233,9 +233,19 @@ pub enum ServerError {
     /// A packet did not decode.
     #[error("malformed request: {0}")]
     Malformed(#[from] DecodeError),
-    /// The first message was not a hello, or the version is not ours.
-    #[error("the client did not start with a compatible hello")]
+    /// The first message was not a hello.
+    #[error("the client did not start with a hello")]
     Hello,
+    /// The client speaks another version of the share protocol (another ferry release).
+    #[error(
+        "the client speaks share protocol version {theirs}, this ferry version {}: run the same ferry \
+         release on both machines",
+        PROTOCOL_VERSION
+    )]
+    Version {
+        /// The client's version.
+        theirs: u16,
+    },
     /// An id that is already in flight.
     #[error("request id {0} is already in flight")]
     DuplicateId(RequestId),
@@ -360,6 +370,7 @@ impl Server {
                     self.greeted = true;
                     Ok(())
                 }
+                Request::Hello(h) => Err(ServerError::Version { theirs: h.version }),
                 _ => Err(ServerError::Hello),
             };
         }

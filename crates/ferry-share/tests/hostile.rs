@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ferry_share::client::{Client, ClientError, Event, Failure};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::Files;
-use ferry_share::server::{Server, ServerConfig, DEFAULT_PIECE};
+use ferry_share::server::{Server, ServerConfig, ServerError, DEFAULT_PIECE};
 use ferry_share::tree::{encode_piece, Outboard, GROUP};
 use ferry_share::wire::{self, Entry, ErrorCode, Kind, RequestId, Response, SharePath, END};
 use ferry_testkit::pseudo_random;
@@ -400,6 +400,42 @@ fn a_ten_thousand_file_listing_comes_in_bounded_pages() {
         .map(|i| format!("f{i:05}").into_bytes())
         .collect();
     assert_eq!(names, want, "every name once, in order");
+}
+
+/// A peer running another ferry release (another share protocol version) is told so, on both sides, and
+/// nothing else is taken from it.
+#[test]
+fn a_peer_of_another_protocol_version_is_named_as_such() {
+    let other = wire::PROTOCOL_VERSION + 1;
+    let hello = |version| wire::Hello {
+        version,
+        max_in_flight: 8,
+        share: Vec::new(),
+    };
+    let mut client = Client::new(8);
+    let mut b = Vec::new();
+    Response::Hello(hello(other)).encode(&mut b);
+    let e = client.handle(&b).unwrap_err();
+    assert_eq!(e, ClientError::Version { theirs: other });
+    assert!(e.to_string().contains("same ferry release"), "{e}");
+    // Anything but a hello first is no version at all.
+    assert_eq!(
+        client
+            .handle(&packet(Response::Done { id: 1 }))
+            .unwrap_err(),
+        ClientError::Hello
+    );
+
+    let mut server = Server::new(ServerConfig::default());
+    b.clear();
+    wire::Request::Hello(hello(other)).encode(&mut b);
+    let e = server.handle(&b).unwrap_err();
+    assert_eq!(e, ServerError::Version { theirs: other });
+    assert!(e.to_string().contains(&format!("version {other}")), "{e}");
+    // The current version is taken.
+    b.clear();
+    wire::Request::Hello(hello(wire::PROTOCOL_VERSION)).encode(&mut b);
+    Server::new(ServerConfig::default()).handle(&b).unwrap();
 }
 
 /// A client that has read the sharer's hello.
