@@ -70,6 +70,9 @@ impl SessionError {
                 ChannelError::Tampered => C::Tampered,
                 _ => C::Protocol,
             },
+            // Another ferry release on the other side: as the channel's own version mismatch.
+            SessionError::Server(ServerError::Version { .. })
+            | SessionError::Client(ClientError::Version { .. }) => C::VersionMismatch,
             SessionError::Server(_) | SessionError::Client(_) => C::Protocol,
             SessionError::Remote(code, _) => match code {
                 // As a local path that is not there, or not of the kind asked for.

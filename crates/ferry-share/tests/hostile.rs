@@ -418,6 +418,11 @@ fn a_peer_of_another_protocol_version_is_named_as_such() {
     let e = client.handle(&b).unwrap_err();
     assert_eq!(e, ClientError::Version { theirs: other });
     assert!(e.to_string().contains("same ferry release"), "{e}");
+    // `ferry ls` and `pull` exit with the channel's version mismatch (4), not a broken protocol (8).
+    assert_eq!(
+        ferry_share::io::SessionError::from(e).code(),
+        ferry_wire::ErrorCode::VersionMismatch
+    );
     // Anything but a hello first is no version at all.
     assert_eq!(
         client
