@@ -132,6 +132,13 @@ pub enum DecodeError {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct SharePath(Vec<u8>);
 
+/// Its bytes: an ordered map of paths can give a prefix's range by bytes (the derived order is the bytes').
+impl std::borrow::Borrow<[u8]> for SharePath {
+    fn borrow(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl SharePath {
     /// The share itself.
     pub fn root() -> Self {
