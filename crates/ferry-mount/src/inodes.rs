@@ -389,11 +389,11 @@ impl Inodes {
         let mut inv = Invalidations::default();
         let prefix = path.as_bytes();
         // A file (or symlink) has no descendants: its own node is all there is to find. Otherwise (a
-        // directory, or a path this table does not hold, such as the sharer's temp file of a put) its node
-        // and the range of paths beneath it: never a walk over every node, which a burst of changes in a big
-        // tree would pay the square of its size for (10,000 files untarred into a mount that knew 10,000
-        // took twice the CPU per file). A node no path leads to any more (removed or renamed over, while
-        // the kernel holds it) is not looked for.
+        // directory, or a path this table does not hold, such as a file made on the sharer that the kernel
+        // never looked up) its node and the range of paths beneath it: never a walk over every node, which
+        // a burst of changes in a big tree would pay the square of its size for (10,000 files untarred into
+        // a mount that knew 10,000 took twice the CPU per file). A node no path leads to any more (removed
+        // or renamed over, while the kernel holds it) is not looked for.
         let leaf = self
             .by_path
             .get(path)
