@@ -759,7 +759,7 @@ impl<R: Read, W: Write> Session<R, W> {
                 let buf = self.writer.payload_buf(len)?;
                 buf[..header.len()].copy_from_slice(&header);
                 file.read_exact_at(&mut buf[header.len()..len], at)?;
-                running.sent(at, &buf[header.len()..len]);
+                running.update(at, &buf[header.len()..len]);
                 self.writer.send_payload_buf(len)?;
                 at += n as u64;
             }

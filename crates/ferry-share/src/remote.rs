@@ -560,7 +560,7 @@ impl Remote {
                         let n = (end - at).min(chunk as u64) as usize;
                         buf.resize(n, 0);
                         file.read_exact_at(&mut buf, at).map_err(local)?;
-                        running.sent(at, &buf);
+                        running.update(at, &buf);
                         if !s.put_data(&request, at, &buf)? {
                             // The put failed early: its answer is on the way.
                             break 'send;

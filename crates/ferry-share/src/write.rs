@@ -185,7 +185,7 @@ impl ShareRoot {
         }
         let (file, temp) = create_temp(&dir).map_err(|e| write_error(e, path))?;
         // A put from no base usually arrives in order from its start: hashed as it comes.
-        let hashed = (!put.from_base).then(|| (blake3::Hasher::new(), 0));
+        let hashed = (!put.from_base).then(RunningRoot::new);
         let upload = Upload {
             dir,
             name,
@@ -445,15 +445,23 @@ fn hash_rest(file: &File, mut hasher: blake3::Hasher, from: u64, len: u64) -> io
     Ok(*hasher.finalize().as_bytes())
 }
 
-/// The root of a put's content, hashed as the content goes out: the bytes sent one after the other from the
-/// start (a new file, a file written whole) are hashed as they are sent, so the file is not read a second
-/// time to be hashed. Whatever did not go out so (the ranges of a file changed in place, holes) is read
-/// from the file at the end.
-#[derive(Debug, Clone, Default)]
+/// The root of a put's content, hashed as its bytes go by: on the client as they are sent, on the sharer as
+/// they are written. The bytes that come one after the other from the start (a new file, a file written
+/// whole) are hashed as they come, so the file is not read again to be hashed; whatever did not come so (the
+/// ranges of a file changed in place, holes) is read from the file at the end, and bytes written over ones
+/// already hashed make the whole file read at the end.
+#[derive(Debug, Clone)]
 pub struct RunningRoot {
-    hasher: blake3::Hasher,
-    /// The bytes `0..len` are hashed.
-    len: u64,
+    /// The hash of the file's bytes `0..len` as they are now, while that holds.
+    hashed: Option<(blake3::Hasher, u64)>,
+}
+
+impl Default for RunningRoot {
+    fn default() -> Self {
+        RunningRoot {
+            hashed: Some((blake3::Hasher::new(), 0)),
+        }
+    }
 }
 
 impl RunningRoot {
@@ -462,24 +470,30 @@ impl RunningRoot {
         RunningRoot::default()
     }
 
-    /// `bytes`, the file's bytes at `offset`, went out.
-    pub fn sent(&mut self, offset: u64, bytes: &[u8]) {
-        if offset == self.len {
-            self.hasher.update(bytes);
-            self.len += bytes.len() as u64;
+    /// `bytes` are the file's bytes at `offset` now (sent from it, or written into it).
+    pub fn update(&mut self, offset: u64, bytes: &[u8]) {
+        match &mut self.hashed {
+            Some((hasher, len)) if *len == offset => {
+                hasher.update(bytes);
+                *len += bytes.len() as u64;
+            }
+            // Over bytes already hashed: the end reads the whole file.
+            Some((_, len)) if offset < *len && !bytes.is_empty() => self.hashed = None,
+            // Past them (a hole, a range ahead): read from the file at the end.
+            _ => {}
         }
     }
 
     /// How many bytes from the start are hashed.
     pub fn hashed(&self) -> u64 {
-        self.len
+        self.hashed.as_ref().map_or(0, |(_, len)| *len)
     }
 
     /// The root of `file`'s first `size` bytes: what was hashed, then the rest read from the file.
     pub fn root(&self, file: &File, size: u64) -> io::Result<[u8; 32]> {
-        match self.len <= size {
-            true => hash_rest(file, self.hasher.clone(), self.len, size),
-            false => hash(file, size),
+        match &self.hashed {
+            Some((hasher, len)) if *len <= size => hash_rest(file, hasher.clone(), *len, size),
+            _ => hash(file, size),
         }
     }
 }
@@ -492,8 +506,8 @@ pub struct Upload {
     temp: Vec<u8>,
     file: File,
     put: PutHeader,
-    /// The content hashed so far and where it ends, while the data arrived in order from the start.
-    hashed: Option<(blake3::Hasher, u64)>,
+    /// The content hashed as it arrived (`None` for a put from a base, whose content is read at the end).
+    hashed: Option<RunningRoot>,
     landed: bool,
 }
 
@@ -513,13 +527,8 @@ impl Upload {
         self.file
             .write_all_at(bytes, offset)
             .map_err(|e| io_error(e, &self.put.path))?;
-        match &mut self.hashed {
-            Some((hasher, at)) if *at == offset => {
-                hasher.update(bytes);
-                *at += bytes.len() as u64;
-            }
-            // Out of order: the end hashes the file.
-            _ => self.hashed = None,
+        if let Some(running) = &mut self.hashed {
+            running.update(offset, bytes);
         }
         Ok(())
     }
@@ -534,9 +543,9 @@ impl Upload {
     ) -> Result<PutOutcome, FsError> {
         let path = self.put.path.clone();
         self.file.sync_data().map_err(|e| io_error(e, &path))?;
-        let root = match self.hashed.take() {
-            // Holes after the last range are read back (zeros).
-            Some((hasher, at)) => hash_rest(&self.file, hasher, at, self.put.size),
+        // Holes after the last range are read back (zeros).
+        let root = match &self.hashed {
+            Some(running) => running.root(&self.file, self.put.size),
             None => hash(&self.file, self.put.size),
         }
         .map_err(|e| io_error(e, &path))?;
@@ -693,6 +702,31 @@ mod tests {
         ferry_tree::path::check_name(&long).unwrap();
     }
 
+    /// On the sharer a client may write a range again with other bytes: what was hashed of the old ones
+    /// no longer counts.
+    #[test]
+    fn bytes_written_over_hashed_ones_make_the_root_read_from_the_file() {
+        let dir = ferry_testkit::temp_dir("running-root-over");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let mut running = RunningRoot::new();
+        for (at, bytes) in [(0u64, &b"first bytes"[..]), (6, b"BYTES, then more")] {
+            file.write_all_at(bytes, at).unwrap();
+            running.update(at, bytes);
+        }
+        let size = file.metadata().unwrap().len();
+        assert_eq!(running.hashed(), 0);
+        assert_eq!(
+            running.root(&file, size).unwrap(),
+            hash(&file, size).unwrap()
+        );
+    }
+
     /// Bytes of a file sent in order, out of order, twice, or not at all: the root is always the file's,
     /// and a file sent whole from its start is hashed without being read again.
     #[test]
@@ -722,7 +756,7 @@ mod tests {
                     (false, 2) => at.saturating_sub(next(10_000)),
                     (false, _) => (at + next(10_000)).min(size - n),
                 };
-                running.sent(from, &content[from as usize..(from + n) as usize]);
+                running.update(from, &content[from as usize..(from + n) as usize]);
                 at = at.max(from + n);
             }
             assert_eq!(
