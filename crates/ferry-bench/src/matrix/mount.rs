@@ -539,6 +539,11 @@ impl Mount {
         })
     }
 
+    /// The daemon's process id.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.child.id()
+    }
+
     /// The daemon's peak resident set so far, KiB.
     fn peak_rss_kib(&self) -> u64 {
         vm_hwm_kib(self.child.child.id()).unwrap_or(0)
@@ -629,7 +634,7 @@ fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> 
 /// in this loop it was always the pull (after the floors), while the mount's read reused the pages the
 /// pull's output had just freed, and the ratio was 1.18-1.75 where with both steps on touched memory it is
 /// 0.67-0.78.
-fn touch_free_memory(scratch: &Scratch, bytes: u64) -> io::Result<()> {
+pub(super) fn touch_free_memory(scratch: &Scratch, bytes: u64) -> io::Result<()> {
     let dir = scratch.fresh("touched")?;
     let mut file = File::create(dir.join("zeros"))?;
     let buf = vec![0u8; 1 << 20];
@@ -729,7 +734,7 @@ fn cpu_by_thread_kind(pid: u32) -> [f64; DAEMON_THREADS.len()] {
 
 /// CPU seconds (user + system) process `pid` used so far, from /proc (clock ticks of 1/100 s, as
 /// `/proc/PID/stat` always counts them); 0 when it cannot be read.
-fn cpu_secs(pid: u32) -> f64 {
+pub(super) fn cpu_secs(pid: u32) -> f64 {
     stat_cpu_secs(FsPath::new(&format!("/proc/{pid}/stat")))
 }
 
