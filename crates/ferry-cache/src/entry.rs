@@ -3,7 +3,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::ops::Range;
-use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,7 +13,9 @@ use ferry_share::tree::{Version, GROUP};
 
 use crate::disk::{base_name, open_data, remove_if_present, Stamp};
 use crate::groups::{Cv, Groups};
-use crate::verify::{combines_to_root, group_count, group_cv, hash_again, present_bytes, span};
+use crate::verify::{
+    combines_to_root, group_count, group_cv, hash_again, hash_groups, present_bytes, span,
+};
 use crate::{lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES};
 
 /// Bytes an entry larger than the cache drops of itself at once to make room ([`Entry::shed`]).
@@ -521,6 +523,86 @@ impl Entry {
             dropped,
             mismatch: false,
         }))
+    }
+
+    /// Takes the file at `from` as the version's whole content without copying it (a file written
+    /// elsewhere, such as a mount's working copy once pushed): hashed group by group, then renamed into the
+    /// cache only if it makes the root. `from` must be on the cache's file system and no longer written.
+    /// `Ok(false)`, with `from` left where it is, when it is not the version, when the entry is complete
+    /// already or was removed, when the cache has no room for it, or when it is on another file system.
+    pub fn adopt(&self, from: &Path) -> Result<bool, CacheError> {
+        let inner = &self.inner;
+        let size = inner.version.size;
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(from)?;
+        let meta = file.metadata()?;
+        if !meta.is_file() || meta.len() != size {
+            return Ok(false);
+        }
+        let Some(cvs) = hash_groups(&file, size)? else {
+            return Ok(false);
+        };
+        if !combines_to_root(&inner.version, &cvs) {
+            return Ok(false);
+        }
+        let need = {
+            let st = read(&inner.state);
+            if st.removed || st.complete {
+                return Ok(false);
+            }
+            size - present_bytes(&inner.version, &st.groups)
+        };
+        self.touch();
+        if !self.shared.reserve(inner, need) {
+            return Ok(false);
+        }
+        let mut st = write(&inner.state);
+        let present = present_bytes(&inner.version, &st.groups);
+        let moved = match (
+            st.removed || st.complete,
+            fs::rename(from, &inner.data_path),
+        ) {
+            (true, _) => Ok(false),
+            (false, Ok(())) => Ok(true),
+            (false, Err(e)) if e.raw_os_error() == Some(libc::EXDEV) => Ok(false),
+            (false, Err(e)) => Err(e),
+        };
+        if !matches!(moved, Ok(true)) {
+            drop(st);
+            self.shared.release(inner, need);
+            return moved.map_err(CacheError::from);
+        }
+        // From here the file at the data path is the adopted one, whatever else happens.
+        let _ = fs::set_permissions(&inner.data_path, fs::Permissions::from_mode(0o600));
+        st.file = None;
+        st.groups.clear();
+        st.groups.insert(0, &cvs);
+        st.complete = true;
+        st.changed = true;
+        st.dirty += size - present;
+        let opened = open_data(&inner.data_path, size);
+        let same = |f: &File| {
+            f.metadata()
+                .is_ok_and(|m| m.dev() == meta.dev() && m.ino() == meta.ino())
+        };
+        // A file other than the one hashed at the path (swapped meanwhile) is checked before any use.
+        st.seen = match &opened {
+            Ok(f) if same(f) => Stamp::at(&inner.data_path),
+            _ => None,
+        };
+        st.file = opened.ok();
+        drop(st);
+        // `need` was reserved when fewer or more groups were present than now: the count made exact.
+        let added = size - present;
+        self.shared.account(
+            inner,
+            added.saturating_sub(need),
+            need.saturating_sub(added),
+        );
+        let _ = inner.write_record();
+        Ok(true)
     }
 
     /// Whether every byte is present and the whole makes the version's root.

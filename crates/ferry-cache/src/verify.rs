@@ -104,6 +104,29 @@ pub(crate) fn hash_again(file: &File, size: u64, groups: &Groups) -> io::Result<
     Ok(bad)
 }
 
+/// The values of every group of `file`'s first `size` bytes, in order (one thread, 1 MiB reads); `None`
+/// when the file is shorter.
+pub(crate) fn hash_groups(file: &File, size: u64) -> io::Result<Option<Vec<Cv>>> {
+    let n = group_count(size);
+    let mut cvs = Vec::with_capacity(n as usize);
+    let mut buf = vec![0u8; (BATCH * GROUP) as usize];
+    let mut g = 0;
+    while g < n {
+        let batch = BATCH.min(n - g);
+        let want = span(size, g..g + batch) as usize;
+        if read_full(file, &mut buf[..want], g * GROUP)? < want {
+            return Ok(None);
+        }
+        for i in 0..batch {
+            let at = (i * GROUP) as usize;
+            let len = span(size, g + i..g + i + 1) as usize;
+            cvs.push(group_cv(size, g + i, &buf[at..at + len]));
+        }
+        g += batch;
+    }
+    Ok(Some(cvs))
+}
+
 /// Whether the values of every group of `version`, in order, combine to its root.
 pub(crate) fn combines_to_root(version: &Version, cvs: &[Cv]) -> bool {
     if version.size == 0 {

@@ -685,3 +685,99 @@ fn reads_during_alterations_on_disk_give_the_right_bytes_or_missing() {
         .collect();
     assert_eq!(e.missing(0..v.size), want);
 }
+
+#[test]
+fn a_file_written_elsewhere_is_adopted_whole_without_a_copy() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let dir = t.path().join("cache");
+    let cache = Cache::open(&dir, 1 << 30).unwrap();
+    let mut used = 0;
+    // Across the hashing's 1 MiB batches, with a short last group; one with groups present already.
+    for (i, len) in [1, G, G + 1, 7 * G - 3, 130 * G + 5]
+        .into_iter()
+        .enumerate()
+    {
+        let (data, v) = file(len, 100 + i as u64);
+        let e = cache.entry(v).unwrap();
+        if len > 2 * G {
+            assert!(put(&e, &data, 1..2));
+        }
+        let from = t.path().join(format!("written-{i}"));
+        fs::write(&from, &data).unwrap();
+        let ino = fs::metadata(&from).unwrap().ino();
+        assert!(e.adopt(&from).unwrap(), "len {len}");
+        assert!(!from.exists(), "the file moved, len {len}");
+        let (data_path, _) = files_of(&dir, &v);
+        assert_eq!(fs::metadata(&data_path).unwrap().ino(), ino, "no copy");
+        assert_eq!(
+            fs::metadata(&data_path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(e.is_complete(), "len {len}");
+        assert!(e.missing(0..len as u64).is_empty());
+        assert_eq!(read(&e, 0, len).unwrap(), data, "len {len}");
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut e.backing().unwrap().expect("complete"), &mut back)
+            .unwrap();
+        assert_eq!(back, data);
+        used += len as u64;
+        assert_eq!(cache.used(), used, "len {len}");
+    }
+    // The record says so: a restart finds the entries whole.
+    drop(cache);
+    let cache = Cache::open(&dir, 1 << 30).unwrap();
+    assert_eq!(cache.used(), used);
+    for (i, len) in [1, G, G + 1, 7 * G - 3, 130 * G + 5]
+        .into_iter()
+        .enumerate()
+    {
+        let (data, v) = file(len, 100 + i as u64);
+        let e = cache.entry(v).unwrap();
+        assert!(e.is_complete(), "len {len}");
+        assert_eq!(read(&e, 0, len).unwrap(), data);
+    }
+}
+
+#[test]
+fn a_file_that_is_not_the_version_or_finds_no_room_is_left_where_it_is() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let dir = t.path().join("cache");
+    let cache = Cache::open(&dir, 64 * GROUP).unwrap();
+    let (data, v) = file(9 * G + 100, 7);
+    let e = cache.entry(v).unwrap();
+    assert!(put(&e, &data, 2..4));
+    let from = t.path().join("written");
+    let refused = |bytes: &[u8], why: &str| {
+        fs::write(&from, bytes).unwrap();
+        assert!(!e.adopt(&from).unwrap(), "{why}");
+        assert_eq!(fs::read(&from).unwrap(), bytes, "{why}: left as it was");
+        assert_eq!(cache.used(), 2 * GROUP, "{why}");
+        assert_eq!(
+            e.missing(0..v.size),
+            vec![0..2 * GROUP, 4 * GROUP..v.size],
+            "{why}"
+        );
+        assert_eq!(read(&e, 2 * G, G).unwrap(), &data[2 * G..3 * G], "{why}");
+    };
+    let mut other = data.clone();
+    other[5 * G + 17] ^= 1;
+    refused(&other, "one byte differs");
+    refused(&data[..data.len() - 1], "one byte short");
+    let mut longer = data.clone();
+    longer.push(0);
+    refused(&longer, "one byte more");
+    // A version larger than the whole cache.
+    let (big, bv) = file(65 * G, 8);
+    let be = cache.entry(bv).unwrap();
+    fs::write(&from, &big).unwrap();
+    assert!(!be.adopt(&from).unwrap());
+    assert!(from.exists());
+    drop(be);
+    // A complete entry takes nothing more.
+    fs::write(&from, &data).unwrap();
+    assert!(e.adopt(&from).unwrap());
+    fs::write(&from, &data).unwrap();
+    assert!(!e.adopt(&from).unwrap());
+    assert!(from.exists());
+    assert_eq!(cache.used(), data.len() as u64);
+}

@@ -374,7 +374,17 @@ fn a_written_file_reads_from_the_local_cache_without_coming_back_from_the_sharer
     let _sharer = sharing_with(&w, &["--writable"]);
     let mut m = Mounted::start(&w, &[]);
     let content = pseudo_random(3_000_000, 17);
-    fs::write(m.path("made-here.bin"), &content).unwrap();
+    let mut f = fs::File::create(m.path("made-here.bin")).unwrap();
+    f.write_all(&content).unwrap();
+    f.sync_all().unwrap();
+    // While the file is open, its working copy is the one file in the cache's `writes` directory.
+    let copies: Vec<_> = fs::read_dir(m.cache.join("writes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    let copy = fs::metadata(&copies[0]).unwrap();
+    drop(f);
     // The pushed version goes into the chunk cache: an open of it soon passes through to the cache file
     // (an open reads nothing).
     let before = m.stats()["passthrough-opens"];
@@ -383,6 +393,15 @@ fn a_written_file_reads_from_the_local_cache_without_coming_back_from_the_sharer
         m.stats()["passthrough-opens"] > before
     });
     assert_eq!(digest(&m.path("made-here.bin")), blake3::hash(&content));
+    // The cache file is the working copy itself, moved there once the file was closed: not a copy of it.
+    let data = m.cache.join(format!(
+        "{}-{}.data",
+        blake3::hash(&content).to_hex(),
+        content.len()
+    ));
+    let cached = fs::metadata(&data).unwrap();
+    assert_eq!((cached.dev(), cached.ino()), (copy.dev(), copy.ino()));
+    assert!(!copies[0].exists());
     assert_eq!(
         m.stats()["from-peer"],
         0,

@@ -2,6 +2,7 @@
 
 use std::fs::File;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use ferry_cache::{Cache, Entry};
@@ -47,6 +48,10 @@ impl Chunks for Entry {
 
     fn backing(&self) -> Option<File> {
         Entry::backing(self).ok().flatten()
+    }
+
+    fn adopt(&self, path: &Path) -> Result<bool, StoreError> {
+        Entry::adopt(self, path).map_err(failed)
     }
 }
 

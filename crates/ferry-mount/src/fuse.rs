@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ferry_share::tree::{Version, GROUP};
+use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, Kind, SharePath, Time};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -474,7 +474,19 @@ impl<S: Source + Sink> Shared<S> {
     /// Lets go of `ino`'s working copy `copy` (pushed, or conflicted, or its file removed).
     fn drop_copy(&self, ino: u64, copy: &writes::Shared) {
         if self.writes().is_ok_and(|w| w.remove(ino, copy)) {
+            writes::lock(copy).release();
             self.inodes().hold(ino, false);
+        }
+    }
+
+    /// Lets go of `ino`'s working copy `copy` with nothing unpushed: its content is its base, the sharer's
+    /// version, which the store takes from it (on the seeding thread: a close does not wait for it; a read
+    /// meanwhile fetches what is not there yet).
+    fn let_go(&self, ino: u64, copy: &writes::Shared) {
+        self.drop_copy(ino, copy);
+        let base = writes::lock(copy).base();
+        if let (Some(version), Some(tx)) = (base, self.seeds.get()) {
+            let _ = tx.send((version, Arc::clone(copy)));
         }
     }
 
@@ -608,9 +620,6 @@ impl<S: Source + Sink> Shared<S> {
                     t.wrote(ino, e);
                 }
                 t.set_version(ino, version);
-                drop(t);
-                drop(c);
-                self.seed(version, copy);
                 Ok(())
             }
             Ok(Pushed::Conflicted(name)) => {
@@ -689,16 +698,8 @@ impl<S: Source + Sink> Shared<S> {
                 let _ = self.push(ino, &c);
             }
             if !writes::lock(&c).is_dirty() && !self.has_writers(ino) {
-                self.drop_copy(ino, &c);
+                self.let_go(ino, &c);
             }
-        }
-    }
-
-    /// Puts the pushed content into the store as `version` (on the seeding thread, after the push's
-    /// answer: a close does not wait for it; a read meanwhile fetches what is not there yet).
-    fn seed(&self, version: Version, copy: &writes::Shared) {
-        if let Some(tx) = self.seeds.get() {
-            let _ = tx.send((version, Arc::clone(copy)));
         }
     }
 
@@ -920,31 +921,20 @@ impl<S: Source + Sink> Shared<S> {
     }
 }
 
-/// Puts `copy`'s content into `store` as `version`, so that it reads locally (and with passthrough) from now
-/// on without fetching it back; it stops when the copy is written again (its own push seeds that). The copy
-/// is locked only to read each piece: a close or write of the file never waits for the seeding (a close
-/// right after an fsync of 1 GiB did, for seconds).
+/// Hands the file of `copy` (let go of, its content the sharer's `version`) to `store` as that version,
+/// so that it reads locally (and with passthrough) from now on without fetching it back: moved and hashed
+/// once, never copied, and taken only if it makes the version's root (so not a copy whose unpushed writes
+/// were discarded).
 fn seed(store: &dyn Store, version: Version, copy: &writes::Shared) {
+    let mut c = writes::lock(copy);
+    if c.base() != Some(version) || !c.is_released() {
+        return;
+    }
     let Ok(chunks) = store.entry(version) else {
         return;
     };
-    let step = (MAX_REQUEST as u64).max(GROUP) / GROUP * GROUP;
-    let mut at = 0;
-    while at < version.size && !chunks.is_complete() {
-        let bytes = {
-            let c = writes::lock(copy);
-            if c.base() != Some(version) || c.is_dirty() {
-                return;
-            }
-            match c.read_at(at, step as u32) {
-                Ok(b) => b,
-                Err(_) => return,
-            }
-        };
-        if bytes.is_empty() || chunks.insert(at, &bytes, &[]).is_err() {
-            return;
-        }
-        at += bytes.len() as u64;
+    if !chunks.is_complete() {
+        c.hand_over(|path| chunks.adopt(path).unwrap_or(false));
     }
 }
 
@@ -1151,7 +1141,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
                 if let Some(c) = self.shared.copy(o.ino) {
                     let pushed = self.shared.push(o.ino, &c);
                     if pushed.is_ok() && !writes::lock(&c).is_dirty() {
-                        self.shared.drop_copy(o.ino, &c);
+                        self.shared.let_go(o.ino, &c);
                     }
                 }
             }

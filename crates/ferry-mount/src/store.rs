@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 use ferry_share::tree::{GroupCv, Version};
@@ -28,6 +29,10 @@ pub trait Chunks: Send + Sync {
     fn is_complete(&self) -> bool;
     /// A file holding exactly the version's bytes, when complete and verified (for FUSE passthrough).
     fn backing(&self) -> Option<File>;
+    /// Takes the file at `path` (on the store's file system, no longer written) as the version's whole
+    /// content, by moving it, not copying it; `Ok(false)`, with the file left where it is, when it is not
+    /// the version or the store cannot take it.
+    fn adopt(&self, path: &Path) -> Result<bool, StoreError>;
 }
 
 /// The chunk stores of all versions.

@@ -61,13 +61,17 @@ pub struct WorkingCopy {
     last_write: Instant,
     /// The last push failed (the link was lost): retried, and said once it lands.
     failed: bool,
+    /// Its last writer let go of it and it left the mount's copies: nothing writes it any more.
+    released: bool,
+    /// Its file was handed over (to the cache): not removed with the copy.
+    handed_over: bool,
 }
 
 impl Drop for WorkingCopy {
     /// A copy with nothing unpushed goes with its file; a dirty one (the mount stops while the sharer is
     /// away) stays with its journal, for the next mount of the share to push.
     fn drop(&mut self) {
-        if !self.dirty {
+        if !self.dirty && !self.handed_over {
             let _ = std::fs::remove_file(&self.path);
             let _ = std::fs::remove_file(journal_of(&self.path));
         }
@@ -190,6 +194,8 @@ impl WorkingCopy {
             modified: SystemTime::now(),
             last_write: Instant::now(),
             failed: false,
+            released: false,
+            handed_over: false,
         })
     }
 
@@ -344,9 +350,25 @@ impl WorkingCopy {
         }
     }
 
-    /// The file holding the content (for seeding the cache after a push).
-    pub fn file(&self) -> &File {
-        &self.file
+    /// Marks the copy let go of: its last writer closed it and the mount dropped it from its copies.
+    pub fn release(&mut self) {
+        self.released = true;
+    }
+
+    /// Whether its last writer let go of it.
+    pub fn is_released(&self) -> bool {
+        self.released
+    }
+
+    /// Gives the copy's file to `take` (which moves it, as the cache does when it adopts a pushed file)
+    /// if the copy is pushed and let go of; true once `take` took it. The copy then no longer removes
+    /// the file when it goes.
+    pub fn hand_over(&mut self, take: impl FnOnce(&Path) -> bool) -> bool {
+        if self.dirty || !self.released || self.handed_over {
+            return false;
+        }
+        self.handed_over = take(&self.path);
+        self.handed_over
     }
 
     /// Whether the last push failed; `failed` is the new state.

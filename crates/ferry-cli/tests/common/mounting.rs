@@ -42,6 +42,8 @@ pub fn have(test: &str, program: &str) -> bool {
 pub struct Mounted {
     pub process: Option<Watched>,
     pub dir: PathBuf,
+    /// The mount's cache directory, as its `mounted` event names it.
+    pub cache: PathBuf,
 }
 
 impl Mounted {
@@ -58,10 +60,11 @@ impl Mounted {
             .spawn()
             .expect("spawn ferry mount");
         let mut process = Watched::new(child);
-        process.wait_for(|e| e["event"] == "mounted");
+        let mounted = process.wait_for(|e| e["event"] == "mounted");
         Mounted {
             process: Some(process),
             dir,
+            cache: PathBuf::from(mounted["cache"].as_str().unwrap_or_default()),
         }
     }
 
