@@ -143,7 +143,18 @@ pub(crate) fn next_status(stream: &mut TcpStream, role: Role) -> Result<Status, 
             Err(e) => return Err(e.into()),
         }
     };
-    match Status::from_byte(status) {
+    let known = Status::from_byte(status);
+    // A relay closes the connection right after a refusal (`refuse`: the byte, then its write side). Bytes
+    // after one mean the other end is no relay: a ferry peer's handshake, say, whose first byte happened to
+    // read as a refusal (6 of the 256 values do).
+    let refusal = !matches!(
+        known,
+        None | Some(Status::Waiting | Status::Paired | Status::Listening)
+    );
+    if refusal && more_follow(stream) {
+        return Err(RelayError::UnknownStatus(status));
+    }
+    match known {
         Some(s @ (Status::Waiting | Status::Paired | Status::Listening)) => Ok(s),
         Some(Status::RateLimited) => Err(RelayError::RateLimited),
         Some(Status::Full) => Err(RelayError::Full),
@@ -152,6 +163,19 @@ pub(crate) fn next_status(stream: &mut TcpStream, role: Role) -> Result<Status, 
         Some(Status::Taken) => Err(RelayError::Taken(role)),
         Some(Status::TooMany) => Err(RelayError::TooMany),
         None => Err(RelayError::UnknownStatus(status)),
+    }
+}
+
+/// Whether another byte comes after a refusal's status before the end of the stream (within the stream's
+/// read timeout; a read that fails counts as none).
+fn more_follow(stream: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    loop {
+        match stream.read(&mut b) {
+            Ok(n) => return n > 0,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
     }
 }
 

@@ -636,3 +636,39 @@ fn a_paired_session_ends_at_its_lifetime() {
     pump.join().unwrap();
     assert_eq!(relay.stop().lifetime_closed, 1);
 }
+
+/// An end that is no relay, whose first answer byte happens to read as a refusal (a ferry peer's handshake
+/// starts with 64 bytes that look random): the client says it is no relay, not that the relay refused.
+/// The same byte followed by the end of the stream, as a relay sends it, is that refusal.
+#[test]
+fn a_refusal_byte_followed_by_more_bytes_is_no_relay() {
+    for (status, more) in [(2u8, true), (4, true), (7, true), (4, false), (6, false)] {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut hello = [0u8; 34];
+            s.read_exact(&mut hello).unwrap();
+            let mut answer = vec![status];
+            if more {
+                answer.extend((1..64u8).map(|i| i.wrapping_mul(37)));
+            }
+            s.write_all(&answer).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            // Held until the client is done, as a peer waiting for the rest of a handshake would.
+            let _ = s.read(&mut [0u8; 1]);
+        });
+        let err = connect(addr, Role::Receiver, hash(400), T).unwrap_err();
+        match more {
+            true => assert!(
+                matches!(err, RelayError::UnknownStatus(s) if s == status),
+                "status {status}: {err}"
+            ),
+            false => assert!(
+                !matches!(err, RelayError::UnknownStatus(_)),
+                "status {status}: {err}"
+            ),
+        }
+        peer.join().unwrap();
+    }
+}
