@@ -300,9 +300,9 @@ fn a_sequential_read_is_streamed_in_large_requests_and_fetched_once() {
     }
     assert!(got == content, "sequential read differs");
     let reads = sharer.reads.load(Ordering::Relaxed);
-    // 256 FUSE reads of 128 KiB; the sharer sees about one request per MiB (plus the open). A read that
-    // finds nothing claimed yet fetches its own 128 KiB, which the parallel tests of a loaded machine make
-    // happen now and then (74 requests seen once in CI): reads that were never streamed make 256 or more.
+    // 256 FUSE reads of 128 KiB; the sharer sees about one request per MiB (plus the open). On a loaded
+    // machine (the parallel tests) a read now and then finds part of its piece claimed by the stream and
+    // fetches the rest itself, in smaller requests (74 seen once in CI); a request per read would be 256.
     assert!(reads <= 128, "{reads} requests for 32 MiB");
     assert_eq!(sharer.bytes.load(Ordering::Relaxed), content.len() as u64);
     // Read again: all from the store.
