@@ -654,7 +654,8 @@ fn a_refusal_byte_followed_by_more_bytes_is_no_relay() {
                 answer.extend((1..64u8).map(|i| i.wrapping_mul(37)));
             }
             s.write_all(&answer).unwrap();
-            s.shutdown(Shutdown::Write).unwrap();
+            // The client may have read enough and hung up already (then this fails, harmlessly).
+            let _ = s.shutdown(Shutdown::Write);
             // Held until the client is done, as a peer waiting for the rest of a handshake would.
             let _ = s.read(&mut [0u8; 1]);
         });
