@@ -170,15 +170,11 @@ pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -
         ("page cache", floor::Mode::PageCache, Uncached::default()),
         ("direct I/O", floor::Mode::DirectIo, Uncached::default()),
     ];
-    // The order alternates from run to run (pull first, then the daemons; then the daemons in reverse,
-    // then pull): a step's place in the run moves its figures by up to 7 % here (the same build measured
-    // as A and as B, 2026-11-27), and alternating gives every step each place equally often.
+    // A step's place in the run moves its figures by up to 7 % here (the same build measured as A and as B,
+    // 2026-11-27; the daemon in second place ahead by 0-6 % whichever build it was, 2026-11-28), so the
+    // order changes from run to run (`step_order`).
     for run in 0..opts.runs {
-        let forward = run % 2 == 0;
-        let mut order: Vec<usize> = (0..daemons.len()).collect();
-        if !forward {
-            order.reverse();
-        }
+        let (forward, order) = step_order(run, daemons.len());
         let mut pull_once = || -> io::Result<()> {
             let out = scratch.fresh("pull-out")?;
             touch_free_memory(&scratch, opts.file_bytes)?;
@@ -623,6 +619,22 @@ fn floor_read(mnt: &FsPath, bytes: u64, mode: floor::Mode, u: &mut Uncached) -> 
     Ok(())
 }
 
+/// The order of run `run`'s timed steps: whether pull goes first (else last), and the daemons' indices in
+/// the order they read. Pull alternates between first and last; the daemons' order turns by one every
+/// second run and is reversed when pull goes last, so over `2 × daemons` runs every daemon takes each place
+/// as often as every other one, and follows and precedes pull equally often.
+fn step_order(run: usize, daemons: usize) -> (bool, Vec<usize>) {
+    let forward = run.is_multiple_of(2);
+    let mut order: Vec<usize> = (0..daemons).collect();
+    if daemons > 0 {
+        order.rotate_left((run / 2) % daemons);
+    }
+    if !forward {
+        order.reverse();
+    }
+    (forward, order)
+}
+
 /// Writes and deletes a file of twice `bytes` and 256 MiB more (on the scratch tmpfs), right before a
 /// timed step, so that the memory the step allocates (a pulled file; a mount's cache file; a FUSE floor's
 /// page cache) is memory the machine touched a moment ago.
@@ -980,4 +992,52 @@ fn random_reads(path: &FsPath, source: &[u8], opts: &Options, seed: u64) -> io::
             .try_for_each(|w| w.join().expect("a reader thread panicked"))
     })?;
     Ok((per * THREADS) as f64 / t0.elapsed().as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::step_order;
+
+    #[test]
+    fn every_daemon_takes_every_place_as_often_as_the_others() {
+        for daemons in 1..=4 {
+            // places[d][p]: how often daemon d read in place p (0 = first step of the run, pull included).
+            let mut places = vec![vec![0; daemons + 1]; daemons];
+            let (mut first, mut last) = (0, 0);
+            // follows[d] / precedes[d]: how often daemon d read right after / right before pull.
+            let (mut follows, mut precedes) = (vec![0; daemons], vec![0; daemons]);
+            for run in 0..2 * daemons {
+                let (forward, order) = step_order(run, daemons);
+                let mut sorted = order.clone();
+                sorted.sort_unstable();
+                assert_eq!(sorted, (0..daemons).collect::<Vec<_>>(), "each daemon once");
+                let offset = usize::from(forward);
+                for (i, d) in order.iter().enumerate() {
+                    places[*d][i + offset] += 1;
+                }
+                if forward {
+                    first += 1;
+                    follows[order[0]] += 1;
+                } else {
+                    last += 1;
+                    precedes[order[daemons - 1]] += 1;
+                }
+            }
+            assert_eq!(first, last, "pull first as often as last");
+            for d in 1..daemons {
+                assert_eq!(
+                    places[d], places[0],
+                    "{daemons} daemons: places of daemon {d}"
+                );
+                assert_eq!(
+                    follows[d], follows[0],
+                    "{daemons} daemons: daemon {d} after pull"
+                );
+                assert_eq!(
+                    precedes[d], precedes[0],
+                    "{daemons} daemons: daemon {d} before pull"
+                );
+            }
+        }
+    }
 }
