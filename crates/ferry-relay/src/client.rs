@@ -133,28 +133,13 @@ pub(crate) fn open(
 /// Reads one status byte (within the stream's read timeout): `WAITING`, `PAIRED` and
 /// `LISTENING` are returned, refusals become their errors (`TAKEN` naming `role`).
 pub(crate) fn next_status(stream: &mut TcpStream, role: Role) -> Result<Status, RelayError> {
-    let mut b = [0u8; 1];
-    let status = loop {
-        match stream.read(&mut b) {
-            Ok(0) => return Err(RelayError::Closed),
-            Ok(_) => break b[0],
-            Err(e) if is_timeout(&e) => return Err(RelayError::TimedOut),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.into()),
-        }
+    let status = match read_byte(stream) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Err(RelayError::Closed),
+        Err(e) if is_timeout(&e) => return Err(RelayError::TimedOut),
+        Err(e) => return Err(e.into()),
     };
-    let known = Status::from_byte(status);
-    // A relay closes the connection right after a refusal (`refuse`: the byte, then its write side). Bytes
-    // after one mean the other end is no relay: a ferry peer's handshake, say, whose first byte happened to
-    // read as a refusal (6 of the 256 values do).
-    let refusal = !matches!(
-        known,
-        None | Some(Status::Waiting | Status::Paired | Status::Listening)
-    );
-    if refusal && more_follow(stream) {
-        return Err(RelayError::UnknownStatus(status));
-    }
-    match known {
+    let answer = match Status::from_byte(status) {
         Some(s @ (Status::Waiting | Status::Paired | Status::Listening)) => Ok(s),
         Some(Status::RateLimited) => Err(RelayError::RateLimited),
         Some(Status::Full) => Err(RelayError::Full),
@@ -163,18 +148,30 @@ pub(crate) fn next_status(stream: &mut TcpStream, role: Role) -> Result<Status, 
         Some(Status::Taken) => Err(RelayError::Taken(role)),
         Some(Status::TooMany) => Err(RelayError::TooMany),
         None => Err(RelayError::UnknownStatus(status)),
+    };
+    // A relay closes the connection right after a refusal (`refuse`: the byte, then its write side). Bytes
+    // after one mean the other end is no relay: a ferry peer's handshake, say, whose first byte happened to
+    // read as a refusal (6 of the 256 values do). A read that fails counts as no more bytes.
+    match answer {
+        Err(e)
+            if !matches!(e, RelayError::UnknownStatus(_))
+                && matches!(read_byte(stream), Ok(Some(_))) =>
+        {
+            Err(RelayError::UnknownStatus(status))
+        }
+        answer => answer,
     }
 }
 
-/// Whether another byte comes after a refusal's status before the end of the stream (within the stream's
-/// read timeout; a read that fails counts as none).
-fn more_follow(stream: &mut TcpStream) -> bool {
+/// The next byte of `stream` (within its read timeout), `None` at the end of the stream.
+fn read_byte(stream: &mut TcpStream) -> io::Result<Option<u8>> {
     let mut b = [0u8; 1];
     loop {
         match stream.read(&mut b) {
-            Ok(n) => return n > 0,
+            Ok(0) => return Ok(None),
+            Ok(_) => return Ok(Some(b[0])),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return false,
+            Err(e) => return Err(e),
         }
     }
 }
