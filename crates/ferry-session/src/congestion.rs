@@ -70,6 +70,8 @@ pub struct Counters {
     pub rtt: Duration,
     /// The smallest round trip seen (the path without a queue).
     pub min_rtt: Duration,
+    /// The connection is recovering from a loss (fast recovery, or after a retransmission timeout).
+    pub recovering: bool,
 }
 
 /// Reads `stream`'s counters (`TCP_INFO`).
@@ -79,8 +81,14 @@ pub fn counters(stream: &TcpStream) -> io::Result<Counters> {
         retransmitted: info.tcpi_total_retrans,
         rtt: Duration::from_micros(info.tcpi_rtt.into()),
         min_rtt: Duration::from_micros(info.tcpi_min_rtt.into()),
+        recovering: matches!(info.tcpi_ca_state, TCP_CA_RECOVERY | TCP_CA_LOSS),
     })
 }
+
+/// `tcpi_ca_state` in fast recovery and after a retransmission timeout (`enum tcp_ca_state` in Linux's
+/// `include/net/tcp.h`; the libc crate does not name them).
+const TCP_CA_RECOVERY: u8 = 3;
+const TCP_CA_LOSS: u8 = 4;
 
 /// The bytes `stream` may send now without waiting for an acknowledgement: its congestion window less the
 /// segments in flight, where the `just_written` bytes count as in flight whether or not they left yet.
@@ -134,6 +142,8 @@ pub enum Loss {
 #[derive(Debug, Default)]
 pub struct LossWatch {
     retransmitted: u32,
+    /// The last reading found the connection recovering from a loss.
+    recovering: bool,
     /// The round trips read over the last [`PEAK_WINDOW`] minimum round trips, oldest first.
     recent: VecDeque<(Instant, Duration)>,
 }
@@ -144,7 +154,11 @@ const PEAK_WINDOW: u32 = 4;
 
 impl LossWatch {
     /// Judges the counters read at `now`: a loss if retransmissions grew, [`Loss::Path`] when no round
-    /// trip of the last [`PEAK_WINDOW`] minimum round trips showed a queue.
+    /// trip of the last [`PEAK_WINDOW`] minimum round trips showed a queue. Retransmissions made while the
+    /// last reading already found the connection recovering belong to a loss judged then, not to a new
+    /// one: a queue overfilled by a whole window loses hundreds of segments, and their recovery can
+    /// outlast the queue's round trips by many (on wan it went on for a second, on a loaded host long
+    /// enough to be taken for the path's loss once the queue had drained).
     pub fn judge(&mut self, now: Instant, c: Counters) -> Option<Loss> {
         let window = c.min_rtt * PEAK_WINDOW;
         while self
@@ -161,8 +175,9 @@ impl LossWatch {
             .map(|&(_, rtt)| rtt)
             .max()
             .unwrap_or(c.rtt);
-        let grew = c.retransmitted > self.retransmitted;
+        let grew = c.retransmitted > self.retransmitted && !self.recovering;
         self.retransmitted = c.retransmitted;
+        self.recovering = c.recovering;
         let queue = !c.min_rtt.is_zero() && peak > c.min_rtt.mul_f64(QUEUED) + JITTER;
         match (grew, queue) {
             (false, _) => None,
@@ -379,6 +394,14 @@ mod tests {
             retransmitted,
             rtt: Duration::from_secs_f64(rtt_ms / 1e3),
             min_rtt: Duration::from_millis(24),
+            recovering: false,
+        }
+    }
+
+    fn recovering(retransmitted: u32, rtt_ms: f64) -> Counters {
+        Counters {
+            recovering: true,
+            ..at(retransmitted, rtt_ms)
         }
     }
 
@@ -429,11 +452,43 @@ mod tests {
     }
 
     #[test]
+    fn the_retransmissions_of_a_loss_judged_are_not_judged_again_while_it_is_recovered() {
+        use Loss::{Congestion, Path};
+        // The queue overfilled at 0-40 ms; its recovery retransmits for 300 ms more, long after the
+        // queue drained: one loss, congestion. Once recovered, a loss at the minimum round trip is the
+        // path's, and one found already recovering is judged as well (the reading before did not see it).
+        let samples = [
+            (0, at(0, 47.0)),
+            (40, recovering(30, 46.0)),
+            (140, recovering(400, 26.0)),
+            (340, at(900, 25.0)),
+            (1000, at(900, 24.5)),
+            (1010, recovering(901, 24.5)),
+            (2000, at(901, 24.5)),
+            (2010, recovering(905, 24.5)),
+        ];
+        assert_eq!(
+            verdicts(&samples),
+            [
+                None,
+                Some(Congestion),
+                None,
+                None,
+                None,
+                Some(Path),
+                None,
+                Some(Path)
+            ]
+        );
+    }
+
+    #[test]
     fn a_connection_without_a_round_trip_yet_is_judged_by_its_losses() {
         let unknown = Counters {
             retransmitted: 1,
             rtt: Duration::ZERO,
             min_rtt: Duration::ZERO,
+            recovering: false,
         };
         assert_eq!(verdicts(&[(0, unknown)]), [Some(Loss::Path)]);
     }

@@ -95,22 +95,28 @@ fn a_path_that_loses_packets_moves_the_session_to_bbr_for_good() {
 fn a_clean_path_moves_the_session_to_cubic_and_keeps_it_there_through_its_own_congestion_losses() {
     // wan (500 Mbit/s, 24 ms, a queue of one BDP): BBR's start-up overfills the queue (hundreds of
     // retransmissions with the round trip doubled, as measured), then CUBIC does from time to time; 16 MiB
-    // more are sent after the first retransmission.
-    if let Some(sent) = send_over(
-        "a_clean_path_moves_the_session_to_cubic_and_keeps_it_there_through_its_own_congestion_losses",
-        "wan",
-        16 << 20,
-        256 << 20,
-    ) {
-        let (policy, retransmitted) = sent;
+    // more are sent after the first retransmission. About one start-up in 25 here left start-up before it
+    // overfilled the queue and then sent 256 MiB without a loss: that experiment judged nothing, so it is
+    // made again (a new connection), at most three times.
+    let test =
+        "a_clean_path_moves_the_session_to_cubic_and_keeps_it_there_through_its_own_congestion_losses";
+    for attempt in 1..=3 {
+        let Some((policy, retransmitted)) = send_over(test, "wan", 16 << 20, 256 << 20) else {
+            return;
+        };
+        if retransmitted == 0 && attempt < 3 {
+            eprintln!("{test}: start-up did not overfill the queue (attempt {attempt}); again");
+            continue;
+        }
         assert!(
             retransmitted > 0,
-            "start-up did not overfill the queue: nothing was judged"
+            "start-up did not overfill the queue in three attempts: nothing was judged"
         );
         assert_eq!(
             policy.phase(),
             Phase::Cubic,
             "congestion loss was taken for random loss"
         );
+        return;
     }
 }
