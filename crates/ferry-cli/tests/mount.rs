@@ -396,6 +396,33 @@ fn writes_into_the_mount_are_refused_read_only() {
 }
 
 #[test]
+fn df_shows_the_sharer_s_space_and_a_name_too_long_is_said_so() {
+    if !fuse_usable("df_shows_the_sharer_s_space_and_a_name_too_long_is_said_so") {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &["--read-only"]);
+    let (block, blocks, free, available, files) = statvfs(&m.dir).unwrap();
+    let src = statvfs(&w.src()).unwrap();
+    assert_eq!((block, blocks, files), (src.0, src.1, src.4));
+    assert!(blocks > 0 && available <= free && free <= blocks);
+    // Others write to this file system meanwhile: free space within 256 MiB of the source's look.
+    let slack = (256 << 20) / block;
+    assert!(free.abs_diff(src.2) <= slack, "{free} vs {}", src.2);
+    assert!(
+        available.abs_diff(src.3) <= slack,
+        "{available} vs {}",
+        src.3
+    );
+    // A name longer than a file name may be is said so, not "no such file" or "invalid".
+    let errno = |name: &str| fs::metadata(m.path(name)).unwrap_err().raw_os_error();
+    assert_eq!(errno(&"n".repeat(256)), Some(libc::ENAMETOOLONG));
+    assert_eq!(errno(&"n".repeat(255)), Some(libc::ENOENT));
+}
+
+#[test]
 fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable() {
     if !fuse_usable(
         "a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_readable",
@@ -415,6 +442,7 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     let f = fs::File::open(m.path("big")).unwrap();
     let mut buf = vec![0; 1 << 20];
     assert_eq!(f.read_at(&mut buf, 0).unwrap(), 1 << 20);
+    let space = statvfs(&m.dir).unwrap();
     sharer.signal(libc::SIGKILL);
     let _ = sharer.finish();
     // Uncached: EIO (never a hang, zeros or a short read). The deadline is 2 s; the bound here is only
@@ -424,6 +452,10 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::EIO));
     assert!(started.elapsed() < Duration::from_secs(60));
     m.wait_for(|e| e["event"] == "link" && e["state"] == "lost");
+    // df answers with the sharer's figures as last heard.
+    let offline = statvfs(&m.dir).unwrap();
+    assert_eq!((offline.0, offline.1), (space.0, space.1));
+    assert!(offline.1 > 0);
     // Cached: still readable, also opened anew.
     assert_eq!(
         fs::read(m.path("cached")).unwrap(),

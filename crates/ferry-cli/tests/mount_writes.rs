@@ -270,6 +270,25 @@ fn names_and_attributes_changed_in_the_mount_are_the_sharers() {
     assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
     let e = fs::remove_dir(m.path("moved-dir")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY));
+
+    // The longest name a file may have lands; one byte more is ENAMETOOLONG, whatever makes it.
+    let (longest, too_long) = ("n".repeat(255), "n".repeat(256));
+    fs::write(m.path(&longest), b"long").unwrap();
+    assert_eq!(fs::read(src.join(&longest)).unwrap(), b"long");
+    let too_long_errno = |r: std::io::Result<()>| r.unwrap_err().raw_os_error();
+    assert_eq!(
+        too_long_errno(fs::write(m.path(&too_long), b"x")),
+        Some(libc::ENAMETOOLONG)
+    );
+    assert_eq!(
+        too_long_errno(fs::create_dir(m.path(&too_long))),
+        Some(libc::ENAMETOOLONG)
+    );
+    assert_eq!(
+        too_long_errno(fs::rename(m.path(&longest), m.path(&too_long))),
+        Some(libc::ENAMETOOLONG)
+    );
+    assert!(src.join(&longest).exists());
 }
 
 #[test]

@@ -23,10 +23,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_share::tree::Version;
-use ferry_share::wire::{Entry, Kind, SharePath, Time};
+use ferry_share::wire::{Entry, Kind, SharePath, Space, Time};
+use ferry_tree::path::{MAX_NAME, MAX_PATH};
 use fuser::{
     BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
@@ -47,6 +48,16 @@ pub const MAX_REQUEST: u32 = 1 << 20;
 pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Background requests (readahead, async reads) the kernel may queue.
 pub const MAX_BACKGROUND: u16 = 64;
+
+/// `dir/name` for a request naming `name`: a name longer than a file name may be is `ENAMETOOLONG`, as is
+/// a path longer than the share's paths may be; any other name the share cannot hold is `otherwise`.
+fn child_of(dir: &SharePath, name: &OsStr, otherwise: Errno) -> Result<SharePath, Errno> {
+    let name = name.as_bytes();
+    if name.len() > MAX_NAME || dir.as_bytes().len() + 1 + name.len() > MAX_PATH {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    child(dir, name).ok_or(otherwise)
+}
 
 /// Messages for the user (a passthrough fallback, a failure seen by a request); printed by the binary.
 pub type Notice = Arc<dyn Fn(&str) + Send + Sync>;
@@ -77,6 +88,8 @@ struct Shared<S: Source + Sink> {
     /// the cache are opened so, and a read's reply goes straight into the reader's buffer.
     direct_io: AtomicBool,
     notifier: OnceLock<Notifier>,
+    /// The sharer's space figures, for `statfs`.
+    space: Mutex<SpaceSeen>,
     /// Set when the mount writes: the working copies, and the store pushed versions are seeded into.
     writes: OnceLock<(Writes, Arc<dyn Store>)>,
     /// Pushed versions to put into the store, by one thread off the close's path.
@@ -84,6 +97,15 @@ struct Shared<S: Source + Sink> {
     uid: u32,
     gid: u32,
     notice: Notice,
+}
+
+/// The sharer's space figures as the mount last heard them.
+#[derive(Default)]
+struct SpaceSeen {
+    /// The figures and when they came.
+    last: Option<(Instant, Space)>,
+    /// A thread is asking for new ones.
+    asking: bool,
 }
 
 /// A paired peer's share as a file system.
@@ -122,6 +144,7 @@ impl<S: Source + Sink> ShareFs<S> {
                 passthrough: AtomicBool::new(false),
                 direct_io: AtomicBool::new(false),
                 notifier: OnceLock::new(),
+                space: Mutex::new(SpaceSeen::default()),
                 writes: OnceLock::new(),
                 seeds: OnceLock::new(),
                 uid,
@@ -308,7 +331,7 @@ impl<S: Source + Sink> Shared<S> {
 
     fn lookup(&self, parent: INodeNo, name: &OsStr) -> Result<(u64, Entry), Errno> {
         let dir = self.path(parent)?;
-        let path = child(&dir, name.as_bytes()).ok_or(Errno::ENOENT)?;
+        let path = child_of(&dir, name, Errno::ENOENT)?;
         // A file with a working copy answers from the table (a new one is not on the sharer yet); so does
         // a fresh listing of the directory.
         let copied = self.inodes().ino(&path).filter(|&i| self.copy(i).is_some());
@@ -707,7 +730,46 @@ impl<S: Source + Sink> Shared<S> {
     fn child_path(&self, parent: INodeNo, name: &OsStr) -> Result<SharePath, Errno> {
         self.writes()?;
         let dir = self.path(parent)?;
-        child(&dir, name.as_bytes()).ok_or(Errno::EINVAL)
+        child_of(&dir, name, Errno::EINVAL)
+    }
+
+    fn space_seen(&self) -> MutexGuard<'_, SpaceSeen> {
+        self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks the sharer for its space figures and keeps them (a failure keeps the last ones).
+    fn ask_space(&self) -> Option<Space> {
+        let asked = self.source.space();
+        let mut seen = self.space_seen();
+        seen.asking = false;
+        let space = asked.ok()?;
+        seen.last = Some((Instant::now(), space));
+        Some(space)
+    }
+
+    /// The sharer's space figures for `statfs`, asked at most once per [`TTL`]. Only the first call waits
+    /// for the sharer; later ones answer with the last figures at once while a thread asks for new ones,
+    /// so that `df` never hangs on a sharer gone silent. Zeros while none were heard.
+    fn space(self: &Arc<Self>) -> Space {
+        let mut seen = self.space_seen();
+        match seen.last {
+            Some((at, space)) if at.elapsed() < TTL => space,
+            Some((_, space)) => {
+                if !seen.asking {
+                    seen.asking = true;
+                    let shared = Arc::clone(self);
+                    let spawned = std::thread::Builder::new()
+                        .name("ferry-space".into())
+                        .spawn(move || shared.ask_space());
+                    seen.asking = spawned.is_ok();
+                }
+                space
+            }
+            None => {
+                drop(seen);
+                self.ask_space().unwrap_or_default()
+            }
+        }
     }
 
     /// A new name made by this mount: the table learns it (and that its directory changed); its attributes.
@@ -1235,8 +1297,21 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         reply.ok();
     }
 
+    /// The sharer's file system's figures, so that `df` and programs that check for room before they
+    /// write see the space there is.
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        reply.statfs(0, 0, 0, 0, 0, 4096, 255, 4096);
+        let s = self.shared.space();
+        let block = s.block.max(512);
+        reply.statfs(
+            s.blocks,
+            s.free,
+            s.available,
+            s.files,
+            s.files_free,
+            block,
+            MAX_NAME as u32,
+            block,
+        );
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, mask: fuser::AccessFlags, reply: ReplyEmpty) {

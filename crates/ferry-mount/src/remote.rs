@@ -5,7 +5,7 @@ use std::fs::File;
 use std::ops::Range;
 
 use ferry_share::remote::{PutOutcome, ReadHandle, ReadPiece, Remote, RemoteError};
-use ferry_share::wire::{Entry, ErrorCode, SharePath, Time};
+use ferry_share::wire::{Entry, ErrorCode, SharePath, Space, Time};
 
 use crate::source::{Piece, Pieces, Sink, Source, SourceError};
 
@@ -49,6 +49,14 @@ impl Source for Remote {
     ) -> Result<Box<dyn Pieces>, SourceError> {
         let handle = Remote::read(self, path, version, offset, len).map_err(sorted)?;
         Ok(Box::new(handle))
+    }
+
+    /// Asked only while the link is up: offline, `df` of the mount answers at once (from what it knew).
+    fn space(&self) -> Result<Space, SourceError> {
+        if !self.is_up() {
+            return Err(SourceError::Offline("the sharer is not reachable".into()));
+        }
+        Remote::space(self).map_err(sorted)
     }
 }
 

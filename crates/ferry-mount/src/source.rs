@@ -4,7 +4,7 @@
 
 pub use ferry_share::remote::PutOutcome;
 use ferry_share::tree::{GroupCv, Version};
-use ferry_share::wire::{Entry, SharePath, Time};
+use ferry_share::wire::{Entry, SharePath, Space, Time};
 
 /// Why a request to the sharer failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +75,14 @@ pub trait Source: Send + Sync + 'static {
         offset: u64,
         len: u64,
     ) -> Result<Box<dyn Pieces>, SourceError>;
+    /// The size and free space of the file system the share is on (what `df` shows of the mount). A source
+    /// that cannot tell fails, as this default does; the mount then shows zeros.
+    fn space(&self) -> Result<Space, SourceError> {
+        Err(SourceError::Failed {
+            errno: libc::ENOSYS,
+            message: "the source has no space figures".into(),
+        })
+    }
 }
 
 /// A read-only source's answer to every write.

@@ -15,7 +15,7 @@ use std::ops::Range;
 use crate::tree::{covering, verify_piece_cvs, GroupCv, Version, GROUP};
 use crate::wire::{
     self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
-    Time, PROTOCOL_VERSION,
+    Space, Time, PROTOCOL_VERSION,
 };
 
 /// How a request failed.
@@ -34,6 +34,13 @@ pub enum Event {
     Ready {
         /// The share's name.
         share: Vec<u8>,
+    },
+    /// The size and free space of the share's file system.
+    Space {
+        /// The request.
+        id: RequestId,
+        /// The figures.
+        space: Space,
     },
     /// A stat's answer.
     Attr {
@@ -145,6 +152,7 @@ pub enum PutError {
 #[derive(Debug)]
 enum Pending {
     Stat,
+    Space,
     List,
     Read {
         want: Range<u64>,
@@ -225,6 +233,11 @@ impl Client {
     /// Asks for `path`'s attributes.
     pub fn stat(&mut self, path: SharePath) -> Result<RequestId, Busy> {
         self.send(Pending::Stat, |id| Request::Stat { id, path })
+    }
+
+    /// Asks for the size and free space of the share's file system.
+    pub fn space(&mut self) -> Result<RequestId, Busy> {
+        self.send(Pending::Space, |id| Request::SpaceOf { id })
     }
 
     /// Asks for one page of a listing.
@@ -428,7 +441,8 @@ impl Client {
             | Response::Changed { id, .. }
             | Response::Error { id, .. }
             | Response::Transfer { id }
-            | Response::Conflicted { id, .. } => *id,
+            | Response::Conflicted { id, .. }
+            | Response::Space { id, .. } => *id,
         };
         let Some(pending) = self.pending.get_mut(&id) else {
             if self.cancelled.contains_key(&id) {
@@ -450,6 +464,10 @@ impl Client {
             (Pending::Stat, Response::Attr { entry, .. }) => {
                 self.pending.remove(&id);
                 Event::Attr { id, entry }
+            }
+            (Pending::Space, Response::Space { space, .. }) => {
+                self.pending.remove(&id);
+                Event::Space { id, space }
             }
             (Pending::List, Response::Entries { entries, next, .. }) => {
                 self.pending.remove(&id);

@@ -25,7 +25,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Stat};
 use rustix::io::Errno;
 
 use crate::tree::{outboard_len, Outboard, Version};
-use crate::wire::{Entry, ErrorCode, Kind, SharePath, END};
+use crate::wire::{Entry, ErrorCode, Kind, SharePath, Space, END};
 
 /// A failed file-system request: its code for the client and a message.
 pub type FsError = (ErrorCode, String);
@@ -128,6 +128,38 @@ impl ShareRoot {
             resolve(),
         )
         .map_err(|e| fs_error(e, path))
+    }
+
+    /// The size and free space of the file system the share is on (`fstatvfs` of its root). A block size
+    /// outside what the wire carries is converted to 4 KiB blocks (rounding free space down).
+    pub fn space(&self) -> Result<Space, FsError> {
+        let st = rustix::fs::fstatvfs(&self.root).map_err(|e| fs_error(e, &SharePath::root()))?;
+        let frsize = if st.f_frsize == 0 {
+            st.f_bsize
+        } else {
+            st.f_frsize
+        };
+        let (block, scale) = match u32::try_from(frsize) {
+            Ok(b) if b.is_power_of_two() && (512..=16 << 20).contains(&b) => (b, None),
+            _ => (4096, Some(frsize)),
+        };
+        let blocks = |n: u64| match scale {
+            None => n,
+            Some(size) => {
+                (u128::from(n) * u128::from(size) / 4096).min(u128::from(u64::MAX)) as u64
+            }
+        };
+        let total = blocks(st.f_blocks);
+        let free = blocks(st.f_bfree).min(total);
+        let files_free = st.f_ffree.min(st.f_files);
+        Ok(Space {
+            block,
+            blocks: total,
+            free,
+            available: blocks(st.f_bavail).min(free),
+            files: st.f_files,
+            files_free,
+        })
     }
 
     /// The attributes of `path`; a symlink is described, not followed.

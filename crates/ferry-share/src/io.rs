@@ -439,6 +439,7 @@ impl<'a> Files<'a> {
     pub fn run(&mut self, server: &mut Server, job: Job) {
         match job {
             Job::Stat { id, path } => server.stat_done(id, self.root.stat(&path)),
+            Job::Space { id } => server.space_done(id, self.root.space()),
             Job::List {
                 id,
                 path,

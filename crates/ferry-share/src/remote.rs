@@ -35,8 +35,8 @@ use std::os::unix::fs::FileExt;
 use crate::client::{Busy, Client, Event, Failure, PutError};
 use crate::tree::{GroupCv, Version};
 use crate::wire::{
-    Entry, ErrorCode, PutHeader, RequestId, SharePath, Time, END, MAX_PAGE_ENTRIES, MAX_PUT_DATA,
-    PUT_DATA_HEADER_LEN,
+    Entry, ErrorCode, PutHeader, RequestId, SharePath, Space, Time, END, MAX_PAGE_ENTRIES,
+    MAX_PUT_DATA, PUT_DATA_HEADER_LEN,
 };
 use crate::write::RunningRoot;
 
@@ -394,6 +394,18 @@ impl Remote {
             let request = s.issue(since, END, |c| c.stat(path.clone()))?;
             match s.wait(&request)?.pop() {
                 Some(Event::Attr { entry, .. }) => Ok(entry),
+                other => Err(unexpected(other)),
+            }
+        })
+    }
+
+    /// The size and free space of the file system the share is on. Retried as [`Remote::stat`].
+    pub fn space(&self) -> Result<Space, RemoteError> {
+        let s = self.shared();
+        s.retrying(|since| {
+            let request = s.issue(since, END, |c| c.space())?;
+            match s.wait(&request)?.pop() {
+                Some(Event::Space { space, .. }) => Ok(space),
                 other => Err(unexpected(other)),
             }
         })
@@ -952,11 +964,16 @@ impl Shared {
                         let (id, finished) = match &event {
                             Event::Version { id, .. } | Event::Data { id, .. } => (*id, false),
                             Event::Attr { id, .. }
+                            | Event::Space { id, .. }
                             | Event::Entries { id, .. }
                             | Event::Done { id }
                             | Event::Conflicted { id, .. }
                             | Event::Failed { id, .. } => (*id, true),
-                            _ => unreachable!("matched above"),
+                            Event::Changed { .. }
+                            | Event::Ready { .. }
+                            | Event::Transfer { .. } => {
+                                unreachable!("matched above")
+                            }
                         };
                         // A read that did not verify queued its cancel.
                         link.unsent |= matches!(event, Event::Failed { .. });

@@ -23,7 +23,7 @@ use std::ops::Range;
 use crate::tree::{covering, Version, GROUP};
 use crate::wire::{
     self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
-    Time, PROTOCOL_VERSION,
+    Space, Time, PROTOCOL_VERSION,
 };
 
 /// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in the
@@ -143,6 +143,11 @@ pub enum Job {
         /// The path.
         path: SharePath,
     },
+    /// Find the size and free space of the share's file system; report with [`Server::space_done`].
+    Space {
+        /// The request.
+        id: RequestId,
+    },
     /// List one page of `path`; report with [`Server::list_done`].
     List {
         /// The request.
@@ -207,6 +212,7 @@ impl Job {
     fn id(&self) -> RequestId {
         match self {
             Job::Stat { id, .. }
+            | Job::Space { id }
             | Job::List { id, .. }
             | Job::Open { id, .. }
             | Job::Pull { id, .. }
@@ -381,6 +387,7 @@ impl Server {
                 return Ok(());
             }
             Request::Stat { id, path } => (id, Some(Job::Stat { id, path }), InFlight::Job),
+            Request::SpaceOf { id } => (id, Some(Job::Space { id }), InFlight::Job),
             Request::List {
                 id,
                 path,
@@ -580,6 +587,17 @@ impl Server {
         }
         match result {
             Ok(entry) => self.push(Response::Attr { id, entry }),
+            Err((code, message)) => self.error(id, code, &message),
+        }
+    }
+
+    /// Reports the size and free space of the share's file system.
+    pub fn space_done(&mut self, id: RequestId, result: Result<Space, (ErrorCode, String)>) {
+        if self.in_flight.remove(&id).is_none() {
+            return;
+        }
+        match result {
+            Ok(space) => self.push(Response::Space { id, space }),
             Err((code, message)) => self.error(id, code, &message),
         }
     }

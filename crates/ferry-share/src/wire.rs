@@ -24,6 +24,7 @@
 //! | [`RENAME`] | client | id, from path, to path, replace u8 |
 //! | [`SETATTR`] | client | id, path, has mode u8, mode u32, has mtime u8, mtime i64, nanoseconds u32 |
 //! | [`SYMLINK`] | client | id, path, target (u16 + bytes, relative, staying inside the share) |
+//! | [`SPACE_OF`] | client | id: the size and free space of the file system the share is on |
 //! | [`ENTRIES`] | server | id, count u32, entries, next cursor u64 ([`END`] when the listing is complete) |
 //! | [`ATTR`] | server | id, entry |
 //! | [`VERSION`] | server | id, size u64, root \[32\]: the version a read is served from, before its data |
@@ -33,6 +34,7 @@
 //! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
 //! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
 //! | [`CONFLICTED`] | server | id (of a put), name (u16 + bytes): the put's content was kept under this sibling name |
+//! | [`SPACE`] | server | id, block size u32, blocks u64, free blocks u64, blocks free to the sharer u64, files u64, free files u64 |
 //!
 //! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
 //! 1 directory, 2 symlink), size u64, mode u32 (permission bits), mtime seconds i64, mtime nanoseconds u32,
@@ -42,7 +44,7 @@ use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, 
 use ferry_wire::{Put, Reader, WireError};
 
 /// Protocol version in [`HELLO`].
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Hello: the first message each way.
 pub const HELLO: u8 = 1;
@@ -76,6 +78,8 @@ pub const RENAME: u8 = 14;
 pub const SETATTR: u8 = 15;
 /// Create a symlink.
 pub const SYMLINK: u8 = 16;
+/// The size and free space of the share's file system.
+pub const SPACE_OF: u8 = 17;
 /// A page of a listing.
 pub const ENTRIES: u8 = 64;
 /// Attributes.
@@ -94,6 +98,8 @@ pub const ERROR: u8 = 70;
 pub const TRANSFER: u8 = 71;
 /// A put met a conflict: its content was kept under another name.
 pub const CONFLICTED: u8 = 72;
+/// The size and free space of the share's file system.
+pub const SPACE: u8 = 73;
 
 /// Most content bytes in one [`PUT_DATA`] packet.
 pub const MAX_PUT_DATA: usize = 1 << 20;
@@ -360,6 +366,55 @@ pub struct Hello {
     pub share: Vec<u8>,
 }
 
+/// The size and free space of the file system a share is on, as `statvfs` gives them: what `df` shows
+/// of a mount. Counts are in blocks of `block` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Space {
+    /// Bytes per block: a power of two from 512 to 16 MiB.
+    pub block: u32,
+    /// Blocks in the file system.
+    pub blocks: u64,
+    /// Free blocks (at most `blocks`).
+    pub free: u64,
+    /// Free blocks the sharer's user may take (at most `free`).
+    pub available: u64,
+    /// File slots (inodes) in the file system; 0 when it has no such limit.
+    pub files: u64,
+    /// Free file slots (at most `files`).
+    pub files_free: u64,
+}
+
+impl Space {
+    fn encode(&self, out: &mut impl Put) {
+        out.put_u32(self.block);
+        out.put_u64(self.blocks);
+        out.put_u64(self.free);
+        out.put_u64(self.available);
+        out.put_u64(self.files);
+        out.put_u64(self.files_free);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Result<Self, DecodeError> {
+        let space = Space {
+            block: r.u32()?,
+            blocks: r.u64()?,
+            free: r.u64()?,
+            available: r.u64()?,
+            files: r.u64()?,
+            files_free: r.u64()?,
+        };
+        let block_ok = space.block.is_power_of_two() && (512..=16 << 20).contains(&space.block);
+        if !block_ok
+            || space.free > space.blocks
+            || space.available > space.free
+            || space.files_free > space.files
+        {
+            return Err(WireError::Invalid("space").into());
+        }
+        Ok(space)
+    }
+}
+
 /// A client's message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -487,6 +542,11 @@ pub enum Request {
         mode: Option<u32>,
         /// New modification time.
         mtime: Option<Time>,
+    },
+    /// The size and free space of the share's file system: answered [`Response::Space`].
+    SpaceOf {
+        /// Request id.
+        id: RequestId,
     },
     /// Create a symlink at `path` pointing to `target`.
     Symlink {
@@ -628,6 +688,13 @@ pub enum Response<'a> {
         /// The sibling's name.
         name: Vec<u8>,
     },
+    /// The size and free space of the share's file system.
+    Space {
+        /// The request.
+        id: RequestId,
+        /// The figures.
+        space: Space,
+    },
 }
 
 impl Hello {
@@ -764,6 +831,10 @@ impl Request {
                 path.encode(out);
                 out.put_bytes16(target);
             }
+            Request::SpaceOf { id } => {
+                out.put_u8(SPACE_OF);
+                out.put_u32(*id);
+            }
         }
     }
 
@@ -815,6 +886,7 @@ impl Request {
                 }
             }
             SUBSCRIBE => Request::Subscribe { id: r.u32()? },
+            SPACE_OF => Request::SpaceOf { id: r.u32()? },
             CANCEL => Request::Cancel { id: r.u32()? },
             PULL => Request::Pull {
                 id: r.u32()?,
@@ -1026,6 +1098,11 @@ impl Response<'_> {
                 out.put_u32(*id);
                 out.put_bytes16(name);
             }
+            Response::Space { id, space } => {
+                out.put_u8(SPACE);
+                out.put_u32(*id);
+                space.encode(out);
+            }
         }
     }
 }
@@ -1123,6 +1200,10 @@ impl<'a> Response<'a> {
                 Response::Error { id, code, message }
             }
             TRANSFER => Response::Transfer { id: r.u32()? },
+            SPACE => Response::Space {
+                id: r.u32()?,
+                space: Space::decode(&mut r)?,
+            },
             CONFLICTED => {
                 let id = r.u32()?;
                 let name = r.bytes16(MAX_NAME)?;
@@ -1265,6 +1346,7 @@ mod tests {
                 path: SharePath::new(b"d/l").unwrap(),
                 target: b"../f".to_vec(),
             },
+            Request::SpaceOf { id: 15 },
         ]
     }
 
@@ -1314,7 +1396,87 @@ mod tests {
                 id: 7,
                 name: b"b.txt.conflict-bob-20261124-130000".to_vec(),
             },
+            Response::Space {
+                id: 8,
+                space: SPACE_SAMPLE,
+            },
         ]
+    }
+
+    const SPACE_SAMPLE: Space = Space {
+        block: 4096,
+        blocks: 6_171_023,
+        free: 5_055_879,
+        available: 5_000_000,
+        files: 3_085_511,
+        files_free: 3_065_022,
+    };
+
+    #[test]
+    fn space_out_of_bounds_is_refused() {
+        let bad = [
+            Space {
+                block: 0,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                block: 4095,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                block: 256,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                block: 32 << 20,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                free: SPACE_SAMPLE.blocks + 1,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                available: SPACE_SAMPLE.free + 1,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                files_free: SPACE_SAMPLE.files + 1,
+                ..SPACE_SAMPLE
+            },
+        ];
+        for space in bad {
+            let mut buf = Vec::new();
+            Response::Space { id: 1, space }.encode(&mut buf);
+            assert!(Response::decode(&buf).is_err(), "{space:?}");
+        }
+        // The edges are taken.
+        for space in [
+            Space {
+                block: 512,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                block: 16 << 20,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                files: 0,
+                files_free: 0,
+                ..SPACE_SAMPLE
+            },
+            Space {
+                free: SPACE_SAMPLE.blocks,
+                available: SPACE_SAMPLE.blocks,
+                ..SPACE_SAMPLE
+            },
+        ] {
+            let mut buf = Vec::new();
+            Response::Space { id: 1, space }.encode(&mut buf);
+            assert_eq!(
+                Response::decode(&buf).unwrap(),
+                Response::Space { id: 1, space }
+            );
+        }
     }
 
     #[test]

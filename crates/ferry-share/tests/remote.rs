@@ -293,6 +293,24 @@ fn eight_threads_stat_list_and_read_what_the_files_hold() {
 }
 
 #[test]
+fn the_share_s_space_comes_back_and_the_link_goes_on() {
+    let world = World::new();
+    let c = world.connect(config(4, Duration::from_secs(10)));
+    assert_eq!(c.link.recv().unwrap(), LinkState::Up);
+    let st = rustix::fs::statvfs(world.share()).unwrap();
+    for _ in 0..3 {
+        let space = c.remote.space().unwrap();
+        assert_eq!(
+            (u64::from(space.block), space.blocks, space.files),
+            (st.f_frsize, st.f_blocks, st.f_files)
+        );
+        assert!(space.available <= space.free && space.free <= space.blocks);
+        // The answer is routed like any other: the link's reader goes on serving.
+        assert_eq!(c.remote.stat(&p("docs")).unwrap().kind, Kind::Dir);
+    }
+}
+
+#[test]
 fn sixty_four_reads_in_flight_each_get_their_bytes() {
     let world = World::new();
     let c = world.connect(config(64, Duration::from_secs(10)));

@@ -741,3 +741,36 @@ fn a_connection_dropped_mid_put_leaves_no_temp_file_and_stale_ones_are_swept() {
     assert!(temps(&s.share()).is_empty() && temps(&s.share().join("docs")).is_empty());
     assert!(s.share().join("docs/note.txt").exists());
 }
+
+#[test]
+fn the_share_s_space_is_its_file_system_s_writable_or_not() {
+    let disk = Disk::new();
+    for config in [ServerConfig::default(), writable()] {
+        let mut pair = Pair::new(&disk, config);
+        let id = pair.client.space().unwrap();
+        pair.pump();
+        let space = match pair.events.pop() {
+            Some(Event::Space { id: i, space }) if i == id => space,
+            other => panic!("{other:?}"),
+        };
+        let st = rustix::fs::statvfs(disk.share()).unwrap();
+        assert_eq!(u64::from(space.block), st.f_frsize);
+        assert_eq!(space.blocks, st.f_blocks);
+        assert_eq!(space.files, st.f_files);
+        assert!(space.available <= space.free && space.free <= space.blocks);
+        // Others write to this file system meanwhile: free space within 64 MiB of this look.
+        let slack = (64 << 20) / st.f_frsize;
+        assert!(
+            space.free.abs_diff(st.f_bfree) <= slack,
+            "{space:?} vs {} {}",
+            st.f_bfree,
+            st.f_bavail
+        );
+        assert!(
+            space.available.abs_diff(st.f_bavail) <= slack,
+            "{space:?} vs {} {}",
+            st.f_bfree,
+            st.f_bavail
+        );
+    }
+}

@@ -132,3 +132,21 @@ pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `statvfs(2)` of `path`: (fragment size, blocks, free blocks, available blocks, files), or its errno.
+pub fn statvfs(path: &Path) -> Result<(u64, u64, u64, u64, u64), i32> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: an all-zero `statvfs` is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` is writable, both live for the call.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok((
+        st.f_frsize as u64,
+        st.f_blocks as u64,
+        st.f_bfree as u64,
+        st.f_bavail as u64,
+        st.f_files as u64,
+    ))
+}
