@@ -443,6 +443,7 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     let mut buf = vec![0; 1 << 20];
     assert_eq!(f.read_at(&mut buf, 0).unwrap(), 1 << 20);
     let space = statvfs(&m.dir).unwrap();
+    assert_eq!(fs::read_dir(&m.dir).unwrap().count(), 2);
     sharer.signal(libc::SIGKILL);
     let _ = sharer.finish();
     // Uncached: EIO (never a hang, zeros or a short read). The deadline is 2 s; the bound here is only
@@ -456,6 +457,24 @@ fn a_sharer_killed_mid_read_gives_eio_within_the_deadline_and_cached_files_stay_
     let offline = statvfs(&m.dir).unwrap();
     assert_eq!((offline.0, offline.1), (space.0, space.1));
     assert!(offline.1 > 0);
+    // Once the sharer has been out of reach for a whole deadline, what the mount knows answers at once: no
+    // call waits a deadline of its own (20 rounds took 20 deadlines and more before).
+    std::thread::sleep(Duration::from_millis(2300));
+    let started = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(fs::metadata(m.path("cached")).unwrap().len(), 500_000);
+        let names = fs::read_dir(&m.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name());
+        assert_eq!(names.count(), 2);
+        assert_eq!(fs::read(m.path("cached")).unwrap().len(), 500_000);
+        std::thread::sleep(Duration::from_millis(60)); // past the kernel's 1 s entry and attribute cache
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
     // Cached: still readable, also opened anew.
     assert_eq!(
         fs::read(m.path("cached")).unwrap(),

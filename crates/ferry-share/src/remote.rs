@@ -1026,8 +1026,11 @@ impl Shared {
         self.notify(Notice::Link(LinkState::Lost(why)));
     }
 
-    /// Issues a request once the link is up and has room. While it waits, its deadline counts from `since`,
-    /// from the link's last sign of life (slots are freed as answers come), or from when the link was lost.
+    /// Issues a request once the link is up and has room. While it waits for room, its deadline counts from
+    /// `since` or from the link's last sign of life (slots are freed as answers come). While the link is
+    /// down it counts from when the link was lost, not from this request: once the sharer has been out of
+    /// reach for a whole deadline, requests fail at once (the supervisor goes on redialling) instead of each
+    /// waiting a deadline of its own, so that a mount answers from what it knows without a pause per call.
     fn issue(
         &self,
         since: Instant,
@@ -1040,11 +1043,11 @@ impl Shared {
             if st.closed {
                 return Err(RemoteError::Closed);
             }
-            progress = progress.max(match &st.link {
+            progress = match &st.link {
                 Some(link) if link.client.has_room() => break,
-                Some(link) => link.quiet_since,
+                Some(link) => progress.max(link.quiet_since),
                 None => st.lost_at,
-            });
+            };
             let (now, until) = (Instant::now(), progress + self.config.deadline);
             if now >= until {
                 let e = match st.link {
@@ -1187,8 +1190,9 @@ impl Shared {
         }
     }
 
-    /// Retries `attempt` on a new connection when the link was lost under it, while the deadline allows;
-    /// `attempt` gets the moment its wait for the link counts from.
+    /// Retries `attempt` on a new connection when the link was lost under it (after the call began), while
+    /// the deadline allows; `attempt` gets the moment its wait for the link counts from. A link that was
+    /// already down when the call began is not retried: [`Shared::issue`] waited for it.
     fn retrying<T>(
         &self,
         mut attempt: impl FnMut(Instant) -> Result<T, RemoteError>,
@@ -1196,7 +1200,9 @@ impl Shared {
         let since = Instant::now();
         loop {
             match attempt(since) {
-                Err(RemoteError::Disconnected(_)) if since.elapsed() < self.config.deadline => {}
+                Err(RemoteError::Disconnected(_))
+                    if since.elapsed() < self.config.deadline
+                        && lock(&self.state).lost_at >= since => {}
                 other => return other,
             }
         }

@@ -731,6 +731,32 @@ fn a_request_made_while_the_link_is_down_waits_for_it() {
     assert!(c.remote.is_up());
 }
 
+/// Once the sharer has been out of reach for a whole deadline, requests fail at once instead of each waiting
+/// a deadline of its own; the link still comes back by itself, and requests go through again.
+#[test]
+fn requests_fail_at_once_once_the_sharer_was_out_of_reach_for_a_deadline() {
+    let deadline = Duration::from_secs(3);
+    let world = World::new();
+    let c = world.connect(config(8, deadline));
+    assert_eq!(c.link_until(|_| true), LinkState::Up);
+    world.stop();
+    world.cut();
+    assert!(matches!(c.link_until(|_| true), LinkState::Lost(_)));
+    std::thread::sleep(deadline + Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let e = c.remote.stat(&p("docs/note.txt")).unwrap_err();
+        assert!(matches!(e, RemoteError::Disconnected(_)), "{e:?}");
+        // At once: far less than the deadline each request used to wait.
+        assert!(started.elapsed() < deadline / 2, "{:?}", started.elapsed());
+        let read = c.remote.read(&p("big.bin"), None, 0, 10);
+        assert!(matches!(read, Err(RemoteError::Disconnected(_))));
+    }
+    world.restart();
+    assert_eq!(c.link_until(|_| true), LinkState::Back);
+    assert_eq!(c.remote.stat(&p("docs/note.txt")).unwrap().size, 21);
+}
+
 // ---- Writes ----
 
 fn errno_of(r: Result<(), RemoteError>) -> rustix::io::Errno {
