@@ -130,36 +130,19 @@ impl ShareRoot {
         .map_err(|e| fs_error(e, path))
     }
 
-    /// The size and free space of the file system the share is on (`fstatvfs` of its root). A block size
-    /// outside what the wire carries is converted to 4 KiB blocks (rounding free space down).
+    /// The size and free space of the file system the share is on (`fstatvfs` of its root).
     pub fn space(&self) -> Result<Space, FsError> {
         let st = rustix::fs::fstatvfs(&self.root).map_err(|e| fs_error(e, &SharePath::root()))?;
-        let frsize = if st.f_frsize == 0 {
+        let unit = if st.f_frsize == 0 {
             st.f_bsize
         } else {
             st.f_frsize
         };
-        let (block, scale) = match u32::try_from(frsize) {
-            Ok(b) if b.is_power_of_two() && (512..=16 << 20).contains(&b) => (b, None),
-            _ => (4096, Some(frsize)),
-        };
-        let blocks = |n: u64| match scale {
-            None => n,
-            Some(size) => {
-                (u128::from(n) * u128::from(size) / 4096).min(u128::from(u64::MAX)) as u64
-            }
-        };
-        let total = blocks(st.f_blocks);
-        let free = blocks(st.f_bfree).min(total);
-        let files_free = st.f_ffree.min(st.f_files);
-        Ok(Space {
-            block,
-            blocks: total,
-            free,
-            available: blocks(st.f_bavail).min(free),
-            files: st.f_files,
-            files_free,
-        })
+        Ok(space_of(
+            unit,
+            [st.f_blocks, st.f_bfree, st.f_bavail],
+            [st.f_files, st.f_ffree],
+        ))
     }
 
     /// The attributes of `path`; a symlink is described, not followed.
@@ -724,9 +707,61 @@ impl io::Read for ReadFrom<'_> {
     }
 }
 
+/// Space figures from `statvfs`'s: `blocks` (all, free, available) counted in units of `unit` bytes, `files`
+/// (all, free). A unit the wire cannot carry (not a power of two from 512 bytes to 16 MiB) is converted to
+/// 4 KiB blocks, rounding down; each count is cut to the one it is part of.
+fn space_of(unit: u64, blocks: [u64; 3], files: [u64; 2]) -> Space {
+    let (block, scale) = match u32::try_from(unit) {
+        Ok(b) if b.is_power_of_two() && (512..=16 << 20).contains(&b) => (b, None),
+        _ => (4096, Some(unit)),
+    };
+    let count = |n: u64| match scale {
+        None => n,
+        Some(unit) => (u128::from(n) * u128::from(unit) / 4096).min(u128::from(u64::MAX)) as u64,
+    };
+    let total = count(blocks[0]);
+    let free = count(blocks[1]).min(total);
+    Space {
+        block,
+        blocks: total,
+        free,
+        available: count(blocks[2]).min(free),
+        files: files[0],
+        files_free: files[1].min(files[0]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn space_figures_fit_the_wire_whatever_the_file_system_reports() {
+        let plain = space_of(4096, [100, 50, 40], [10, 5]);
+        assert_eq!(
+            (plain.block, plain.blocks, plain.free, plain.available),
+            (4096, 100, 50, 40)
+        );
+        // A unit the wire cannot carry becomes 4 KiB blocks, rounded down.
+        let odd = space_of(1000, [8192, 4096, 4096], [0, 0]);
+        assert_eq!(
+            (odd.block, odd.blocks, odd.free, odd.available),
+            (4096, 2000, 1000, 1000)
+        );
+        let zero = space_of(0, [10, 10, 10], [1, 1]);
+        assert_eq!((zero.block, zero.blocks), (4096, 0));
+        // Counts larger than what they are part of are cut; huge units do not overflow.
+        let cut = space_of(4096, [10, 20, 30], [5, 9]);
+        assert_eq!((cut.free, cut.available, cut.files_free), (10, 10, 5));
+        let huge = space_of(u64::MAX, [u64::MAX, 1, 1], [0, 0]);
+        assert_eq!(huge.blocks, u64::MAX);
+        // Every result decodes on the other side.
+        for space in [plain, odd, zero, cut, huge] {
+            let mut buf = Vec::new();
+            crate::wire::Response::Space { id: 1, space }.encode(&mut buf);
+            assert!(crate::wire::Response::decode(&buf).is_ok(), "{space:?}");
+        }
+    }
     use std::os::unix::fs::symlink;
 
     fn share() -> (ferry_testkit::TempDir, ShareRoot) {
