@@ -614,3 +614,41 @@ fn a_write_a_killed_mount_could_not_push_is_pushed_when_the_share_is_mounted_aga
         fs::read(m.path("new.txt")).ok().as_deref() == Some(&b"made while the sharer was away"[..])
     });
 }
+
+#[test]
+fn a_file_made_in_the_mount_and_removed_while_open_never_reaches_the_sharer() {
+    let test = "a_file_made_in_the_mount_and_removed_while_open_never_reaches_the_sharer";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    // A temporary file's pattern: made, written, removed while still open, then closed. The sharer never
+    // had it (nothing is pushed before the close): the removal is the mount's own, not "no such file".
+    let mut f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.path("scratch"))
+        .unwrap();
+    f.write_all(b"scratch data").unwrap();
+    fs::remove_file(m.path("scratch")).unwrap();
+    assert!(!m.path("scratch").exists());
+    drop(f);
+    // Nothing is pushed at the close, by the push thread (a copy unwritten for 1 s, looked at every 0.5 s),
+    // or later: no copy and no journal is left for a next mount to push.
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    assert!(!w.src().join("scratch").exists());
+    assert!(!m.path("scratch").exists());
+    let left: Vec<_> = fs::read_dir(m.cache.join("writes"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // A name the sharer never had and the mount holds no copy of is still "no such file".
+    assert_eq!(
+        fs::remove_file(m.path("never")).unwrap_err().raw_os_error(),
+        Some(libc::ENOENT)
+    );
+}

@@ -934,12 +934,22 @@ impl<S: Source + Sink> Shared<S> {
     /// Removes `name` (a file or symlink, or with `dir` an empty directory).
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), Errno> {
         let path = self.child_path(parent, name)?;
+        let ino = self.inodes().ino(&path);
         match dir {
             true => self.remote(self.source.rmdir(&path))?,
-            false => self.remote(self.source.unlink(&path))?,
+            false => match self.source.unlink(&path) {
+                Ok(()) => {}
+                // Not on the sharer, but written here: made in the mount and not pushed yet (a temporary
+                // file unlinked while open), its pushes refused (a full disk), or removed on the sharer
+                // meanwhile. Its working copy is all there is of it: it goes below, journal and all, so it
+                // is never pushed later (by the push thread, or by the next mount as a write left behind).
+                Err(SourceError::Failed { errno, .. })
+                    if errno == libc::ENOENT && ino.is_some_and(|i| self.copy(i).is_some()) => {}
+                Err(e) => self.remote(Err(e))?,
+            },
         }
         self.reader.changed(&path);
-        if let Some(ino) = self.inodes().ino(&path) {
+        if let Some(ino) = ino {
             self.forget_copy(ino);
         }
         self.inodes().removed(&path);
