@@ -582,24 +582,12 @@ impl Server {
 
     /// Reports a stat.
     pub fn stat_done(&mut self, id: RequestId, result: Result<Entry, (ErrorCode, String)>) {
-        if self.in_flight.remove(&id).is_none() {
-            return; // cancelled meanwhile
-        }
-        match result {
-            Ok(entry) => self.push(Response::Attr { id, entry }),
-            Err((code, message)) => self.error(id, code, &message),
-        }
+        self.answer(id, result, |entry| Response::Attr { id, entry });
     }
 
     /// Reports the size and free space of the share's file system.
     pub fn space_done(&mut self, id: RequestId, result: Result<Space, (ErrorCode, String)>) {
-        if self.in_flight.remove(&id).is_none() {
-            return;
-        }
-        match result {
-            Ok(space) => self.push(Response::Space { id, space }),
-            Err((code, message)) => self.error(id, code, &message),
-        }
+        self.answer(id, result, |space| Response::Space { id, space });
     }
 
     /// Reports one page of a listing (`next` is [`wire::END`] after the last page).
@@ -608,11 +596,26 @@ impl Server {
         id: RequestId,
         result: Result<(Vec<Entry>, u64), (ErrorCode, String)>,
     ) {
+        self.answer(id, result, |(entries, next)| Response::Entries {
+            id,
+            entries,
+            next,
+        });
+    }
+
+    /// Ends the one-answer job `id`: its answer made of `result`, or its error; nothing when it was
+    /// cancelled meanwhile.
+    fn answer<T>(
+        &mut self,
+        id: RequestId,
+        result: Result<T, (ErrorCode, String)>,
+        answer: impl FnOnce(T) -> Response<'static>,
+    ) {
         if self.in_flight.remove(&id).is_none() {
-            return;
+            return; // cancelled meanwhile
         }
         match result {
-            Ok((entries, next)) => self.push(Response::Entries { id, entries, next }),
+            Ok(t) => self.push(answer(t)),
             Err((code, message)) => self.error(id, code, &message),
         }
     }
