@@ -652,3 +652,77 @@ fn a_file_made_in_the_mount_and_removed_while_open_never_reaches_the_sharer() {
         Some(libc::ENOENT)
     );
 }
+
+/// fallocate's arguments, and what they do to the expected content.
+type Step = (&'static [&'static str], fn(&mut Vec<u8>));
+
+/// `fallocate` (util-linux) with `args` on `path`; its exit status and what it printed.
+fn fallocate(args: &[&str], path: &Path) -> (bool, String) {
+    let out = Command::new("fallocate")
+        .args(args)
+        .arg(path)
+        .output()
+        .expect("run fallocate (util-linux)");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn fallocate_in_the_mount_grows_punches_and_zeros_and_the_sharer_gets_the_result() {
+    let test = "fallocate_in_the_mount_grows_punches_and_zeros_and_the_sharer_gets_the_result";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let mut want = pseudo_random(300_000, 7);
+    fs::write(w.src().join("f.bin"), &want).unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    let f = m.path("f.bin");
+    // Each command opens the file for writing, calls fallocate(2) once and closes it: the close pushes.
+    let steps: [Step; 5] = [
+        // The default mode grows the file; the new bytes read as zeros.
+        (&["-l", "400000"], |v| v.resize(400_000, 0)),
+        // A hole punched inside (the size kept).
+        (&["-p", "-o", "4096", "-l", "8192"], |v| {
+            v[4096..12_288].fill(0)
+        }),
+        // A range zeroed across the end: the file grows to its end.
+        (&["-z", "-o", "395000", "-l", "10000"], |v| {
+            v.resize(405_000, 0);
+            v[395_000..].fill(0)
+        }),
+        // Space kept beyond the end: nothing a reader sees.
+        (&["-n", "-o", "0", "-l", "1000000"], |_| {}),
+        // A hole punched across the end: only up to the end.
+        (&["-p", "-o", "404000", "-l", "100000"], |v| {
+            v[404_000..].fill(0)
+        }),
+    ];
+    for (args, change) in steps {
+        let (ok, err) = fallocate(args, &f);
+        assert!(ok, "fallocate {args:?}: {err}");
+        change(&mut want);
+        assert_eq!(
+            fs::metadata(&f).unwrap().len(),
+            want.len() as u64,
+            "{args:?}"
+        );
+        assert!(fs::read(&f).unwrap() == want, "the mount after {args:?}");
+        assert!(
+            fs::read(w.src().join("f.bin")).unwrap() == want,
+            "the sharer after {args:?}"
+        );
+    }
+    // A new file made by fallocate: on the sharer, zeros of that size.
+    let (ok, err) = fallocate(&["-l", "1M"], &m.path("new.bin"));
+    assert!(ok, "{err}");
+    assert_eq!(fs::read(w.src().join("new.bin")).unwrap(), vec![0; 1 << 20]);
+    // Shifting ranges is not supported: said so, and the file is as it was.
+    let (ok, err) = fallocate(&["-c", "-o", "0", "-l", "4096"], &f);
+    assert!(!ok);
+    assert!(err.contains("Operation not supported"), "{err}");
+    assert!(fs::read(w.src().join("f.bin")).unwrap() == want);
+}

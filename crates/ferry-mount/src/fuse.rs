@@ -33,6 +33,7 @@ use fuser::{
     InitFlags, KernelConfig, LockOwner, Notifier, OpenAccMode, OpenFlags, ReplyAttr, ReplyData,
     ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, Request,
 };
+use rustix::fs::FallocateFlags;
 
 use crate::files::{Handle, Reader};
 use crate::inodes::{child, listing_of, Inodes, Listing, ROOT};
@@ -890,6 +891,37 @@ impl<S: Source + Sink> Shared<S> {
         Ok(self.shown(ino.0, entry))
     }
 
+    /// fallocate(2) of a file open for writing, on its working copy: the default mode grows it, a hole
+    /// punched or a range zeroed reads as zeros (pushed as a change), `KEEP_SIZE` alone changes nothing
+    /// the sharer would see. Shifting ranges (collapse, insert) and unsharing are not supported.
+    fn allocate(&self, ino: INodeNo, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        self.writes()?;
+        let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        let flags = u32::try_from(mode)
+            .ok()
+            .and_then(FallocateFlags::from_bits)
+            .ok_or(Errno::EOPNOTSUPP)?;
+        // What the call does: grow the file to `end`, or zero the range (and grow unless it keeps the size).
+        let (keep, rest) = (
+            flags.contains(FallocateFlags::KEEP_SIZE),
+            flags - FallocateFlags::KEEP_SIZE,
+        );
+        let zero = match rest {
+            r if r.is_empty() && keep => return Ok(()),
+            r if r.is_empty() => None,
+            FallocateFlags::PUNCH_HOLE if keep => Some(true),
+            FallocateFlags::ZERO_RANGE => Some(keep),
+            _ => return Err(Errno::EOPNOTSUPP),
+        };
+        let copy = self.working_copy(ino.0, false)?;
+        let mut copy = writes::lock(&copy);
+        match zero {
+            None => copy.grow(end),
+            Some(keep_size) => copy.zero(offset..end, keep_size),
+        }
+        .map_err(io_errno)
+    }
+
     fn rename(
         &self,
         parent: INodeNo,
@@ -1487,6 +1519,22 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             .and_then(|c| writes::lock(&c).write_at(offset, data).map_err(io_errno));
         match r {
             Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        match self.shared.allocate(ino, offset, length, mode) {
+            Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }

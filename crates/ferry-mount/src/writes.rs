@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, SharePath, Time};
+use rustix::fs::FallocateFlags;
 
 use crate::source::{PutOutcome, Sink, SourceError};
 
@@ -224,6 +225,43 @@ impl WorkingCopy {
         }
         self.changed.retain(|r| !r.is_empty());
         self.mark(old.min(size)..size)
+    }
+
+    /// Grows the file to `end` if it is shorter (fallocate's default mode: the new bytes read as zeros).
+    /// No space is reserved on the sharer: its file is written whole or in ranges at the push.
+    pub fn grow(&mut self, end: u64) -> io::Result<()> {
+        match end > self.size {
+            true => self.set_len(end),
+            false => Ok(()),
+        }
+    }
+
+    /// Makes `range` read as zeros (a hole punched, or a range zeroed), growing the file to its end
+    /// unless `keep_size` (then the part past the end is left alone).
+    pub fn zero(&mut self, range: Range<u64>, keep_size: bool) -> io::Result<()> {
+        if !keep_size {
+            self.grow(range.end)?;
+        }
+        let range = range.start..range.end.min(self.size);
+        if range.is_empty() {
+            return Ok(());
+        }
+        let hole = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+        match rustix::fs::fallocate(&self.file, hole, range.start, range.end - range.start) {
+            Ok(()) => {}
+            // A cache on a file system without holes: the zeros written.
+            Err(rustix::io::Errno::OPNOTSUPP) => {
+                let zeros = vec![0; (range.end - range.start).min(1 << 20) as usize];
+                let mut at = range.start;
+                while at < range.end {
+                    let n = (range.end - at).min(zeros.len() as u64) as usize;
+                    self.file.write_all_at(&zeros[..n], at)?;
+                    at += n as u64;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.mark(range)
     }
 
     /// Reads up to `len` bytes at `offset`, cut at the end.

@@ -171,6 +171,38 @@ fn appends_truncates_and_holes_reach_the_sharer_exactly() {
 }
 
 #[test]
+fn holes_punched_and_ranges_zeroed_are_changes_and_reach_the_sharer() {
+    let sharer = FakeSharer::default();
+    let base = sharer.set("f", &[7u8; 100]);
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    // Growing to a smaller end changes nothing.
+    c.grow(60).unwrap();
+    assert!(!c.is_dirty() && c.size() == 100);
+    c.zero(10..20, true).unwrap();
+    assert_eq!(c.changed(), &[10..20]);
+    assert_eq!(c.read_at(8, 4).unwrap(), [7, 7, 0, 0]);
+    // Kept to the size: only up to the end counts.
+    c.zero(95..200, true).unwrap();
+    assert_eq!((c.size(), c.changed()), (100, &[10..20, 95..100][..]));
+    // Not kept: the file grows to the range's end.
+    c.zero(98..120, false).unwrap();
+    assert_eq!((c.size(), c.changed()), (120, &[10..20, 95..120][..]));
+    c.grow(130).unwrap();
+    assert_eq!(sharer.sent.lock().unwrap().len(), 0);
+    c.push(&sharer, &p("f")).unwrap();
+    let mut want = vec![7u8; 100];
+    want[10..20].fill(0);
+    want[95..].fill(0);
+    want.resize(130, 0);
+    assert_eq!(sharer.content("f"), want);
+    assert_eq!(
+        sharer.sent.lock().unwrap().last().unwrap(),
+        &Some(vec![10..20, 95..130])
+    );
+}
+
+#[test]
 fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
     let sharer = FakeSharer::default();
     let (_d, w) = writes();
