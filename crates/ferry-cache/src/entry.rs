@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ferry_share::tree::{Version, GROUP};
 
-use crate::disk::{base_name, open_data, remove_if_present, Stamp};
+use crate::disk::{base_name, open_data, read_full, remove_if_present, Stamp};
 use crate::groups::{Cv, Groups};
 use crate::verify::{
     combines_to_root, group_count, group_cv, hash_again, hash_groups, present_bytes, span,
@@ -547,6 +547,67 @@ impl Entry {
         if !combines_to_root(&inner.version, &cvs) {
             return Ok(false);
         }
+        self.take(from, &meta, &cvs)
+    }
+
+    /// `next` is this version with `tail` appended (a file grown on the sharer). When this entry is complete
+    /// and its bytes followed by `tail` make `next`'s root, its cache file, with `tail` written past its end,
+    /// becomes `next`'s: the same file, so a descriptor open on it (FUSE passthrough's backing file) reads
+    /// `next` from then on. This entry is removed then. Only `tail` and this version's last group are
+    /// hashed: the whole groups before them have the same values in both versions. `Ok(false)`, both
+    /// entries as they were, otherwise (not an append, `next` complete already, no room).
+    pub fn extend(&self, next: &Entry, tail: &[u8]) -> Result<bool, CacheError> {
+        let (old, new) = (self.inner.version, next.inner.version);
+        if tail.is_empty() || new.size != old.size + tail.len() as u64 {
+            return Ok(false);
+        }
+        self.check()?;
+        let (file, cvs) = {
+            let st = read(&self.inner.state);
+            let (Some(file), Some(all), false) = (
+                &st.file,
+                st.groups.whole(group_count(old.size)),
+                st.removed || !st.complete,
+            ) else {
+                return Ok(false);
+            };
+            // A version of one group has its root as that group's value, not a chaining value.
+            let kept = if old.size > GROUP { old.size / GROUP } else { 0 };
+            let mut cvs = all[..kept as usize].to_vec();
+            let mut bytes = vec![0; (old.size - kept * GROUP) as usize];
+            if read_full(file, &mut bytes, kept * GROUP)? < bytes.len() {
+                return Ok(false);
+            }
+            bytes.extend_from_slice(tail);
+            for (i, group) in bytes.chunks(GROUP as usize).enumerate() {
+                cvs.push(group_cv(new.size, kept + i as u64, group));
+            }
+            (file.try_clone()?, cvs)
+        };
+        if !combines_to_root(&new, &cvs) {
+            return Ok(false);
+        }
+        // Readers of the file see this version, then this version and part of the verified tail: `next`.
+        file.write_all_at(tail, old.size)?;
+        let taken = next.take(&self.inner.data_path, &file.metadata()?, &cvs);
+        if !matches!(taken, Ok(true)) {
+            // Back to this version (hashed again at its next use: the file changed since it was seen).
+            let _ = file.set_len(old.size);
+            return taken;
+        }
+        let sh = &self.shared;
+        let mut idx = lock(&sh.index);
+        if idx.slots.get(&old).map(|s| s.id) == Some(self.inner.id) {
+            sh.evict(&mut idx, &old);
+        }
+        Ok(true)
+    }
+
+    /// Takes the file at `from` (`meta` its metadata when hashed), whose groups have the values `cvs`
+    /// making this version's root, as the version's whole content: renamed into the cache.
+    fn take(&self, from: &Path, meta: &fs::Metadata, cvs: &[Cv]) -> Result<bool, CacheError> {
+        let inner = &self.inner;
+        let size = inner.version.size;
         let need = {
             let st = read(&inner.state);
             if st.removed || st.complete {
@@ -578,7 +639,7 @@ impl Entry {
         let _ = fs::set_permissions(&inner.data_path, fs::Permissions::from_mode(0o600));
         st.file = None;
         st.groups.clear();
-        st.groups.insert(0, &cvs);
+        st.groups.insert(0, cvs);
         st.complete = true;
         st.changed = true;
         st.dirty += size - present;

@@ -781,3 +781,97 @@ fn a_file_that_is_not_the_version_or_finds_no_room_is_left_where_it_is() {
     assert!(from.exists());
     assert_eq!(cache.used(), data.len() as u64);
 }
+
+#[test]
+fn a_version_grown_by_an_append_takes_the_old_one_s_file_and_an_open_descriptor_reads_it() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let dir = t.path().join("cache");
+    let cache = Cache::open(&dir, 1 << 30).unwrap();
+    // From one group to several, across a group's end, with a short and a long tail.
+    let cases = [
+        (1, 5),
+        (G, 1),
+        (G - 1, 2),
+        (G + 1, 3 * G),
+        (7 * G - 3, 10),
+        (130 * G + 5, 2 * G + 1),
+    ];
+    let mut used = 0;
+    for (i, (old_len, tail_len)) in cases.into_iter().enumerate() {
+        let (data, new) = file(old_len + tail_len, 300 + i as u64);
+        let old = Outboard::compute(&data[..old_len], old_len as u64)
+            .unwrap()
+            .version();
+        let oe = cache.entry(old).unwrap();
+        assert!(put(&oe, &data[..old_len], 0..old_len.div_ceil(G)));
+        assert!(oe.is_complete());
+        // What FUSE passthrough holds: a descriptor of the old version's file.
+        let held = oe.backing().unwrap().expect("complete");
+        let ne = cache.entry(new).unwrap();
+        assert!(oe.extend(&ne, &data[old_len..]).unwrap(), "case {i}");
+        let mut back = Vec::new();
+        std::io::Read::read_to_end(&mut &held, &mut back).unwrap();
+        assert!(back == data, "case {i}: the descriptor reads the new version");
+        assert!(ne.is_complete(), "case {i}");
+        assert_eq!(read(&ne, 0, data.len()).unwrap(), data, "case {i}");
+        let (new_data, _) = files_of(&dir, &new);
+        assert_eq!(
+            fs::metadata(&new_data).unwrap().ino(),
+            held.metadata().unwrap().ino(),
+            "case {i}: the same file"
+        );
+        let (old_data, old_record) = files_of(&dir, &old);
+        assert!(!old_data.exists() && !old_record.exists(), "case {i}");
+        assert!(!oe.is_complete(), "case {i}: the old entry is gone");
+        used += data.len() as u64;
+        assert_eq!(cache.used(), used, "case {i}");
+    }
+    // The record says so: a restart finds the new versions whole.
+    drop(cache);
+    let cache = Cache::open(&dir, 1 << 30).unwrap();
+    assert_eq!(cache.used(), used);
+    for (i, (old_len, tail_len)) in cases.into_iter().enumerate() {
+        let (data, new) = file(old_len + tail_len, 300 + i as u64);
+        assert_eq!(read(&cache.entry(new).unwrap(), 0, data.len()).unwrap(), data);
+    }
+}
+
+#[test]
+fn a_version_that_is_not_an_append_leaves_both_entries_as_they_were() {
+    let t = ferry_testkit::temp_dir("ferry-cache-");
+    let dir = t.path().join("cache");
+    let cache = Cache::open(&dir, 1 << 30).unwrap();
+    let len = 9 * G + 100;
+    let (data, old) = file(len, 9);
+    let oe = cache.entry(old).unwrap();
+    assert!(put(&oe, &data, 0..10));
+    let held = oe.backing().unwrap().expect("complete");
+    let refused = |new_data: &[u8], tail: &[u8], why: &str| {
+        let new = Outboard::compute(new_data, new_data.len() as u64)
+            .unwrap()
+            .version();
+        let ne = cache.entry(new).unwrap();
+        assert!(!oe.extend(&ne, tail).unwrap(), "{why}");
+        assert!(!ne.is_complete(), "{why}");
+        assert!(oe.is_complete(), "{why}");
+        assert_eq!(read(&oe, 0, len).unwrap(), data, "{why}");
+        assert_eq!(held.metadata().unwrap().len(), len as u64, "{why}");
+    };
+    // Changed before the old end (in a whole group, then in the last one), then appended.
+    for at in [3 * G + 5, 9 * G + 50] {
+        let mut other = data.clone();
+        other[at] ^= 1;
+        other.extend_from_slice(b"appended");
+        refused(&other, b"appended", "changed inside");
+    }
+    // A tail that is not the new version's.
+    let mut longer = data.clone();
+    longer.extend_from_slice(b"appended");
+    refused(&longer, b"appendeX", "another tail");
+    refused(&longer, b"append", "a tail of the wrong length");
+    // The right one still goes.
+    let new = Outboard::compute(&longer[..], longer.len() as u64)
+        .unwrap()
+        .version();
+    assert!(oe.extend(&cache.entry(new).unwrap(), b"appended").unwrap());
+}
