@@ -547,7 +547,7 @@ impl Entry {
         if !combines_to_root(&inner.version, &cvs) {
             return Ok(false);
         }
-        self.take(from, &meta, &cvs)
+        self.take(from, &meta, &cvs, false)
     }
 
     /// `next` is this version with `tail` appended (a file grown on the sharer). When this entry is complete
@@ -555,7 +555,7 @@ impl Entry {
     /// becomes `next`'s: the same file, so a descriptor open on it (FUSE passthrough's backing file) reads
     /// `next` from then on. This entry is removed then. Only `tail` and this version's last group are
     /// hashed: the whole groups before them have the same values in both versions. `Ok(false)`, both
-    /// entries as they were, otherwise (not an append, `next` complete already, no room).
+    /// entries as they were, otherwise (not an append, no room).
     pub fn extend(&self, next: &Entry, tail: &[u8]) -> Result<bool, CacheError> {
         let (old, new) = (self.inner.version, next.inner.version);
         if tail.is_empty() || new.size != old.size + tail.len() as u64 {
@@ -572,7 +572,11 @@ impl Entry {
                 return Ok(false);
             };
             // A version of one group has its root as that group's value, not a chaining value.
-            let kept = if old.size > GROUP { old.size / GROUP } else { 0 };
+            let kept = if old.size > GROUP {
+                old.size / GROUP
+            } else {
+                0
+            };
             let mut cvs = all[..kept as usize].to_vec();
             let mut bytes = vec![0; (old.size - kept * GROUP) as usize];
             if read_full(file, &mut bytes, kept * GROUP)? < bytes.len() {
@@ -589,7 +593,8 @@ impl Entry {
         }
         // Readers of the file see this version, then this version and part of the verified tail: `next`.
         file.write_all_at(tail, old.size)?;
-        let taken = next.take(&self.inner.data_path, &file.metadata()?, &cvs);
+        // A small file's tail may have made `next` whole already: its file is replaced (same bytes).
+        let taken = next.take(&self.inner.data_path, &file.metadata()?, &cvs, true);
         if !matches!(taken, Ok(true)) {
             // Back to this version (hashed again at its next use: the file changed since it was seen).
             let _ = file.set_len(old.size);
@@ -604,13 +609,20 @@ impl Entry {
     }
 
     /// Takes the file at `from` (`meta` its metadata when hashed), whose groups have the values `cvs`
-    /// making this version's root, as the version's whole content: renamed into the cache.
-    fn take(&self, from: &Path, meta: &fs::Metadata, cvs: &[Cv]) -> Result<bool, CacheError> {
+    /// making this version's root, as the version's whole content: renamed into the cache, also over a
+    /// complete entry's file when `replace`.
+    fn take(
+        &self,
+        from: &Path,
+        meta: &fs::Metadata,
+        cvs: &[Cv],
+        replace: bool,
+    ) -> Result<bool, CacheError> {
         let inner = &self.inner;
         let size = inner.version.size;
         let need = {
             let st = read(&inner.state);
-            if st.removed || st.complete {
+            if st.removed || (st.complete && !replace) {
                 return Ok(false);
             }
             size - present_bytes(&inner.version, &st.groups)
@@ -622,7 +634,7 @@ impl Entry {
         let mut st = write(&inner.state);
         let present = present_bytes(&inner.version, &st.groups);
         let moved = match (
-            st.removed || st.complete,
+            st.removed || (st.complete && !replace),
             fs::rename(from, &inner.data_path),
         ) {
             (true, _) => Ok(false),

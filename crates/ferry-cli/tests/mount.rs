@@ -281,6 +281,92 @@ fn changes_on_the_sharer_appear_in_the_mount() {
 }
 
 #[test]
+fn a_file_read_with_passthrough_follows_appends_on_the_sharer_as_tail_f_does() {
+    let test = "a_file_read_with_passthrough_follows_appends_on_the_sharer_as_tail_f_does";
+    if !fuse_usable(test) || !have(test, "tail") {
+        return;
+    }
+    let w = World::new();
+    // One smaller than a group, one of several MiB (its last group not whole).
+    let mut small = b"first line\n".to_vec();
+    let mut big = pseudo_random(3 * 1024 * 1024 + 123, 4);
+    fs::write(w.src().join("small.log"), &small).unwrap();
+    fs::write(w.src().join("big.log"), &big).unwrap();
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &[]);
+    // Read whole once: cached, so the next opens are passthrough ones.
+    assert!(fs::read(m.path("small.log")).unwrap() == small);
+    assert!(fs::read(m.path("big.log")).unwrap() == big);
+    let before = m.stats();
+    let mut open: Vec<(fs::File, &str)> = ["small.log", "big.log"]
+        .into_iter()
+        .map(|name| {
+            let mut f = fs::File::open(m.path(name)).unwrap();
+            f.seek(SeekFrom::End(0)).unwrap();
+            (f, name)
+        })
+        .collect();
+    let after = m.stats();
+    assert_eq!(
+        after["passthrough-opens"],
+        before["passthrough-opens"] + 2,
+        "{after:?}"
+    );
+    let append = |name: &str, line: &[u8]| {
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(w.src().join(name))
+            .unwrap();
+        std::io::Write::write_all(&mut f, line).unwrap();
+    };
+    for round in 0..3 {
+        let line = format!("appended line {round}\n").into_bytes();
+        for (f, name) in &mut open {
+            append(name, &line);
+            let want = match *name {
+                "small.log" => &mut small,
+                _ => &mut big,
+            };
+            want.extend_from_slice(&line);
+            // Each read from where the last one ended: the new line, whole, and then nothing more.
+            let mut got = Vec::new();
+            eventually(&format!("{name} round {round}: the appended line"), || {
+                f.read_to_end(&mut got).unwrap();
+                assert!(line.starts_with(&got), "{name}: {got:?}");
+                got.len() == line.len()
+            });
+            assert_eq!(f.metadata().unwrap().len(), want.len() as u64, "{name}");
+            // A new open while the first is held reads the grown file too, whole.
+            assert!(fs::read(m.path(name)).unwrap() == *want, "{name}");
+        }
+    }
+    drop(open);
+    // tail -f itself, on the file it printed first.
+    let mut tail = Command::new("tail")
+        .args(["-n", "1", "-s", "0.2", "-f"])
+        .arg(m.path("small.log"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = tail.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(out).lines() {
+            let _ = tx.send(line.unwrap());
+        }
+    });
+    let next = || rx.recv_timeout(Duration::from_secs(20));
+    assert_eq!(next().as_deref(), Ok("appended line 2"));
+    for i in 0..3 {
+        append("small.log", format!("tail line {i}\n").as_bytes());
+        assert_eq!(next(), Ok(format!("tail line {i}")), "tail -f, line {i}");
+    }
+    tail.kill().unwrap();
+    tail.wait().unwrap();
+}
+
+#[test]
 fn real_programs_read_the_mount_as_the_source() {
     let test = "real_programs_read_the_mount_as_the_source";
     if !fuse_usable(test) {

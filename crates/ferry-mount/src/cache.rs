@@ -60,4 +60,11 @@ impl Store for Cache {
         let entry: Arc<Entry> = Cache::entry(self, version).map_err(failed)?;
         Ok(entry)
     }
+
+    fn extend(&self, old: Version, new: Version, tail: &[u8]) -> Result<bool, StoreError> {
+        let next = Cache::entry(self, new).map_err(failed)?;
+        Cache::entry(self, old)
+            .and_then(|e| e.extend(&next, tail))
+            .map_err(failed)
+    }
 }

@@ -28,7 +28,7 @@ use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
-use crate::store::{Chunks, Store};
+use crate::store::{Chunks, Store, StoreError};
 
 /// The open files by path and version root (weak: they live as long as their handles).
 type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
@@ -549,6 +549,12 @@ impl<S: Source> Reader<S> {
         open.retain(|_, w| w.strong_count() > 0);
         open.insert(key, Arc::downgrade(&f));
         Ok(f)
+    }
+
+    /// `path`, open at `old`, is now `new`: `old`'s bytes and then `tail` (read through this reader, so
+    /// verified). When they make `new`, its store entry takes `old`'s file (see [`Store::extend`]).
+    pub fn extend(&self, old: Version, new: Version, tail: &[u8]) -> Result<bool, StoreError> {
+        self.store.extend(old, new, tail)
     }
 
     /// `path` (or something under it) changed on the sharer: its open files go stale, streaming stops.

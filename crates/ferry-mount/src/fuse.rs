@@ -45,6 +45,10 @@ use crate::writes::{self, Pushed, Recovered, Writes, DEBOUNCE};
 pub const TTL: Duration = Duration::from_secs(1);
 /// The largest read (and write) request: 1 MiB (`FUSE_MAX_PAGES` with 256 pages).
 pub const MAX_REQUEST: u32 = 1 << 20;
+/// Most bytes a file read with passthrough may grow by on the sharer and still be followed ([`Shared::follow`]:
+/// the new bytes are held in memory once).
+const FOLLOW_MAX: u64 = 64 << 20;
+
 /// How long an open for writing waits for the releases of passthrough readers before it fails with ETXTBSY.
 pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Background requests (readahead, async reads) the kernel may queue.
@@ -84,6 +88,11 @@ struct Shared<S: Source + Sink> {
     next_fh: AtomicU64,
     /// Backing files registered with the kernel, by version root, while some handle holds them.
     backing: Mutex<HashMap<[u8; 32], Weak<BackingId>>>,
+    /// Held by an open of a file read with passthrough while it picks its version and backing file, and
+    /// while a grown file's backing file becomes the new version's ([`Shared::follow`]).
+    following: Mutex<()>,
+    /// Inodes a thread follows, and whether they changed again since it looked.
+    follows: Mutex<HashMap<u64, bool>>,
     passthrough: AtomicBool,
     /// The kernel maps files opened with direct I/O (`FUSE_DIRECT_IO_ALLOW_MMAP`): files not yet whole in
     /// the cache are opened so, and a read's reply goes straight into the reader's buffer.
@@ -142,6 +151,8 @@ impl<S: Source + Sink> ShareFs<S> {
                 open: Mutex::new(HashMap::new()),
                 next_fh: AtomicU64::new(1),
                 backing: Mutex::new(HashMap::new()),
+                following: Mutex::new(()),
+                follows: Mutex::new(HashMap::new()),
                 passthrough: AtomicBool::new(false),
                 direct_io: AtomicBool::new(false),
                 notifier: OnceLock::new(),
@@ -221,6 +232,15 @@ impl<S: Source + Sink> Changes<S> {
         for path in paths {
             shared.reader.changed(path);
             let inv = shared.inodes().changed(path);
+            // A file read with passthrough that grew on the sharer is followed (off this thread: its new
+            // bytes are fetched).
+            let pinned = {
+                let t = shared.inodes();
+                t.ino(path).filter(|&ino| t.passing_through(ino).is_some())
+            };
+            if let Some(ino) = pinned {
+                shared.follow_changed(ino);
+            }
             let Some(n) = shared.notifier.get() else {
                 continue;
             };
@@ -378,8 +398,11 @@ impl<S: Source + Sink> Shared<S> {
         };
         let known = self.inodes().version(ino.0);
         // While handles of the inode read a backing file, the kernel takes only passthrough opens of that
-        // same file: a new open reads their version, the new one once they are all closed.
+        // same file: a new open reads their version, the new one once they are all closed (or once that
+        // file holds a grown version: not while this open picks it).
+        let following = self.following.lock().unwrap_or_else(|e| e.into_inner());
         let pinned = self.inodes().passing_through(ino.0);
+        let _following = pinned.is_some().then_some(following);
         let opened = match pinned {
             Some(v) => self.reader.open_at(&path, v),
             None => self.reader.open(&path, known),
@@ -889,6 +912,82 @@ impl<S: Source + Sink> Shared<S> {
             self.inodes().set_entry(ino.0, entry.clone());
         }
         Ok(self.shown(ino.0, entry))
+    }
+
+    /// `ino`, read with passthrough, changed on the sharer: followed by one thread per inode at a time
+    /// (`changed` tells it to look again once it is done).
+    fn follow_changed(self: &Arc<Self>, ino: u64) {
+        let mut follows = self.follows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(again) = follows.get_mut(&ino) {
+            *again = true;
+            return;
+        }
+        follows.insert(ino, false);
+        let shared = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("ferry-follow".into())
+            .spawn(move || loop {
+                shared.follow(ino);
+                let mut follows = shared.follows.lock().unwrap_or_else(|e| e.into_inner());
+                match follows.get_mut(&ino) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        follows.remove(&ino);
+                        return;
+                    }
+                }
+            });
+        if spawned.is_err() {
+            follows.remove(&ino);
+        }
+    }
+
+    /// If `ino`, read with passthrough, grew on the sharer by an append (a log, say) of at most
+    /// [`FOLLOW_MAX`], the new bytes are fetched (verified) and the cache file the kernel reads becomes the
+    /// new version's ([`Reader::extend`]): its open handles read on, like `tail -f` on a local file, and
+    /// new opens read the new version. Otherwise they read their version until they are all closed.
+    fn follow(&self, ino: u64) {
+        let (Some(path), Some(old)) = ({
+            let t = self.inodes();
+            (t.path(ino), t.passing_through(ino))
+        }) else {
+            return;
+        };
+        let Ok(handle) = self.reader.open(&path, Some(old)) else {
+            return;
+        };
+        let new = handle.file().version();
+        let grown = new.size.saturating_sub(old.size);
+        if grown == 0 || grown > FOLLOW_MAX {
+            return;
+        }
+        let mut tail = Vec::with_capacity(grown as usize);
+        while (tail.len() as u64) < grown {
+            let at = old.size + tail.len() as u64;
+            let want = (grown - tail.len() as u64).min(u64::from(MAX_REQUEST)) as u32;
+            match self.reader.read(&handle, at, want) {
+                Ok(bytes) if !bytes.is_empty() => tail.extend_from_slice(&bytes),
+                _ => return,
+            }
+        }
+        // Changed again meanwhile, or closed: the change's own notification looks again.
+        let _opening = self.following.lock().unwrap_or_else(|e| e.into_inner());
+        if handle.file().version() != new
+            || self.inodes().passing_through(ino) != Some(old)
+            || !matches!(self.reader.extend(old, new, &tail), Ok(true))
+        {
+            return;
+        }
+        // The same backing file, now holding `new`: new opens share it (the kernel takes no other).
+        let mut backing = self.backing.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(id) = backing.get(&old.root).and_then(Weak::upgrade) {
+            backing.insert(new.root, Arc::downgrade(&id));
+        }
+        drop(backing);
+        self.inodes().passing_through_at(ino, new);
+        if let Some(n) = self.notifier.get() {
+            let _ = n.inval_inode(INodeNo(ino), 0, 0);
+        }
     }
 
     /// fallocate(2) of a file open for writing, on its working copy: the default mode grows it, a hole

@@ -277,6 +277,16 @@ impl Inodes {
         (n.passthrough.0 > 0).then_some(n.passthrough.1).flatten()
     }
 
+    /// The file `ino`'s passthrough handles read holds `version` now (it grew: [`crate::fuse`]'s follow).
+    pub fn passing_through_at(&mut self, ino: u64, version: Version) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            if n.passthrough.0 > 0 {
+                n.passthrough.1 = Some(version);
+                n.version = Some(version);
+            }
+        }
+    }
+
     /// A handle of `ino` opened with passthrough at `Some(version)`, or released (`None`).
     pub fn passthrough_open(&mut self, ino: u64, opened: Option<Version>) {
         if let Some(n) = self.by_ino.get_mut(&ino) {

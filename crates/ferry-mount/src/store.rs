@@ -39,4 +39,11 @@ pub trait Chunks: Send + Sync {
 pub trait Store: Send + Sync + 'static {
     /// The entry of `version` (created empty if new).
     fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError>;
+    /// `new` is `old` with `tail` appended: when `old` is complete and that is so, `new` takes `old`'s
+    /// file as it is, `tail` written past its end (a descriptor open on it reads `new` from then on), and
+    /// `old` is gone; `Ok(false)` otherwise, both as they were. A store that cannot says `Ok(false)`.
+    fn extend(&self, old: Version, new: Version, tail: &[u8]) -> Result<bool, StoreError> {
+        let _ = (old, new, tail);
+        Ok(false)
+    }
 }
