@@ -38,6 +38,17 @@ pub struct InterruptedAtQuestion;
 #[error("interrupted at the code prompt; nothing was received")]
 pub struct InterruptedAtPrompt;
 
+/// `mount --daemon`: the background mount ended before mounting, with its own error (its code when it
+/// printed one) and exit status.
+#[derive(Debug, thiserror::Error)]
+#[error("{message} (the background mount ended before mounting; its log: {log})")]
+pub struct Background {
+    pub code: Option<ErrorCode>,
+    pub exit: u8,
+    pub message: String,
+    pub log: String,
+}
+
 /// The user interrupted the transfer.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted; partial data is kept, run the same command again to resume")]
@@ -149,6 +160,12 @@ pub fn classify(err: &anyhow::Error) -> Failure {
     for cause in err.chain() {
         if cause.downcast_ref::<Usage>().is_some() {
             return ErrorCode::Usage.into();
+        }
+        if let Some(b) = cause.downcast_ref::<Background>() {
+            return Failure {
+                code: b.code.map_or(ErrorCode::Error.as_str(), ErrorCode::as_str),
+                exit: b.exit,
+            };
         }
         if cause.downcast_ref::<Interrupted>().is_some()
             || cause.downcast_ref::<InterruptedAtQuestion>().is_some()

@@ -26,12 +26,13 @@ use ferry_share::remote::{
 };
 use serde_json::json;
 
-use crate::failure::Usage;
+use crate::failure::{Background, Usage};
 use crate::paired::{self, Me};
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
 use crate::settings::cache_dir;
 use crate::share_cmd::Log;
 use crate::ui::{escape, Ui};
+use ferry_wire::ErrorCode;
 
 /// Arguments of `ferry mount`.
 #[derive(Args, Debug)]
@@ -389,6 +390,7 @@ fn daemonize(mountpoint: &Path, ui: &mut Ui) -> anyhow::Result<()> {
         .create(true)
         .append(true)
         .open(&log_path)?;
+    let from = log.metadata()?.len();
     let mut child = Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
         .env(DAEMON_CHILD, "1")
@@ -415,16 +417,43 @@ fn daemonize(mountpoint: &Path, ui: &mut Ui) -> anyhow::Result<()> {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            anyhow::bail!(
-                "the background mount ended ({status}) before mounting: see {}",
-                log_path.display()
-            );
+            // What it said in the log, from its start: its error is the last one.
+            let said = std::fs::read(&log_path).unwrap_or_default();
+            let said = String::from_utf8_lossy(said.get(from as usize..).unwrap_or_default());
+            let (code, message) = last_error(&said)
+                .unwrap_or_else(|| (None, format!("it ended ({status}) without saying why")));
+            return Err(Background {
+                code,
+                exit: status
+                    .code()
+                    .and_then(|c| u8::try_from(c).ok())
+                    .filter(|&c| c != 0)
+                    .unwrap_or(1),
+                message,
+                log: log_path.display().to_string(),
+            }
+            .into());
         }
         if started.elapsed() > Duration::from_secs(600) {
             anyhow::bail!("the background mount did not mount within 10 minutes");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The last error a `ferry` process printed in `text` (its output): from a `--json` error event, its code
+/// and message; from a line `ferry: MESSAGE`, the message.
+fn last_error(text: &str) -> Option<(Option<ErrorCode>, String)> {
+    text.lines().rev().find_map(|line| {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(line) {
+            let message = v["message"].as_str().filter(|_| v["event"] == "error")?;
+            return Some((
+                v["code"].as_str().and_then(ErrorCode::parse),
+                message.to_string(),
+            ));
+        }
+        line.strip_prefix("ferry: ").map(|m| (None, m.to_string()))
+    })
 }
 
 /// Runs `ferry unmount`.
@@ -452,4 +481,35 @@ pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.info(&format!("unmounted {}", mountpoint.display()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_background_mount_s_last_error_is_found_in_its_log() {
+        let text = "Connected directly (127.0.0.1:1), aes-256-gcm\n\
+                    ferry: an older error\n\
+                    warning: something\n\
+                    ferry: cannot open the cache /c: the cache directory is in use by another mount\n\
+                    \n";
+        assert_eq!(
+            last_error(text),
+            Some((
+                None,
+                "cannot open the cache /c: the cache directory is in use by another mount".into()
+            ))
+        );
+        let json = "{\"event\":\"connected\",\"peer\":\"a\"}\n\
+                    {\"event\":\"error\",\"code\":\"peer-gone\",\"message\":\"a closed the connection\"}\n";
+        assert_eq!(
+            last_error(json),
+            Some((Some(ErrorCode::PeerGone), "a closed the connection".into()))
+        );
+        // An unknown code keeps the message; a log without an error has none.
+        let odd = "{\"event\":\"error\",\"code\":\"new-code\",\"message\":\"m\"}\n";
+        assert_eq!(last_error(odd), Some((None, "m".into())));
+        assert_eq!(last_error("mounted x\n{\"event\":\"mounted\"}\n"), None);
+    }
 }

@@ -734,6 +734,91 @@ fn a_bad_mount_point_or_deadline_is_refused_before_the_peer_is_reached() {
     assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
 }
 
+/// A `--daemon` mount's point, unmounted lazily and its process killed if the test ends early.
+struct Detached(PathBuf, Option<u32>);
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(pid) = self.1 {
+            // SAFETY: kill(2) of a pid this test started; no memory is involved.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount() {
+    let test = "a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing(&w);
+    let (one, two) = (w.path("mnt"), w.path("mnt2"));
+    fs::create_dir_all(&one).unwrap();
+    fs::create_dir_all(&two).unwrap();
+    let daemon = |dir: &Path, extra: &[&str]| {
+        let mut cmd = w.as_("b");
+        cmd.args(["mount", "--daemon", "--wait", "5s"])
+            .args(extra)
+            .arg("a")
+            .arg(dir);
+        finish(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let out = daemon(&one, &["--json"]);
+    assert_success("mount --daemon", &out);
+    let evs = events(&out.stdout);
+    let pid = event(&evs, "mounted").unwrap()["pid"].as_u64().unwrap() as u32;
+    let _guard = Detached(one.clone(), Some(pid));
+    assert_eq!(fs::read(one.join("f")).unwrap(), b"data");
+    // The same share's cache is this mount's: a second one says so, in its own words, with its status.
+    let out = daemon(&two, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the cache directory is in use by another mount")
+            && err.contains("the background mount ended before mounting"),
+        "{err}"
+    );
+    let out = daemon(&two, &["--json"]);
+    assert_failure("a second mount, --json", &out, 1, "error");
+    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("in use by another mount"),
+        "{message}"
+    );
+    assert!(
+        fs::read_dir(&two).unwrap().next().is_none(),
+        "nothing mounted"
+    );
+    // Unmounted, its process ends.
+    let un = w.as_("b").arg("unmount").arg(&one).output().unwrap();
+    assert_success("unmount", &un);
+    eventually("the daemon's exit", || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    });
+    // A refusal keeps its class: a peer the sharer removed is peer-gone, exit 4, as in the foreground.
+    let removed = w.as_("a").args(["peers", "remove", "b"]).output().unwrap();
+    assert_success("peers remove", &removed);
+    let out = daemon(&one, &["--json"]);
+    assert_failure("a daemon mount by a removed peer", &out, 4, "peer-gone");
+    assert!(
+        fs::read_dir(&one).unwrap().next().is_none(),
+        "nothing mounted"
+    );
+}
+
 #[test]
 fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
     if !fuse_usable("a_mount_by_a_peer_the_sharer_removed_is_refused_in_words") {
