@@ -355,7 +355,8 @@ impl<S: Source + Sink> Shared<S> {
         let path = child_of(&dir, name, Errno::ENOENT)?;
         // A file with a working copy answers from the table (a new one is not on the sharer yet); so does
         // a fresh listing of the directory.
-        let copied = self.inodes().ino(&path).filter(|&i| self.copy(i).is_some());
+        let ino = self.inodes().ino(&path);
+        let copied = ino.filter(|&i| self.copy(i).is_some());
         if let Some(e) = copied.and_then(|i| self.inodes().entry(i, false)) {
             let ino = self.inodes().looked_up(path, parent.0, e.clone());
             return Ok((ino, e));

@@ -593,8 +593,10 @@ impl Writes {
     /// `from` was renamed to `to` in the mount: copies at or beneath it go to the new paths.
     pub fn renamed(&self, from: &SharePath, to: &SharePath) {
         let prefix = from.as_bytes();
-        for c in self.copies().values() {
-            let mut c = lock(c);
+        // Each copy locked with the table let go: a copy's lock is held across a push, which takes other
+        // locks (the mount's inode table) that are held while the table is looked at.
+        for (_, c) in self.all() {
+            let mut c = lock(&c);
             let p = c.share_path.as_bytes();
             let inside =
                 p == prefix || (p.starts_with(prefix) && p.get(prefix.len()) == Some(&b'/'));
@@ -609,6 +611,7 @@ impl Writes {
         }
     }
 
+    /// The table of copies: never held while another lock is taken.
     fn copies(&self) -> MutexGuard<'_, HashMap<u64, Shared>> {
         self.copies.lock().unwrap_or_else(|e| e.into_inner())
     }
