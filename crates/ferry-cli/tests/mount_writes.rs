@@ -726,3 +726,77 @@ fn fallocate_in_the_mount_grows_punches_and_zeros_and_the_sharer_gets_the_result
     assert!(err.contains("Operation not supported"), "{err}");
     assert!(fs::read(w.src().join("f.bin")).unwrap() == want);
 }
+
+#[test]
+fn writers_working_side_by_side_in_one_mount_neither_hang_nor_conflict_with_each_other() {
+    let test =
+        "writers_working_side_by_side_in_one_mount_neither_hang_nor_conflict_with_each_other";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    // Four writers, as a build's jobs: each writes its own files through a temporary name and a rename,
+    // and all append lines to one log (each append an open, a write and a close: a push).
+    let (writers, rounds) = (4, 150);
+    let (tx, rx) = std::sync::mpsc::channel();
+    for wr in 0..writers {
+        let (dir, tx) = (m.dir.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let mine = dir.join(format!("w{wr}"));
+            fs::create_dir_all(&mine).unwrap();
+            for i in 0..rounds {
+                let f = mine.join(format!("f{i}"));
+                let tmp = mine.join(format!("f{i}.tmp"));
+                fs::write(&tmp, pseudo_random(i * 97 % 20_000, (wr * 1000 + i) as u64)).unwrap();
+                fs::rename(&tmp, &f).unwrap();
+                let mut log = fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(dir.join("shared.log"))
+                    .unwrap();
+                log.write_all(format!("w{wr} line {i}\n").as_bytes())
+                    .unwrap();
+            }
+            tx.send(wr).unwrap();
+        });
+    }
+    drop(tx);
+    for _ in 0..writers {
+        // A hang (the mount's locks taken in a cycle) leaves the writers blocked in the kernel: the mount
+        // is stopped at the test's end, which frees them.
+        rx.recv_timeout(std::time::Duration::from_secs(120))
+            .expect("the writers did not finish within 120 s");
+    }
+    let src = w.src();
+    let names: Vec<String> = fs::read_dir(&src)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n.contains(".conflict-")),
+        "a conflict of the mount with itself: {names:?}"
+    );
+    let mut lines: Vec<String> = fs::read_to_string(src.join("shared.log"))
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    lines.sort();
+    let mut want: Vec<String> = (0..writers)
+        .flat_map(|wr| (0..rounds).map(move |i| format!("w{wr} line {i}")))
+        .collect();
+    want.sort();
+    assert_eq!(lines, want, "every line, once");
+    for wr in 0..writers {
+        for i in 0..rounds {
+            let got = fs::read(src.join(format!("w{wr}/f{i}"))).unwrap();
+            assert!(
+                got == pseudo_random(i * 97 % 20_000, (wr * 1000 + i) as u64),
+                "w{wr}/f{i}"
+            );
+            assert!(!src.join(format!("w{wr}/f{i}.tmp")).exists());
+        }
+    }
+}

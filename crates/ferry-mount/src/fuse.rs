@@ -49,6 +49,10 @@ pub const MAX_REQUEST: u32 = 1 << 20;
 /// the new bytes are held in memory once).
 const FOLLOW_MAX: u64 = 64 << 20;
 
+/// Times a working copy is loaded again when this mount pushed the file meanwhile, before the open fails
+/// with ESTALE.
+const COPY_ATTEMPTS: usize = 8;
+
 /// How long an open for writing waits for the releases of passthrough readers before it fails with ETXTBSY.
 pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Background requests (readahead, async reads) the kernel may queue.
@@ -519,23 +523,57 @@ impl<S: Source + Sink> Shared<S> {
         Ok(c)
     }
 
-    /// Lets go of `ino`'s working copy `copy` (pushed, or conflicted, or its file removed).
+    /// Lets go of `ino`'s working copy `copy` (conflicted, or its file removed).
     fn drop_copy(&self, ino: u64, copy: &writes::Shared) {
-        if self.writes().is_ok_and(|w| w.remove(ino, copy)) {
-            writes::lock(copy).release();
-            self.inodes().hold(ino, false);
-        }
+        self.release_copy(ino, copy, false);
     }
 
-    /// Lets go of `ino`'s working copy `copy` with nothing unpushed: its content is its base, the sharer's
+    /// Lets go of `ino`'s working copy `copy` if nothing is unpushed: its content is its base, the sharer's
     /// version, which the store takes from it (on the seeding thread: a close does not wait for it; a read
-    /// meanwhile fetches what is not there yet).
+    /// meanwhile fetches what is not there yet). One written meanwhile stays.
     fn let_go(&self, ino: u64, copy: &writes::Shared) {
-        self.drop_copy(ino, copy);
+        if !self.release_copy(ino, copy, true) {
+            return;
+        }
         let base = writes::lock(copy).base();
         if let (Some(version), Some(tx)) = (base, self.seeds.get()) {
             let _ = tx.send((version, Arc::clone(copy)));
         }
+    }
+
+    /// Takes `copy` out of the copies and marks it released, with it locked (unless `clean_only` and it
+    /// has unpushed writes): a writer that took it from the table before waits for the lock, sees it
+    /// released, and starts a new copy ([`Shared::with_copy`]), so no write lands in a copy let go.
+    fn release_copy(&self, ino: u64, copy: &writes::Shared, clean_only: bool) -> bool {
+        let mut c = writes::lock(copy);
+        if (clean_only && c.is_dirty()) || !self.writes().is_ok_and(|w| w.remove(ino, copy)) {
+            return false;
+        }
+        c.release();
+        drop(c);
+        self.inodes().hold(ino, false);
+        true
+    }
+
+    /// Runs `change` on `ino`'s working copy (made as needed; emptied first when `truncate`), locked and
+    /// not released; returns the copy.
+    fn with_copy(
+        &self,
+        ino: u64,
+        truncate: bool,
+        change: impl FnOnce(&mut writes::WorkingCopy) -> std::io::Result<()>,
+    ) -> Result<writes::Shared, Errno> {
+        for _ in 0..COPY_ATTEMPTS {
+            let copy = self.working_copy(ino, truncate)?;
+            let mut c = writes::lock(&copy);
+            if c.is_released() {
+                continue;
+            }
+            change(&mut c).map_err(io_errno)?;
+            drop(c);
+            return Ok(copy);
+        }
+        Err(Errno::ESTALE)
     }
 
     /// `entry` as shown: with the working copy's size, mode and time when there is one.
@@ -605,44 +643,63 @@ impl<S: Source + Sink> Shared<S> {
     /// the read path as needed), or nothing when `truncate`.
     fn working_copy(&self, ino: u64, truncate: bool) -> Result<writes::Shared, Errno> {
         let w = self.writes()?;
-        if let Some(c) = w.get(ino) {
-            if truncate {
-                writes::lock(&c).set_len(0).map_err(io_errno)?;
+        // A copy loaded from a version this mount then pushed past (another copy of the file, pushed and let
+        // go meanwhile by its last writer) would push as a conflict with the mount's own write: loaded again.
+        for _ in 0..COPY_ATTEMPTS {
+            if let Some(c) = w.get(ino) {
+                let mut copy = writes::lock(&c);
+                if copy.is_released() {
+                    continue;
+                }
+                if truncate {
+                    copy.set_len(0).map_err(io_errno)?;
+                }
+                drop(copy);
+                return Ok(c);
             }
+            let path = self.path(INodeNo(ino))?;
+            let known = self.inodes().version(ino);
+            // Truncated, its content is not needed: the version it derives from is.
+            let handle = match truncate {
+                true => self.reader.open_version(&path, known),
+                false => self.reader.open(&path, known),
+            }
+            .map_err(|e| errno_of(&e))?;
+            let version = handle.file().version();
+            let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
+            let mut copy = w
+                .create(&path, Some(version), mode & 0o7777)
+                .map_err(io_errno)?;
+            if truncate {
+                copy.set_len(0).map_err(io_errno)?;
+            } else {
+                let mut at = 0;
+                while at < version.size {
+                    let bytes = self
+                        .reader
+                        .read(&handle, at, MAX_REQUEST)
+                        .map_err(|e| errno_of(&e))?;
+                    if bytes.is_empty() || handle.file().version() != version {
+                        // Changed on the sharer while it was copied: the caller tries again.
+                        return Err(Errno::ESTALE);
+                    }
+                    copy.load(at, &bytes).map_err(io_errno)?;
+                    at += bytes.len() as u64;
+                }
+            }
+            // A push sets the version it landed before its copy is let go: a version other than the one
+            // known at the start means one may have landed after this copy's version was learned.
+            let mut t = self.inodes();
+            if t.version(ino) != known {
+                continue;
+            }
+            t.set_version(ino, version);
+            // One registered meanwhile wins (this one is dropped).
+            let c = w.insert(ino, copy);
+            t.hold(ino, true);
             return Ok(c);
         }
-        let path = self.path(INodeNo(ino))?;
-        let known = self.inodes().version(ino);
-        // Truncated, its content is not needed: the version it derives from is.
-        let handle = match truncate {
-            true => self.reader.open_version(&path, known),
-            false => self.reader.open(&path, known),
-        }
-        .map_err(|e| errno_of(&e))?;
-        let version = handle.file().version();
-        let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
-        let mut copy = w
-            .create(&path, Some(version), mode & 0o7777)
-            .map_err(io_errno)?;
-        if truncate {
-            copy.set_len(0).map_err(io_errno)?;
-        } else {
-            let mut at = 0;
-            while at < version.size {
-                let bytes = self
-                    .reader
-                    .read(&handle, at, MAX_REQUEST)
-                    .map_err(|e| errno_of(&e))?;
-                if bytes.is_empty() || handle.file().version() != version {
-                    // Changed on the sharer while it was copied: the caller tries again.
-                    return Err(Errno::ESTALE);
-                }
-                copy.load(at, &bytes).map_err(io_errno)?;
-                at += bytes.len() as u64;
-            }
-        }
-        self.inodes().set_version(ino, version);
-        self.keep_copy(ino, copy)
+        Err(Errno::ESTALE)
     }
 
     /// Pushes `ino`'s working copy if it has changes; the errno of a failure (the close's error).
@@ -863,8 +920,7 @@ impl<S: Source + Sink> Shared<S> {
             None => self.entry(ino.0, &path)?,
         };
         if let Some(size) = size {
-            let copy = self.working_copy(ino.0, size == 0)?;
-            writes::lock(&copy).set_len(size).map_err(io_errno)?;
+            let copy = self.with_copy(ino.0, size == 0, |c| c.set_len(size))?;
             // What the sharer's version is streamed ahead for is not read through this inode any more.
             self.reader.changed(&path);
             // A truncate(2) of a file nobody writes lands at once.
@@ -1013,13 +1069,11 @@ impl<S: Source + Sink> Shared<S> {
             FallocateFlags::ZERO_RANGE => Some(keep),
             _ => return Err(Errno::EOPNOTSUPP),
         };
-        let copy = self.working_copy(ino.0, false)?;
-        let mut copy = writes::lock(&copy);
-        match zero {
-            None => copy.grow(end),
-            Some(keep_size) => copy.zero(offset..end, keep_size),
-        }
-        .map_err(io_errno)
+        self.with_copy(ino.0, false, |c| match zero {
+            None => c.grow(end),
+            Some(keep_size) => c.zero(offset..end, keep_size),
+        })
+        .map(drop)
     }
 
     fn rename(
@@ -1608,17 +1662,21 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         offset: u64,
         data: &[u8],
         _write_flags: fuser::WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: fuser::ReplyWrite,
     ) {
-        // A copy pushed after a conflict is gone: the next write starts a new one on the sharer's version.
-        let r = self
-            .shared
-            .working_copy(ino.0, false)
-            .and_then(|c| writes::lock(&c).write_at(offset, data).map_err(io_errno));
+        // An append goes at the end of the copy, as it is under its lock: the kernel's offset is its own idea
+        // of the size, which may be behind when several processes append to the file.
+        let append = flags.0 & libc::O_APPEND != 0;
+        // A copy let go (pushed and closed by its last writer, or pushed as a conflict) is not written: the
+        // write starts a new one on the sharer's version.
+        let r = self.shared.with_copy(ino.0, false, |c| {
+            let at = if append { c.size() } else { offset };
+            c.write_at(at, data)
+        });
         match r {
-            Ok(()) => reply.written(data.len() as u32),
+            Ok(_) => reply.written(data.len() as u32),
             Err(e) => reply.error(e),
         }
     }
