@@ -83,7 +83,8 @@ pub fn question_answered() {
 /// 130 after dropping what [`keep_until_exit`] holds.
 pub fn install(json: bool) {
     let _ = ctrlc::set_handler(move || {
-        if let Some(tx) = question().take() {
+        let asked = question().take();
+        if let Some(tx) = asked {
             if tx.send(Answer::Interrupted).is_ok() {
                 return;
             }

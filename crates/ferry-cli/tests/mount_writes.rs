@@ -800,3 +800,47 @@ fn writers_working_side_by_side_in_one_mount_neither_hang_nor_conflict_with_each
         }
     }
 }
+
+#[test]
+fn a_file_renamed_over_one_open_for_writing_replaces_it_and_the_mount_goes_on() {
+    let test = "a_file_renamed_over_one_open_for_writing_replaces_it_and_the_mount_goes_on";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    fs::write(m.path("new"), b"the new content").unwrap();
+    fs::write(m.path("old"), b"the old content").unwrap();
+    // A writer holds `old` open with bytes not pushed yet (its working copy), as an editor or a log does,
+    // while another program saves over it through a rename.
+    let mut held = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("old"))
+        .unwrap();
+    held.write_all(b"unsaved").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (from, to) = (m.path("new"), m.path("old"));
+    std::thread::spawn(move || tx.send(fs::rename(&from, &to)).unwrap());
+    // A hang leaves the rename blocked in the kernel: the mount is aborted at the test's end.
+    rx.recv_timeout(std::time::Duration::from_secs(30))
+        .expect("the rename did not return within 30 s")
+        .unwrap();
+    assert_eq!(fs::read(m.path("old")).unwrap(), b"the new content");
+    assert_eq!(fs::read(w.src().join("old")).unwrap(), b"the new content");
+    assert!(!w.src().join("new").exists());
+    // The replaced file's writes go with it, as on a local disk: more of them, and the close, push nothing.
+    held.write_all(b" and more").unwrap();
+    drop(held);
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    assert_eq!(fs::read(w.src().join("old")).unwrap(), b"the new content");
+    assert_eq!(fs::read(m.path("old")).unwrap(), b"the new content");
+    // The mount goes on.
+    fs::write(m.path("after"), b"still here").unwrap();
+    assert_eq!(fs::read(w.src().join("after")).unwrap(), b"still here");
+    let names: Vec<String> = fs::read_dir(w.src())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains(".conflict-")), "{names:?}");
+}

@@ -758,7 +758,8 @@ impl<S: Source> Reader<S> {
     ) -> Result<(), SourceError> {
         let version = file.version();
         loop {
-            if let Some(e) = failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            let failure = failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if let Some(e) = failure {
                 return Err(e);
             }
             self.refill(file, in_flight)?;

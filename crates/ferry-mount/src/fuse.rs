@@ -333,7 +333,8 @@ impl<S: Source + Sink> Shared<S> {
         ask: impl FnOnce() -> Result<T, SourceError>,
         keep: impl FnOnce(&mut Inodes, T),
     ) -> Result<T, Errno> {
-        if let Some(t) = known(&self.inodes(), true) {
+        let fresh = known(&self.inodes(), true);
+        if let Some(t) = fresh {
             return Ok(t);
         }
         match ask() {
@@ -422,7 +423,8 @@ impl<S: Source + Sink> Shared<S> {
             self.inodes().set_version(ino.0, version);
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let backing = match pinned.is_some() || self.inodes().may_pass_through(ino.0) {
+        let may_pass_through = pinned.is_some() || self.inodes().may_pass_through(ino.0);
+        let backing = match may_pass_through {
             true => self.backing_for(&file, &reply),
             false => None,
         };
@@ -535,7 +537,13 @@ impl<S: Source + Sink> Shared<S> {
         if !self.release_copy(ino, copy, true) {
             return;
         }
-        let base = writes::lock(copy).base();
+        let (base, gone) = {
+            let c = writes::lock(copy);
+            (c.base(), c.is_gone())
+        };
+        if gone {
+            return;
+        }
         if let (Some(version), Some(tx)) = (base, self.seeds.get()) {
             let _ = tx.send((version, Arc::clone(copy)));
         }
@@ -657,7 +665,9 @@ impl<S: Source + Sink> Shared<S> {
                 drop(copy);
                 return Ok(c);
             }
-            let path = self.path(INodeNo(ino))?;
+            // A file removed or renamed over in the mount has no copy to load: its path names another
+            // file now, or none.
+            let path = self.inodes().current_path(ino).ok_or(Errno::ESTALE)?;
             let known = self.inodes().version(ino);
             // Truncated, its content is not needed: the version it derives from is.
             let handle = match truncate {
@@ -915,7 +925,8 @@ impl<S: Source + Sink> Shared<S> {
             return Err(Errno::EPERM);
         }
         let path = self.path(ino)?;
-        let mut entry = match self.inodes().entry(ino.0, false) {
+        let known = self.inodes().entry(ino.0, false);
+        let mut entry = match known {
             Some(e) => e,
             None => self.entry(ino.0, &path)?,
         };
@@ -1101,7 +1112,10 @@ impl<S: Source + Sink> Shared<S> {
         // Streaming ahead of readers of either name stops at once (not at the sharer's notification).
         self.reader.changed(&from);
         self.reader.changed(&to);
-        if let Some(ino) = self.inodes().ino(&to) {
+        // The table's guard goes before the copy is let go, which takes the table again (an `if let` on
+        // it would hold it through the block: a rename over a file open for writing hung the mount).
+        let replaced = self.inodes().ino(&to);
+        if let Some(ino) = replaced {
             self.forget_copy(ino);
         }
         self.inodes().renamed(&from, &to);
@@ -1109,11 +1123,15 @@ impl<S: Source + Sink> Shared<S> {
         Ok(())
     }
 
-    /// The file of `ino` is gone (removed, renamed over): so is what was written to it.
+    /// The file of `ino` is gone (removed, renamed over): so is what was written to it, and what its
+    /// handles still open for writing write (into the copy, which goes with the last of them; a write
+    /// must not make a new copy from the path, which names another file now or none).
     fn forget_copy(&self, ino: u64) {
         if let Some(c) = self.copy(ino) {
-            writes::lock(&c).discard();
-            self.drop_copy(ino, &c);
+            writes::lock(&c).orphan();
+            if !self.has_writers(ino) {
+                self.drop_copy(ino, &c);
+            }
         }
     }
 
@@ -1307,7 +1325,8 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             if let Some(h) = open.get(&fh.0).and_then(|o| o.handle.clone()) {
                 let size = h.file().version().size;
                 drop(open);
-                if let Some(mut e) = self.shared.inodes().entry(ino.0, false) {
+                let known = self.shared.inodes().entry(ino.0, false);
+                if let Some(mut e) = known {
                     e.size = size;
                     return reply.attr(&TTL, &self.shared.attr(ino.0, &e));
                 }
@@ -1352,10 +1371,11 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     ) {
         let handle = match self.shared.reading(ino.0, fh.0) {
             Ok(Reading::Copy(c)) => {
-                return match writes::lock(&c).read_at(offset, size) {
+                let read = writes::lock(&c).read_at(offset, size);
+                return match read {
                     Ok(bytes) => reply.data(&bytes),
                     Err(e) => reply.error(io_errno(e)),
-                }
+                };
             }
             Ok(Reading::Handle(h)) => h,
             Err(e) => return reply.error(e),

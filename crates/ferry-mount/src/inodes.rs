@@ -118,6 +118,13 @@ impl Inodes {
             .collect()
     }
 
+    /// The path of `ino` while it still leads to it: not after the mount removed it or renamed another
+    /// file over it (the kernel may hold the inode for its open handles).
+    pub fn current_path(&self, ino: u64) -> Option<SharePath> {
+        let n = self.by_ino.get(&ino)?;
+        (self.by_path.get(&n.path) == Some(&ino)).then(|| n.path.clone())
+    }
+
     /// The inode of `path`, if the kernel knows it.
     pub fn ino(&self, path: &SharePath) -> Option<u64> {
         self.by_path.get(path).copied()

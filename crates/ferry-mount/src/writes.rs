@@ -66,6 +66,8 @@ pub struct WorkingCopy {
     released: bool,
     /// Its file was handed over (to the cache): not removed with the copy.
     handed_over: bool,
+    /// Its file was removed or renamed over in the mount ([`WorkingCopy::orphan`]).
+    gone: bool,
 }
 
 impl Drop for WorkingCopy {
@@ -197,6 +199,7 @@ impl WorkingCopy {
             failed: false,
             released: false,
             handed_over: false,
+            gone: false,
         })
     }
 
@@ -324,7 +327,24 @@ impl WorkingCopy {
         let _ = std::fs::remove_file(journal_of(&self.path));
     }
 
+    /// The copy's file was removed or renamed over in the mount: what is unpushed is forgotten (its journal
+    /// goes), and so is what the handles still open on it write from now on. Their writes land in the copy
+    /// and read back through them, as those of a removed local file do, but never reach the sharer: the
+    /// copy is never dirty again.
+    pub fn orphan(&mut self) {
+        self.discard();
+        self.gone = true;
+    }
+
+    /// Whether its file was removed or renamed over ([`WorkingCopy::orphan`]).
+    pub fn is_gone(&self) -> bool {
+        self.gone
+    }
+
     fn mark(&mut self, range: Range<u64>) -> io::Result<()> {
+        if self.gone {
+            return Ok(());
+        }
         if !self.dirty {
             // Dirty from now on: recorded first, so that a crash leaves what the next mount needs.
             self.journal()?;

@@ -78,7 +78,8 @@ impl Control {
     }
 
     fn error(&self) -> RelayError {
-        match *lock(&self.ended) {
+        let ended = *lock(&self.ended);
+        match ended {
             Some(Ended::Silent) => RelayError::KeepAliveTimeout,
             Some(Ended::Garbage) => RelayError::Protocol,
             Some(Ended::Io(kind)) => RelayError::Io(kind.into()),

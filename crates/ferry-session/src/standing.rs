@@ -248,7 +248,8 @@ impl Drop for Standing {
     fn drop(&mut self) {
         if let Some(seat) = &self.relay {
             seat.stop.store(true, Ordering::Relaxed);
-            if let Some(l) = lock(&seat.listener).take() {
+            let listener = lock(&seat.listener).take();
+            if let Some(l) = listener {
                 l.close();
             }
         }

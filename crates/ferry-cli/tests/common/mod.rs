@@ -506,6 +506,11 @@ impl Watched {
         }
     }
 
+    /// The process's id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("not finished").id()
+    }
+
     /// Sends `signal` to the process.
     pub fn signal(&self, signal: libc::c_int) {
         let pid = self.child.as_ref().expect("not finished").id();

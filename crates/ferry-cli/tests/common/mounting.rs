@@ -102,7 +102,26 @@ impl Drop for Mounted {
     fn drop(&mut self) {
         if let Some(p) = self.process.take() {
             p.signal(libc::SIGTERM);
+            // A mount that cannot stop (a request it never answers: the syscall holds a kernel lock that
+            // one of its threads waits for, which no signal frees) is aborted, so a test that found a hang
+            // fails instead of hanging.
+            let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (flag, dir, pid) = (done.clone(), self.dir.clone(), p.pid());
+            std::thread::spawn(move || {
+                let until = Instant::now() + STOP_DEADLINE;
+                while Instant::now() < until {
+                    if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                eprintln!("the mount at {} did not stop: aborting it", dir.display());
+                abort_connection(&dir);
+                // SAFETY: kill(2) of our child, which `finish` has not reaped: it is still running.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            });
             let _ = p.finish();
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         // Whatever happened, no mount stays behind.
         let _ = Command::new("umount")
@@ -110,6 +129,41 @@ impl Drop for Mounted {
             .arg(&self.dir)
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+/// How long a mount may take to stop when a test ends before it is aborted.
+const STOP_DEADLINE: Duration = Duration::from_secs(20);
+
+/// Aborts the FUSE connection of the mount at `dir` through fusectl (mounted first if it is not): its
+/// requests fail with ENOTCONN, which frees whatever waited for them. Reads only /proc and /sys: a `stat`
+/// of a hung mount would hang too.
+pub fn abort_connection(dir: &Path) {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let conns = Path::new("/sys/fs/fuse/connections");
+    for line in info.lines() {
+        // ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ...
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 5 || Path::new(f[4]) != dir {
+            continue;
+        }
+        let Some((major, minor)) = f[2].split_once(':') else {
+            continue;
+        };
+        let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>()) else {
+            continue;
+        };
+        if fs::read_dir(conns).map_or(true, |mut d| d.next().is_none()) {
+            let _ = Command::new("mount")
+                .args(["-t", "fusectl", "fusectl"])
+                .arg(conns)
+                .status();
+        }
+        // The connection is named by the kernel's device number of the mount.
+        let conn = conns.join(((major << 20) | minor).to_string());
+        let _ = fs::write(conn.join("abort"), "1");
     }
 }
 
