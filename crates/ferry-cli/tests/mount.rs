@@ -847,3 +847,70 @@ fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
         "nothing mounted"
     );
 }
+
+#[test]
+fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_version() {
+    let test =
+        "readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_version";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("app.log"), b"start\n").unwrap();
+    let _sharer = sharing(&w);
+    let m = Mounted::start(&w, &[]);
+    // Readers open the log again and again and read it whole (cached versions open with passthrough, a
+    // version not whole in the cache classically), while the sharer appends a line every 10 ms: the
+    // kernel refuses a classic open beside passthrough ones with EIO, so the mount must pick each
+    // open's way against the handles open at that moment.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..6)
+        .map(|_| {
+            let (path, stop) = (m.path("app.log"), stop.clone());
+            std::thread::spawn(move || {
+                let (mut seen, mut failures) = (Vec::new(), Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    match fs::read(&path) {
+                        Ok(b) => seen.push(b),
+                        Err(e) => failures.push(e.to_string()),
+                    }
+                }
+                (seen, failures)
+            })
+        })
+        .collect();
+    let mut want = b"start\n".to_vec();
+    for i in 0..800 {
+        let line = format!("line {i} {}\n", "x".repeat(i * 7 % 3000)).into_bytes();
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .open(w.src().join("app.log"))
+            .unwrap();
+        std::io::Write::write_all(&mut f, &line).unwrap();
+        want.extend_from_slice(&line);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut reads = 0;
+    for r in readers {
+        let (seen, failures) = r.join().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} reads failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(3)]
+        );
+        for b in &seen {
+            assert!(
+                want.starts_with(b) && b.ends_with(b"\n"),
+                "a read of {} bytes is not a version of the log",
+                b.len()
+            );
+        }
+        reads += seen.len();
+    }
+    assert!(reads > 10, "only {reads} reads");
+    eventually("the last line", || {
+        fs::read(m.path("app.log")).unwrap() == want
+    });
+}

@@ -53,6 +53,9 @@ const FOLLOW_MAX: u64 = 64 << 20;
 /// with ESTALE.
 const COPY_ATTEMPTS: usize = 8;
 
+/// Times an open for reading looks again when passthrough reads of its inode began while it opened.
+const OPEN_ATTEMPTS: usize = 8;
+
 /// How long an open for writing waits for the releases of passthrough readers before it fails with ETXTBSY.
 pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
 /// Background requests (readahead, async reads) the kernel may queue.
@@ -403,35 +406,53 @@ impl<S: Source + Sink> Shared<S> {
             Err(e) => return reply.error(e),
         };
         let known = self.inodes().version(ino.0);
-        // While handles of the inode read a backing file, the kernel takes only passthrough opens of that
-        // same file: a new open reads their version, the new one once they are all closed (or once that
-        // file holds a grown version: not while this open picks it).
-        let following = self.following.lock().unwrap_or_else(|e| e.into_inner());
-        let pinned = self.inodes().passing_through(ino.0);
-        let _following = pinned.is_some().then_some(following);
-        let opened = match pinned {
-            Some(v) => self.reader.open_at(&path, v),
-            None => self.reader.open(&path, known),
-        };
-        let handle = match opened {
-            Ok(h) => h,
-            Err(e) => return reply.error(Errno::from_i32(e.errno())),
+        let mut attempts = 0;
+        let (handle, backing) = loop {
+            attempts += 1;
+            // While handles of the inode read a backing file, the kernel takes only passthrough opens of
+            // that same file: a new open reads their version, the new one once they are all closed (or
+            // once that file holds a grown version: not while this open picks it).
+            let following = self.following.lock().unwrap_or_else(|e| e.into_inner());
+            let pinned = self.inodes().passing_through(ino.0);
+            let _following = pinned.is_some().then_some(following);
+            let opened = match pinned {
+                Some(v) => self.reader.open_at(&path, v),
+                None => self.reader.open(&path, known),
+            };
+            let handle = match opened {
+                Ok(h) => h,
+                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+            };
+            let file = handle.file();
+            let version = file.version();
+            let may_pass_through = pinned.is_some() || self.inodes().may_pass_through(ino.0);
+            let candidate = match may_pass_through {
+                true => self.backing_for(&file, &reply),
+                false => None,
+            };
+            // The way it opens is chosen and counted in one step with the table locked, against what the
+            // table says now: another open may have started passthrough reads of the inode since this one
+            // looked (the kernel would answer this classic open EIO beside them), or classic reads (then
+            // no passthrough: the kernel refuses it beside a file open in its page cache). The kernel lets
+            // go of a handle before the daemon hears its release, so the table never says less than the
+            // kernel holds.
+            let mut t = self.inodes();
+            if pinned.is_none() && t.passing_through(ino.0).is_some() && attempts < OPEN_ATTEMPTS {
+                continue;
+            }
+            if pinned.is_none() {
+                t.set_version(ino.0, version);
+            }
+            let backing = candidate.filter(|_| pinned.is_some() || t.may_pass_through(ino.0));
+            match backing {
+                Some(_) => t.passthrough_open(ino.0, Some(version)),
+                None => t.classic_open(ino.0, true),
+            }
+            break (handle, backing);
         };
         let file = handle.file();
         let version = file.version();
-        if pinned.is_none() {
-            self.inodes().set_version(ino.0, version);
-        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let may_pass_through = pinned.is_some() || self.inodes().may_pass_through(ino.0);
-        let backing = match may_pass_through {
-            true => self.backing_for(&file, &reply),
-            false => None,
-        };
-        match backing {
-            Some(_) => self.inodes().passthrough_open(ino.0, Some(version)),
-            None => self.inodes().classic_open(ino.0, true),
-        }
         // The kernel's page cache of this inode is still good if it holds the same version (the kernel
         // takes no other flag with passthrough: it would answer the open EIO). A file not whole in the
         // cache is read with direct I/O: each reply is copied once, into the reader's buffer, instead of
