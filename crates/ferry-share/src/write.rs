@@ -560,6 +560,10 @@ impl Upload {
         }
         rustix::fs::fchmod(&self.file, Mode::from_bits_truncate(self.put.mode & 0o777))
             .map_err(|e| write_error(e, &path))?;
+        // The check and the rename are one step for puts of the same path: two peers' puts from one base
+        // (two mounts appending to one log) both passed the check, and the second rename replaced the first
+        // one's file, which its peer had been told was written.
+        let _landing = landing_lock(&path);
         let now = ShareRoot::current(&self.dir, &self.name, cache, &path)?;
         let landed = if now.matches(self.put.base) {
             let flags = match self.put.base {
@@ -594,7 +598,8 @@ impl Upload {
         Ok(outcome)
     }
 
-    /// Renames the temp file to a free `NAME.conflict-PEER-DATE[-N]` beside the target.
+    /// Renames the temp file to a free `NAME.conflict-PEER-DATE[-N]` beside the target (with the landing
+    /// lock held: two conflicting puts never pick the same free name).
     fn keep_beside(&self, peer: &str) -> Result<Vec<u8>, FsError> {
         let stamp = utc_stamp(SystemTime::now());
         for n in 1..=1000u32 {
@@ -630,6 +635,20 @@ impl AsFd for Upload {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.file.as_fd()
     }
+}
+
+/// Locks held while a put checks its base and lands, one of them by the path's hash: puts of one path
+/// land one at a time in this process, those of others mostly side by side.
+static LANDING: [std::sync::Mutex<()>; 64] = [const { std::sync::Mutex::new(()) }; 64];
+
+/// The landing lock of `path`.
+fn landing_lock(path: &SharePath) -> std::sync::MutexGuard<'static, ()> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.as_bytes().hash(&mut h);
+    LANDING[(h.finish() % LANDING.len() as u64) as usize]
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// `NAME.conflict-PEER-STAMP` (then `-N` from 2 on), cut to a name's length limit at the front part.
