@@ -844,3 +844,63 @@ fn a_file_renamed_over_one_open_for_writing_replaces_it_and_the_mount_goes_on() 
         .collect();
     assert!(!names.iter().any(|n| n.contains(".conflict-")), "{names:?}");
 }
+
+#[test]
+fn two_mounts_appending_to_one_log_lose_no_line_and_fail_no_write() {
+    let test = "two_mounts_appending_to_one_log_lose_no_line_and_fail_no_write";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("two.log"), b"").unwrap();
+    w.pair("a", "c");
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mb = Mounted::start_as(&w, "b", "mnt-b", &[]);
+    let mc = Mounted::start_as(&w, "c", "mnt-c", &[]);
+    // Two peers append to one log at once, each line an open, a write and a close: their pushes from one
+    // version conflict, and the rule keeps both sides. Every append must succeed (a copy loaded while the
+    // other peer changed the file is loaded again), and every line must be on the sharer, in the log or in
+    // a conflict copy (two pushes from one base must not both land).
+    let rounds = 300;
+    let writers: Vec<_> = [("b", mb.dir.clone()), ("c", mc.dir.clone())]
+        .into_iter()
+        .map(|(who, dir)| {
+            std::thread::spawn(move || {
+                for i in 0..rounds {
+                    let mut f = fs::OpenOptions::new()
+                        .append(true)
+                        .open(dir.join("two.log"))
+                        .unwrap_or_else(|e| panic!("{who}: open for line {i}: {e}"));
+                    f.write_all(format!("{who} line {i}\n").as_bytes())
+                        .and_then(|()| f.sync_all())
+                        .unwrap_or_else(|e| panic!("{who}: line {i}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for t in writers {
+        t.join().unwrap();
+    }
+    let mut lines = std::collections::HashSet::new();
+    let mut files = 0;
+    for e in fs::read_dir(w.src()).unwrap() {
+        let e = e.unwrap();
+        if e.file_name().to_string_lossy().starts_with("two.log") {
+            files += 1;
+            for l in fs::read_to_string(e.path()).unwrap().lines() {
+                lines.insert(l.to_string());
+            }
+        }
+    }
+    let missing: Vec<String> = ["b", "c"]
+        .iter()
+        .flat_map(|who| (0..rounds).map(move |i| format!("{who} line {i}")))
+        .filter(|l| !lines.contains(l))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} lines on no file of the {files}: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}

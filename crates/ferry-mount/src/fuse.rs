@@ -674,7 +674,7 @@ impl<S: Source + Sink> Shared<S> {
         let w = self.writes()?;
         // A copy loaded from a version this mount then pushed past (another copy of the file, pushed and let
         // go meanwhile by its last writer) would push as a conflict with the mount's own write: loaded again.
-        for _ in 0..COPY_ATTEMPTS {
+        for attempt in 0..COPY_ATTEMPTS {
             if let Some(c) = w.get(ino) {
                 let mut copy = writes::lock(&c);
                 if copy.is_released() {
@@ -711,11 +711,17 @@ impl<S: Source + Sink> Shared<S> {
                         .read(&handle, at, MAX_REQUEST)
                         .map_err(|e| errno_of(&e))?;
                     if bytes.is_empty() || handle.file().version() != version {
-                        // Changed on the sharer while it was copied: the caller tries again.
-                        return Err(Errno::ESTALE);
+                        break;
                     }
                     copy.load(at, &bytes).map_err(io_errno)?;
                     at += bytes.len() as u64;
+                }
+                if at < version.size {
+                    // Changed on the sharer while it was copied (another peer writes it too): loaded again
+                    // after a pause that grows with the attempts (2 ms to 0.26 s, 0.5 s in all), not failed
+                    // at once with ESTALE.
+                    std::thread::sleep(Duration::from_millis(2 << attempt));
+                    continue;
                 }
             }
             // A push sets the version it landed before its copy is let go: a version other than the one

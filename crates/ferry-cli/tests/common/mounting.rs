@@ -48,10 +48,15 @@ pub struct Mounted {
 
 impl Mounted {
     pub fn start(w: &World, extra: &[&str]) -> Mounted {
-        let dir = w.path("mnt");
+        Mounted::start_as(w, "b", "mnt", extra)
+    }
+
+    /// `who`'s mount of `a`'s share at the world's `dir`.
+    pub fn start_as(w: &World, who: &str, dir: &str, extra: &[&str]) -> Mounted {
+        let dir = w.path(dir);
         fs::create_dir_all(&dir).unwrap();
         let child = w
-            .as_("b")
+            .as_(who)
             .args(["mount", "--json", "a"])
             .arg(&dir)
             .args(extra)
