@@ -1135,19 +1135,39 @@ impl<S: Source + Sink> Shared<S> {
             self.push_ino(ino)?;
         }
         let replace = !flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
-        self.remote(self.source.rename(&from, &to, replace))?;
-        // Streaming ahead of readers of either name stops at once (not at the sharer's notification).
-        self.reader.changed(&from);
-        self.reader.changed(&to);
         // The table's guard goes before the copy is let go, which takes the table again (an `if let` on
         // it would hold it through the block: a rename over a file open for writing hung the mount).
         let replaced = self.inodes().ino(&to);
+        self.gone_with(replaced, || {
+            self.remote(self.source.rename(&from, &to, replace))
+        })?;
+        // Streaming ahead of readers of either name stops at once (not at the sharer's notification).
+        self.reader.changed(&from);
+        self.reader.changed(&to);
         if let Some(ino) = replaced {
             self.forget_copy(ino);
         }
         self.inodes().renamed(&from, &to);
         self.writes()?.renamed(&from, &to);
         Ok(())
+    }
+
+    /// Runs `change` (the sharer's rename over, or unlink of, the file of `ino`) with `ino`'s working copy
+    /// locked, and orphans the copy if it succeeds: a push of the copy (a close, an fsync, the push
+    /// thread) lands before the change or finds the copy orphaned, never after it as a conflict with the
+    /// mount's own rename or unlink. No other copy is locked meanwhile.
+    fn gone_with<T>(
+        &self,
+        ino: Option<u64>,
+        change: impl FnOnce() -> Result<T, Errno>,
+    ) -> Result<T, Errno> {
+        let copy = ino.and_then(|i| self.copy(i));
+        let mut locked = copy.as_ref().map(writes::lock);
+        let done = change()?;
+        if let Some(c) = locked.as_mut() {
+            c.orphan();
+        }
+        Ok(done)
     }
 
     /// The file of `ino` is gone (removed, renamed over): so is what was written to it, and what its
@@ -1168,16 +1188,19 @@ impl<S: Source + Sink> Shared<S> {
         let ino = self.inodes().ino(&path);
         match dir {
             true => self.remote(self.source.rmdir(&path))?,
-            false => match self.source.unlink(&path) {
-                Ok(()) => {}
+            false => self.gone_with(ino, || match self.source.unlink(&path) {
+                Ok(()) => Ok(()),
                 // Not on the sharer, but written here: made in the mount and not pushed yet (a temporary
                 // file unlinked while open), its pushes refused (a full disk), or removed on the sharer
                 // meanwhile. Its working copy is all there is of it: it goes below, journal and all, so it
                 // is never pushed later (by the push thread, or by the next mount as a write left behind).
                 Err(SourceError::Failed { errno, .. })
-                    if errno == libc::ENOENT && ino.is_some_and(|i| self.copy(i).is_some()) => {}
-                Err(e) => self.remote(Err(e))?,
-            },
+                    if errno == libc::ENOENT && ino.is_some_and(|i| self.copy(i).is_some()) =>
+                {
+                    Ok(())
+                }
+                Err(e) => self.remote(Err(e)),
+            })?,
         }
         self.reader.changed(&path);
         if let Some(ino) = ino {
