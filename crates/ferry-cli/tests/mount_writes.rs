@@ -904,3 +904,137 @@ fn two_mounts_appending_to_one_log_lose_no_line_and_fail_no_write() {
         &missing[..missing.len().min(5)]
     );
 }
+
+#[test]
+fn a_file_being_written_is_listed_before_its_first_push_and_keeps_its_directory_from_removal() {
+    let test =
+        "a_file_being_written_is_listed_before_its_first_push_and_keeps_its_directory_from_removal";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    let listed = |rel: &str| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(m.path(rel))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // Each look follows a write, so no pause of 1 s pushed the file. But every close of a descriptor of
+    // it pushes, and a process forked by another test of this binary meanwhile closes its copy of the
+    // descriptor at its exec: a directory whose file reached the sharer so is tried again under a new name.
+    let mut attempts = 0;
+    let (dir, mut f) = loop {
+        attempts += 1;
+        assert!(
+            attempts <= 5,
+            "the file reached the sharer early in 5 attempts"
+        );
+        let dir = format!("dir{attempts}");
+        fs::create_dir(m.path(&dir)).unwrap();
+        let mut f = fs::File::create(m.path(&format!("{dir}/new.txt"))).unwrap();
+        f.write_all(b"first").unwrap();
+        // The sharer has none of it yet, and the mount shows it as a local disk shows a file being
+        // written.
+        let names = listed(&dir);
+        f.write_all(b", second").unwrap();
+        // Not empty in the mount: removing it would leave the file nowhere to land.
+        let e = fs::remove_dir(m.path(&dir)).unwrap_err();
+        if w.src().join(&dir).join("new.txt").exists() {
+            continue;
+        }
+        assert_eq!(names, ["new.txt"]);
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTEMPTY), "{e}");
+        assert!(w.src().join(&dir).is_dir());
+        break (dir, f);
+    };
+    f.write_all(b", third").unwrap();
+    drop(f);
+    assert_eq!(
+        fs::read(w.src().join(&dir).join("new.txt")).unwrap(),
+        b"first, second, third"
+    );
+    // Listed once, from the sharer now.
+    assert_eq!(listed(&dir), ["new.txt"]);
+}
+
+/// A tmpfs of `size` mounted at `dir` (unmounted when dropped).
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        fs::create_dir_all(dir).unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("run mount")
+            .success();
+        assert!(ok, "mount a tmpfs at {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .status()
+            .expect("run mount")
+            .success();
+        assert!(ok, "resize the tmpfs at {}", self.0.display());
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_push_the_sharer_refuses_keeps_the_file_in_the_mount_says_why_and_lands_once_it_fits() {
+    let test =
+        "a_push_the_sharer_refuses_keeps_the_file_in_the_mount_says_why_and_lands_once_it_fits";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    // The share on a file system with less room than the file.
+    let disk = Tmpfs::mount(&w.src(), "2M");
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &[]);
+    let data = pseudo_random(3 << 20, 7);
+    let mut f = fs::File::create(m.path("big.bin")).unwrap();
+    f.write_all(&data).unwrap();
+    let e = f.sync_all().unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+    drop(f);
+    let notice = m.wait_for(|e| {
+        e["event"] == "notice" && e["message"].as_str().unwrap_or("").contains("big.bin")
+    });
+    let message = notice["message"].as_str().unwrap();
+    assert!(
+        message.contains("refused") && message.contains("kept here"),
+        "{message}"
+    );
+    // Nothing lost: the mount still lists and reads it. (The sharer may hold an earlier part of it: every
+    // close of a descriptor pushes, and a process forked by another test of this binary closes its copy
+    // at its exec.)
+    let names: Vec<_> = fs::read_dir(&m.dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["big.bin"]);
+    assert!(fs::read(m.path("big.bin")).unwrap() == data);
+    assert!(fs::read(w.src().join("big.bin")).ok().as_ref() != Some(&data));
+    // Room made on the sharer: the push thread lands it.
+    disk.resize("16M");
+    m.wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"].as_str().unwrap_or("") == "big.bin is on the sharer now"
+    });
+    assert!(fs::read(w.src().join("big.bin")).unwrap() == data);
+}

@@ -328,6 +328,38 @@ impl<S: Source + Sink> Shared<S> {
         )
     }
 
+    /// The listing of directory `ino` as the mount shows it: the sharer's, and the files written in the
+    /// mount that the sharer does not have (a new file before its first push, or one whose pushes it
+    /// refused), as a local disk lists a file being written.
+    fn listing_shown(&self, ino: u64, path: &SharePath) -> Result<Listing, Errno> {
+        let listing = self.listing(ino, path)?;
+        let Ok(w) = self.writes() else {
+            return Ok(listing);
+        };
+        let unlisted: Vec<(u64, Vec<u8>)> = w
+            .inside(path)
+            .into_iter()
+            .filter(|(_, name)| {
+                listing
+                    .binary_search_by(|e| e.name.as_slice().cmp(name))
+                    .is_err()
+            })
+            .collect();
+        if unlisted.is_empty() {
+            return Ok(listing);
+        }
+        let mut all = listing.to_vec();
+        let t = self.inodes();
+        for (copied, name) in unlisted {
+            let mut e = t
+                .entry(copied, false)
+                .unwrap_or_else(|| new_entry(OsStr::from_bytes(&name), Kind::File, 0o644, &[]));
+            e.name = name;
+            all.push(e);
+        }
+        Ok(listing_of(all))
+    }
+
     /// What the table knows while it is fresh, else the sharer's answer (kept in the table), else, when the
     /// sharer cannot be reached, what the table saw last.
     fn known_or_asked<T: Clone>(
@@ -782,11 +814,19 @@ impl<S: Source + Sink> Shared<S> {
                 Ok(())
             }
             Err(e) => {
-                if let (SourceError::Offline(why), false) = (&e, failed_before) {
-                    (self.notice)(&format!(
-                        "{} is not on the sharer yet (kept here, pushed once the sharer is back): {why}",
-                        shown(&path)
-                    ));
+                if !failed_before {
+                    (self.notice)(&match &e {
+                        SourceError::Offline(why) => format!(
+                            "{} is not on the sharer yet (kept here, pushed once the sharer is back): \
+                             {why}",
+                            shown(&path)
+                        ),
+                        refused => format!(
+                            "{} is not on the sharer: it refused the push ({refused}); kept here, \
+                             pushed again while the mount runs and by the next mount",
+                            shown(&path)
+                        ),
+                    });
                 }
                 Err(errno_of(&e))
             }
@@ -1187,6 +1227,9 @@ impl<S: Source + Sink> Shared<S> {
         let path = self.child_path(parent, name)?;
         let ino = self.inodes().ino(&path);
         match dir {
+            // Not empty in the mount while a file beneath it is written here, even if the sharer has none
+            // of it yet (its rmdir would succeed, and the file's push then fail for want of a directory).
+            true if self.writes()?.any_beneath(&path) => return Err(Errno::ENOTEMPTY),
             true => self.remote(self.source.rmdir(&path))?,
             false => self.gone_with(ino, || match self.source.unlink(&path) {
                 Ok(()) => Ok(()),
@@ -1529,7 +1572,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         let r = self
             .shared
             .path(ino)
-            .and_then(|p| Ok((self.shared.listing(ino.0, &p)?, p)));
+            .and_then(|p| Ok((self.shared.listing_shown(ino.0, &p)?, p)));
         let (entries, dir) = match r {
             Ok(x) => x,
             Err(e) => return reply.error(e),

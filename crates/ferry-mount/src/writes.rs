@@ -617,12 +617,10 @@ impl Writes {
         // locks (the mount's inode table) that are held while the table is looked at.
         for (_, c) in self.all() {
             let mut c = lock(&c);
-            let p = c.share_path.as_bytes();
-            let inside =
-                p == prefix || (p.starts_with(prefix) && p.get(prefix.len()) == Some(&b'/'));
-            if !inside {
+            if c.share_path != *from && !beneath(from, &c.share_path) {
                 continue;
             }
+            let p = c.share_path.as_bytes();
             let mut moved = to.as_bytes().to_vec();
             moved.extend_from_slice(&p[prefix.len()..]);
             if let Ok(path) = SharePath::new(&moved) {
@@ -679,6 +677,33 @@ impl Writes {
         is
     }
 
+    /// The files directly inside `dir` that have a copy their file was not removed or renamed over:
+    /// each one's inode and name. A new file is not on the sharer before its first push (nor one whose
+    /// pushes were refused), but the mount shows it, as a local disk shows a file being written.
+    pub fn inside(&self, dir: &SharePath) -> Vec<(u64, Vec<u8>)> {
+        let mut found = Vec::new();
+        // Each copy locked with the table let go, as in [`Writes::renamed`].
+        for (ino, c) in self.all() {
+            let c = lock(&c);
+            if c.gone {
+                continue;
+            }
+            if let Some(name) = name_in(dir, &c.share_path) {
+                found.push((ino, name.to_vec()));
+            }
+        }
+        found
+    }
+
+    /// Whether a file at or beneath `dir` has a copy its file was not removed or renamed over: the
+    /// directory is not empty in the mount, whatever the sharer's listing says.
+    pub fn any_beneath(&self, dir: &SharePath) -> bool {
+        self.all().into_iter().any(|(_, c)| {
+            let c = lock(&c);
+            !c.gone && beneath(dir, &c.share_path)
+        })
+    }
+
     /// Every copy, by inode.
     pub fn all(&self) -> Vec<(u64, Shared)> {
         self.copies()
@@ -686,6 +711,28 @@ impl Writes {
             .map(|(i, c)| (*i, Arc::clone(c)))
             .collect()
     }
+}
+
+/// Whether `path` lies beneath `dir` (not `dir` itself).
+fn beneath(dir: &SharePath, path: &SharePath) -> bool {
+    let (d, p) = (dir.as_bytes(), path.as_bytes());
+    match dir.is_root() {
+        true => !path.is_root(),
+        false => p.starts_with(d) && p.get(d.len()) == Some(&b'/'),
+    }
+}
+
+/// `path`'s name when it lies directly inside `dir`.
+fn name_in<'a>(dir: &SharePath, path: &'a SharePath) -> Option<&'a [u8]> {
+    if !beneath(dir, path) {
+        return None;
+    }
+    let p = path.as_bytes();
+    let rest = match dir.is_root() {
+        true => p,
+        false => &p[dir.as_bytes().len() + 1..],
+    };
+    (!rest.contains(&b'/')).then_some(rest)
 }
 
 #[cfg(test)]

@@ -406,3 +406,32 @@ fn a_journal_reads_back_as_written_and_a_cut_one_is_refused() {
         }
     }
 }
+
+#[test]
+fn the_files_written_in_a_directory_are_found_by_their_paths_until_removed() {
+    let (_d, w) = writes();
+    for (ino, path) in [(2, "a.txt"), (3, "dir/b.txt"), (4, "dir/sub/c.txt"), (5, "dirt/d")] {
+        let c = w.create(&p(path), None, 0o644).unwrap();
+        w.insert(ino, c);
+    }
+    let names = |dir: &str| {
+        let mut found = w.inside(&p(dir));
+        found.sort();
+        found
+    };
+    assert_eq!(names(""), [(2, b"a.txt".to_vec())]);
+    assert_eq!(names("dir"), [(3, b"b.txt".to_vec())]);
+    assert_eq!(names("dir/sub"), [(4, b"c.txt".to_vec())]);
+    assert!(names("di").is_empty());
+    assert!(w.any_beneath(&p("dir")) && w.any_beneath(&p("dir/sub")));
+    assert!(!w.any_beneath(&p("dir/sub/c.txt")) && !w.any_beneath(&p("d")));
+    // A copy whose file was removed (or renamed over) is no file of the directory.
+    super::lock(&w.get(4).unwrap()).orphan();
+    assert!(names("dir/sub").is_empty());
+    assert!(!w.any_beneath(&p("dir/sub")));
+    // A renamed directory takes its files along.
+    w.renamed(&p("dir"), &p("moved"));
+    assert_eq!(names("moved"), [(3, b"b.txt".to_vec())]);
+    assert!(names("dir").is_empty());
+    assert_eq!(names("dirt"), [(5, b"d".to_vec())]);
+}
