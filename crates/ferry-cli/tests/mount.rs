@@ -902,12 +902,21 @@ fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_read_a_prefix_of_i
         for b in &seen {
             // A prefix of the log: what the sharer had at some moment (a line may be cut, as a local
             // reader racing a local append sees it), never another version's bytes, zeros or a mix.
-            assert!(
-                want.starts_with(b),
-                "a read of {} bytes is not a prefix of the log (first difference at byte {})",
-                b.len(),
-                b.iter().zip(&want).take_while(|(x, y)| x == y).count()
-            );
+            if !want.starts_with(b) {
+                let at = b.iter().zip(&want).take_while(|(x, y)| x == y).count();
+                let around = |v: &[u8]| {
+                    let r = at.saturating_sub(16)..(at + 48).min(v.len());
+                    format!("{:?}", String::from_utf8_lossy(&v[r]))
+                };
+                panic!(
+                    "a read of {} bytes is not a prefix of the log ({} bytes now): first difference at \
+                     byte {at}, where the read has {} and the log {}",
+                    b.len(),
+                    want.len(),
+                    around(b),
+                    around(&want)
+                );
+            }
             torn += usize::from(!b.is_empty() && !b.ends_with(b"\n"));
         }
         reads += seen.len();

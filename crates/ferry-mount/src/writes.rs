@@ -46,8 +46,9 @@ pub enum Pushed {
 pub struct WorkingCopy {
     file: File,
     path: PathBuf,
-    /// Where the copy goes on the sharer (kept in its journal while dirty).
-    share_path: SharePath,
+    /// Where the copy goes on the sharer (kept in its journal while dirty), and whether its file is gone:
+    /// read without the copy's lock, which a push holds for its whole round trip.
+    place: Arc<Mutex<Place>>,
     /// The sharer's version the copy started from, or was last pushed as (`None`: no file there).
     base: Option<Version>,
     size: u64,
@@ -66,8 +67,6 @@ pub struct WorkingCopy {
     released: bool,
     /// Its file was handed over (to the cache): not removed with the copy.
     handed_over: bool,
-    /// Its file was removed or renamed over in the mount ([`WorkingCopy::orphan`]).
-    gone: bool,
 }
 
 impl Drop for WorkingCopy {
@@ -187,7 +186,10 @@ impl WorkingCopy {
         Ok(WorkingCopy {
             file,
             path,
-            share_path,
+            place: Arc::new(Mutex::new(Place {
+                path: share_path,
+                gone: false,
+            })),
             base,
             size,
             changed: Vec::new(),
@@ -199,7 +201,6 @@ impl WorkingCopy {
             failed: false,
             released: false,
             handed_over: false,
-            gone: false,
         })
     }
 
@@ -303,7 +304,7 @@ impl WorkingCopy {
     /// Records the copy in its journal.
     fn journal(&self) -> io::Result<()> {
         let j = Journal {
-            path: self.share_path.clone(),
+            path: self.place().path.clone(),
             base: self.base,
             mode: self.mode,
             mtime: self.mtime,
@@ -313,7 +314,7 @@ impl WorkingCopy {
 
     /// The copy now goes to `path` on the sharer (a rename in the mount).
     pub fn move_to(&mut self, path: SharePath) -> io::Result<()> {
-        self.share_path = path;
+        self.place().path = path;
         match self.dirty {
             true => self.journal(),
             false => Ok(()),
@@ -333,16 +334,20 @@ impl WorkingCopy {
     /// copy is never dirty again.
     pub fn orphan(&mut self) {
         self.discard();
-        self.gone = true;
+        self.place().gone = true;
     }
 
     /// Whether its file was removed or renamed over ([`WorkingCopy::orphan`]).
     pub fn is_gone(&self) -> bool {
-        self.gone
+        self.place().gone
+    }
+
+    fn place(&self) -> MutexGuard<'_, Place> {
+        lock_place(&self.place)
     }
 
     fn mark(&mut self, range: Range<u64>) -> io::Result<()> {
-        if self.gone {
+        if self.is_gone() {
             return Ok(());
         }
         if !self.dirty {
@@ -473,7 +478,8 @@ fn time_of(t: SystemTime) -> Time {
 #[derive(Debug)]
 pub struct Writes {
     dir: PathBuf,
-    copies: Mutex<HashMap<u64, Arc<Mutex<WorkingCopy>>>>,
+    /// Each copy with its place, which is read without the copy's lock.
+    copies: Mutex<HashMap<u64, Registered>>,
     next: AtomicU64,
     /// Dirty copies an earlier mount of the share left (a crash, or the sharer away when it stopped):
     /// their files and journals, pushed by [`Writes::push_left_behind`].
@@ -501,6 +507,21 @@ pub enum Recovered {
 
 /// A working copy shared by the requests that use it.
 pub type Shared = Arc<Mutex<WorkingCopy>>;
+
+/// Where a copy goes on the sharer, and whether its file was removed or renamed over in the mount
+/// ([`WorkingCopy::orphan`]).
+#[derive(Debug)]
+struct Place {
+    path: SharePath,
+    gone: bool,
+}
+
+/// A copy in the table, with its place (read without the copy's lock).
+type Registered = (Shared, Arc<Mutex<Place>>);
+
+fn lock_place(place: &Mutex<Place>) -> MutexGuard<'_, Place> {
+    place.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Locks a working copy (a panicked holder left it usable: its file is the truth).
 pub fn lock(copy: &Shared) -> MutexGuard<'_, WorkingCopy> {
@@ -613,16 +634,22 @@ impl Writes {
     /// `from` was renamed to `to` in the mount: copies at or beneath it go to the new paths.
     pub fn renamed(&self, from: &SharePath, to: &SharePath) {
         let prefix = from.as_bytes();
-        // Each copy locked with the table let go: a copy's lock is held across a push, which takes other
-        // locks (the mount's inode table) that are held while the table is looked at.
-        for (_, c) in self.all() {
-            let mut c = lock(&c);
-            if c.share_path != *from && !beneath(from, &c.share_path) {
+        // Each copy at or beneath `from` locked with the table let go: a copy's lock is held across a push,
+        // which takes other locks (the mount's inode table) that are held while the table is looked at.
+        for (c, place) in self.registered() {
+            let at = |place: &Place| place.path == *from || beneath(from, &place.path);
+            if !at(&lock_place(&place)) {
                 continue;
             }
-            let p = c.share_path.as_bytes();
+            let mut c = lock(&c);
+            // Looked at again under the copy's lock (moved meanwhile by another rename).
+            let p = lock_place(&place);
+            if !at(&p) {
+                continue;
+            }
             let mut moved = to.as_bytes().to_vec();
-            moved.extend_from_slice(&p[prefix.len()..]);
+            moved.extend_from_slice(&p.path.as_bytes()[prefix.len()..]);
+            drop(p);
             if let Ok(path) = SharePath::new(&moved) {
                 let _ = c.move_to(path);
             }
@@ -630,8 +657,13 @@ impl Writes {
     }
 
     /// The table of copies: never held while another lock is taken.
-    fn copies(&self) -> MutexGuard<'_, HashMap<u64, Shared>> {
+    fn copies(&self) -> MutexGuard<'_, HashMap<u64, Registered>> {
         self.copies.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every copy with its place.
+    fn registered(&self) -> Vec<Registered> {
+        self.copies().values().cloned().collect()
     }
 
     /// A new copy of `base` (empty, to be loaded) for `mode`, going to `path` on the sharer, not yet
@@ -655,22 +687,24 @@ impl Writes {
 
     /// The copy of `ino`.
     pub fn get(&self, ino: u64) -> Option<Shared> {
-        self.copies().get(&ino).cloned()
+        self.copies().get(&ino).map(|(c, _)| Arc::clone(c))
     }
 
     /// Registers `copy` for `ino`; one registered meanwhile wins (and is returned).
     pub fn insert(&self, ino: u64, copy: WorkingCopy) -> Shared {
-        Arc::clone(
-            self.copies()
-                .entry(ino)
-                .or_insert_with(|| Arc::new(Mutex::new(copy))),
-        )
+        let place = Arc::clone(&copy.place);
+        let (c, _) = self
+            .copies()
+            .entry(ino)
+            .or_insert_with(|| (Arc::new(Mutex::new(copy)), place))
+            .clone();
+        c
     }
 
     /// Forgets the copy of `ino` if it is still `copy`; whether it was.
     pub fn remove(&self, ino: u64, copy: &Shared) -> bool {
         let mut copies = self.copies();
-        let is = copies.get(&ino).is_some_and(|c| Arc::ptr_eq(c, copy));
+        let is = copies.get(&ino).is_some_and(|(c, _)| Arc::ptr_eq(c, copy));
         if is {
             copies.remove(&ino);
         }
@@ -681,26 +715,27 @@ impl Writes {
     /// each one's inode and name. A new file is not on the sharer before its first push (nor one whose
     /// pushes were refused), but the mount shows it, as a local disk shows a file being written.
     pub fn inside(&self, dir: &SharePath) -> Vec<(u64, Vec<u8>)> {
-        let mut found = Vec::new();
-        // Each copy locked with the table let go, as in [`Writes::renamed`].
-        for (ino, c) in self.all() {
-            let c = lock(&c);
-            if c.gone {
-                continue;
-            }
-            if let Some(name) = name_in(dir, &c.share_path) {
-                found.push((ino, name.to_vec()));
-            }
-        }
-        found
+        let places: Vec<(u64, Arc<Mutex<Place>>)> = self
+            .copies()
+            .iter()
+            .map(|(ino, (_, place))| (*ino, Arc::clone(place)))
+            .collect();
+        places
+            .into_iter()
+            .filter_map(|(ino, place)| {
+                let p = lock_place(&place);
+                let name = name_in(dir, &p.path).filter(|_| !p.gone)?;
+                Some((ino, name.to_vec()))
+            })
+            .collect()
     }
 
     /// Whether a file at or beneath `dir` has a copy its file was not removed or renamed over: the
     /// directory is not empty in the mount, whatever the sharer's listing says.
     pub fn any_beneath(&self, dir: &SharePath) -> bool {
-        self.all().into_iter().any(|(_, c)| {
-            let c = lock(&c);
-            !c.gone && beneath(dir, &c.share_path)
+        self.registered().into_iter().any(|(_, place)| {
+            let p = lock_place(&place);
+            !p.gone && beneath(dir, &p.path)
         })
     }
 
@@ -708,7 +743,7 @@ impl Writes {
     pub fn all(&self) -> Vec<(u64, Shared)> {
         self.copies()
             .iter()
-            .map(|(i, c)| (*i, Arc::clone(c)))
+            .map(|(i, (c, _))| (*i, Arc::clone(c)))
             .collect()
     }
 }

@@ -410,7 +410,12 @@ fn a_journal_reads_back_as_written_and_a_cut_one_is_refused() {
 #[test]
 fn the_files_written_in_a_directory_are_found_by_their_paths_until_removed() {
     let (_d, w) = writes();
-    for (ino, path) in [(2, "a.txt"), (3, "dir/b.txt"), (4, "dir/sub/c.txt"), (5, "dirt/d")] {
+    for (ino, path) in [
+        (2, "a.txt"),
+        (3, "dir/b.txt"),
+        (4, "dir/sub/c.txt"),
+        (5, "dirt/d"),
+    ] {
         let c = w.create(&p(path), None, 0o644).unwrap();
         w.insert(ino, c);
     }
