@@ -101,8 +101,8 @@ struct Shared<S: Source + Sink> {
     /// Inodes a thread follows, and whether they changed again since it looked.
     follows: Mutex<HashMap<u64, bool>>,
     passthrough: AtomicBool,
-    /// The kernel maps files opened with direct I/O (`FUSE_DIRECT_IO_ALLOW_MMAP`): files not yet whole in
-    /// the cache are opened so, and a read's reply goes straight into the reader's buffer.
+    /// The kernel maps files opened with direct I/O (`FUSE_DIRECT_IO_ALLOW_MMAP`): every open that does
+    /// not pass through is opened so, and a read's reply goes straight into the reader's buffer.
     direct_io: AtomicBool,
     notifier: OnceLock<Notifier>,
     /// The sharer's space figures, for `statfs`.
@@ -485,14 +485,18 @@ impl<S: Source + Sink> Shared<S> {
         let file = handle.file();
         let version = file.version();
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        // The kernel's page cache of this inode is still good if it holds the same version (the kernel
-        // takes no other flag with passthrough: it would answer the open EIO). A file not whole in the
-        // cache is read with direct I/O: each reply is copied once, into the reader's buffer, instead of
-        // into the page cache and from there again; the daemon streams ahead of a sequential reader by
-        // itself, in place of the kernel's readahead (BENCHMARKS.md, session 10).
+        // The kernel takes no other flag with passthrough (it would answer the open EIO). Every other
+        // open reads with direct I/O where the kernel maps such files (FUSE_DIRECT_IO_ALLOW_MMAP): each
+        // reply is copied once, into the reader's buffer, instead of into the page cache and from there
+        // again, and the daemon streams ahead of a sequential reader by itself, in place of the kernel's
+        // readahead (BENCHMARKS.md, session 10). Above all, the page cache is the inode's, not the
+        // handle's: handles of two versions of a file that changes (a log the sharer appends to) would
+        // share it, and a reply cut at the end of the shorter version, while the kernel already knows the
+        // longer size, leaves the page's rest as zeros that a reader of the longer version then reads.
+        // Without direct I/O, the page cache is still good if it holds the same version.
         let flags = if backing.is_some() {
             FopenFlags::empty()
-        } else if self.direct_io.load(Ordering::Relaxed) && !file.chunks().is_complete() {
+        } else if self.direct_io.load(Ordering::Relaxed) {
             FopenFlags::FOPEN_DIRECT_IO
         } else if known == Some(version) {
             FopenFlags::FOPEN_KEEP_CACHE
