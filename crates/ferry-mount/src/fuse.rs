@@ -643,8 +643,8 @@ impl<S: Source + Sink> Shared<S> {
 
     /// `entry` as shown: with the working copy's size, mode and time when there is one.
     fn shown(&self, ino: u64, mut entry: Entry) -> FileAttr {
-        if let Some(c) = self.copy(ino) {
-            writes::lock(&c).overlay(&mut entry);
+        if let Some((w, _)) = self.writes.get() {
+            w.overlay(ino, &mut entry);
         }
         self.attr(ino, &entry)
     }

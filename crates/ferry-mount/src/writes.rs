@@ -189,6 +189,9 @@ impl WorkingCopy {
             place: Arc::new(Mutex::new(Place {
                 path: share_path,
                 gone: false,
+                size,
+                mode,
+                modified: SystemTime::now(),
             })),
             base,
             size,
@@ -216,6 +219,7 @@ impl WorkingCopy {
         // Bytes between the old end and the write are zeros now, whatever the base had there.
         let from = offset.min(self.size);
         self.size = self.size.max(end);
+        self.show();
         self.mark(from..end)
     }
 
@@ -224,6 +228,7 @@ impl WorkingCopy {
         self.file.set_len(size)?;
         let old = self.size;
         self.size = size;
+        self.show();
         for r in &mut self.changed {
             r.end = r.end.min(size);
         }
@@ -282,6 +287,7 @@ impl WorkingCopy {
     /// Sets the permission bits (pushed with the content).
     pub fn set_mode(&mut self, mode: u32) -> io::Result<()> {
         self.mode = mode & 0o7777;
+        self.show();
         match self.dirty {
             true => self.journal(),
             false => Ok(()),
@@ -295,6 +301,7 @@ impl WorkingCopy {
             Ok(s) => UNIX_EPOCH + Duration::new(s, mtime.nanos),
             Err(_) => UNIX_EPOCH,
         };
+        self.show();
         match self.dirty {
             true => self.journal(),
             false => Ok(()),
@@ -376,6 +383,13 @@ impl WorkingCopy {
         self.mtime = None;
         self.modified = SystemTime::now();
         self.last_write = Instant::now();
+        self.show();
+    }
+
+    /// Publishes what the copy shows to its place, for [`Writes::overlay`].
+    fn show(&self) {
+        let mut p = self.place();
+        (p.size, p.mode, p.modified) = (self.size, self.mode, self.modified);
     }
 
     /// The size now.
@@ -405,12 +419,7 @@ impl WorkingCopy {
 
     /// `entry` (the sharer's, or last seen) as the copy shows it: its size, mode and time.
     pub fn overlay(&self, entry: &mut Entry) {
-        entry.size = self.size;
-        entry.mode = (entry.mode & !0o7777) | self.mode;
-        if let Ok(d) = self.modified.duration_since(UNIX_EPOCH) {
-            entry.mtime = d.as_secs() as i64;
-            entry.mtime_nsec = d.subsec_nanos();
-        }
+        self.place().overlay(entry);
     }
 
     /// Marks the copy let go of: its last writer closed it and the mount dropped it from its copies.
@@ -514,10 +523,25 @@ pub type Shared = Arc<Mutex<WorkingCopy>>;
 struct Place {
     path: SharePath,
     gone: bool,
+    /// The size, permission bits and modification time the copy shows ([`WorkingCopy::overlay`]).
+    size: u64,
+    mode: u32,
+    modified: SystemTime,
 }
 
 /// A copy in the table, with its place (read without the copy's lock).
 type Registered = (Shared, Arc<Mutex<Place>>);
+
+impl Place {
+    fn overlay(&self, entry: &mut Entry) {
+        entry.size = self.size;
+        entry.mode = (entry.mode & !0o7777) | self.mode;
+        if let Ok(d) = self.modified.duration_since(UNIX_EPOCH) {
+            entry.mtime = d.as_secs() as i64;
+            entry.mtime_nsec = d.subsec_nanos();
+        }
+    }
+}
 
 fn lock_place(place: &Mutex<Place>) -> MutexGuard<'_, Place> {
     place.lock().unwrap_or_else(|e| e.into_inner())
@@ -737,6 +761,16 @@ impl Writes {
             let p = lock_place(&place);
             !p.gone && beneath(dir, &p.path)
         })
+    }
+
+    /// `entry` as the copy of `ino` shows it (its size, mode and time), if `ino` has one; read without the
+    /// copy's lock, so that a stat does not wait for the copy's push.
+    pub fn overlay(&self, ino: u64, entry: &mut Entry) -> bool {
+        let Some(place) = self.copies().get(&ino).map(|(_, p)| Arc::clone(p)) else {
+            return false;
+        };
+        lock_place(&place).overlay(entry);
+        true
     }
 
     /// Every copy, by inode.

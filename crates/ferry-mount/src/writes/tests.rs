@@ -9,7 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use ferry_share::tree::Version;
-use ferry_share::wire::{SharePath, Time};
+use ferry_share::wire::{Entry, SharePath, Time};
 
 use super::{Pushed, Recovered, WorkingCopy, Writes};
 use crate::source::{PutOutcome, Sink, SourceError};
@@ -439,4 +439,47 @@ fn the_files_written_in_a_directory_are_found_by_their_paths_until_removed() {
     assert_eq!(names("moved"), [(3, b"b.txt".to_vec())]);
     assert!(names("dir").is_empty());
     assert_eq!(names("dirt"), [(5, b"d".to_vec())]);
+}
+
+#[test]
+fn what_a_copy_shows_is_read_while_its_lock_is_held_by_a_push() {
+    let (_d, w) = writes();
+    let w = std::sync::Arc::new(w);
+    let c = w.insert(7, w.create(&p("f"), None, 0o644).unwrap());
+    let mut held = super::lock(&c);
+    held.write_at(0, b"0123456789").unwrap();
+    held.set_mode(0o600).unwrap();
+    // The lock stays held (as by a push waiting for the sharer) while another thread stats the file.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let w2 = std::sync::Arc::clone(&w);
+    std::thread::spawn(move || {
+        let mut e = Entry {
+            name: b"f".to_vec(),
+            kind: ferry_share::wire::Kind::File,
+            size: 0,
+            mode: 0o100644,
+            mtime: 0,
+            mtime_nsec: 0,
+            target: Vec::new(),
+        };
+        let found = w2.overlay(7, &mut e);
+        let _ = tx.send((found, e.size, e.mode, e.mtime));
+    });
+    let shown = rx.recv_timeout(std::time::Duration::from_secs(10));
+    drop(held);
+    let (found, size, mode, mtime) = shown.expect("the overlay waited for the copy's lock");
+    assert!(found);
+    assert_eq!((size, mode), (10, 0o100600));
+    assert!(mtime > 0);
+    let mut e = Entry {
+        name: b"g".to_vec(),
+        kind: ferry_share::wire::Kind::File,
+        size: 3,
+        mode: 0o100644,
+        mtime: 0,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    };
+    assert!(!w.overlay(8, &mut e));
+    assert_eq!(e.size, 3);
 }
