@@ -101,6 +101,19 @@ fn p(s: &str) -> SharePath {
     SharePath::new(s.as_bytes()).unwrap()
 }
 
+/// The sharer's entry of a file (0644, time 0).
+fn file_entry(name: &[u8], size: u64) -> Entry {
+    Entry {
+        name: name.to_vec(),
+        kind: ferry_share::wire::Kind::File,
+        size,
+        mode: 0o100644,
+        mtime: 0,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }
+}
+
 fn writes() -> (tempfile::TempDir, Writes) {
     let dir = tempfile::tempdir().unwrap();
     let w = Writes::new(&dir.path().join("writes")).unwrap();
@@ -262,15 +275,7 @@ fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
         nanos: 5,
     })
     .unwrap();
-    let mut e = ferry_share::wire::Entry {
-        name: b"f".to_vec(),
-        kind: ferry_share::wire::Kind::File,
-        size: 0,
-        mode: 0o100644,
-        mtime: 0,
-        mtime_nsec: 0,
-        target: Vec::new(),
-    };
+    let mut e = file_entry(b"f", 0);
     c.overlay(&mut e);
     assert_eq!(
         (e.size, e.mode, e.mtime, e.mtime_nsec),
@@ -453,15 +458,7 @@ fn what_a_copy_shows_is_read_while_its_lock_is_held_by_a_push() {
     let (tx, rx) = std::sync::mpsc::channel();
     let w2 = std::sync::Arc::clone(&w);
     std::thread::spawn(move || {
-        let mut e = Entry {
-            name: b"f".to_vec(),
-            kind: ferry_share::wire::Kind::File,
-            size: 0,
-            mode: 0o100644,
-            mtime: 0,
-            mtime_nsec: 0,
-            target: Vec::new(),
-        };
+        let mut e = file_entry(b"f", 0);
         let found = w2.overlay(7, &mut e);
         let _ = tx.send((found, e.size, e.mode, e.mtime));
     });
@@ -471,15 +468,7 @@ fn what_a_copy_shows_is_read_while_its_lock_is_held_by_a_push() {
     assert!(found);
     assert_eq!((size, mode), (10, 0o100600));
     assert!(mtime > 0);
-    let mut e = Entry {
-        name: b"g".to_vec(),
-        kind: ferry_share::wire::Kind::File,
-        size: 3,
-        mode: 0o100644,
-        mtime: 0,
-        mtime_nsec: 0,
-        target: Vec::new(),
-    };
+    let mut e = file_entry(b"g", 3);
     assert!(!w.overlay(8, &mut e));
     assert_eq!(e.size, 3);
 }
