@@ -46,20 +46,18 @@ pub enum Pushed {
 pub struct WorkingCopy {
     file: File,
     path: PathBuf,
-    /// Where the copy goes on the sharer (kept in its journal while dirty), and whether its file is gone:
-    /// read without the copy's lock, which a push holds for its whole round trip.
+    /// Where the copy goes on the sharer (kept in its journal while dirty), whether its file is gone, and
+    /// the size, mode and time it shows: read without the copy's lock, which a push holds for its whole
+    /// round trip.
     place: Arc<Mutex<Place>>,
     /// The sharer's version the copy started from, or was last pushed as (`None`: no file there).
     base: Option<Version>,
-    size: u64,
     /// Ranges that may differ from the base (sorted, disjoint, not touching).
     changed: Vec<Range<u64>>,
     /// Something (content, mode, time) is not on the sharer yet.
     dirty: bool,
-    mode: u32,
     /// The modification time set (utimens); `None`: the time of the last write, the sharer's at push.
     mtime: Option<Time>,
-    modified: SystemTime,
     last_write: Instant,
     /// The last push failed (the link was lost): retried, and said once it lands.
     failed: bool,
@@ -194,12 +192,9 @@ impl WorkingCopy {
                 modified: SystemTime::now(),
             })),
             base,
-            size,
             changed: Vec::new(),
             dirty: false,
-            mode,
             mtime: None,
-            modified: SystemTime::now(),
             last_write: Instant::now(),
             failed: false,
             released: false,
@@ -217,18 +212,19 @@ impl WorkingCopy {
         self.file.write_all_at(bytes, offset)?;
         let end = offset + bytes.len() as u64;
         // Bytes between the old end and the write are zeros now, whatever the base had there.
-        let from = offset.min(self.size);
-        self.size = self.size.max(end);
-        self.show();
+        let from = {
+            let mut p = self.place();
+            let from = offset.min(p.size);
+            p.size = p.size.max(end);
+            from
+        };
         self.mark(from..end)
     }
 
     /// Cuts or extends the file to `size`.
     pub fn set_len(&mut self, size: u64) -> io::Result<()> {
         self.file.set_len(size)?;
-        let old = self.size;
-        self.size = size;
-        self.show();
+        let old = std::mem::replace(&mut self.place().size, size);
         for r in &mut self.changed {
             r.end = r.end.min(size);
         }
@@ -239,7 +235,7 @@ impl WorkingCopy {
     /// Grows the file to `end` if it is shorter (fallocate's default mode: the new bytes read as zeros).
     /// No space is reserved on the sharer: its file is written whole or in ranges at the push.
     pub fn grow(&mut self, end: u64) -> io::Result<()> {
-        match end > self.size {
+        match end > self.size() {
             true => self.set_len(end),
             false => Ok(()),
         }
@@ -251,7 +247,7 @@ impl WorkingCopy {
         if !keep_size {
             self.grow(range.end)?;
         }
-        let range = range.start..range.end.min(self.size);
+        let range = range.start..range.end.min(self.size());
         if range.is_empty() {
             return Ok(());
         }
@@ -275,7 +271,7 @@ impl WorkingCopy {
 
     /// Reads up to `len` bytes at `offset`, cut at the end.
     pub fn read_at(&self, offset: u64, len: u32) -> io::Result<Vec<u8>> {
-        let end = offset.saturating_add(u64::from(len)).min(self.size);
+        let end = offset.saturating_add(u64::from(len)).min(self.size());
         if offset >= end {
             return Ok(Vec::new());
         }
@@ -286,8 +282,7 @@ impl WorkingCopy {
 
     /// Sets the permission bits (pushed with the content).
     pub fn set_mode(&mut self, mode: u32) -> io::Result<()> {
-        self.mode = mode & 0o7777;
-        self.show();
+        self.place().mode = mode & 0o7777;
         match self.dirty {
             true => self.journal(),
             false => Ok(()),
@@ -297,11 +292,10 @@ impl WorkingCopy {
     /// Sets the modification time (pushed with the content).
     pub fn set_mtime(&mut self, mtime: Time) -> io::Result<()> {
         self.mtime = Some(mtime);
-        self.modified = match u64::try_from(mtime.secs) {
+        self.place().modified = match u64::try_from(mtime.secs) {
             Ok(s) => UNIX_EPOCH + Duration::new(s, mtime.nanos),
             Err(_) => UNIX_EPOCH,
         };
-        self.show();
         match self.dirty {
             true => self.journal(),
             false => Ok(()),
@@ -310,11 +304,14 @@ impl WorkingCopy {
 
     /// Records the copy in its journal.
     fn journal(&self) -> io::Result<()> {
-        let j = Journal {
-            path: self.place().path.clone(),
-            base: self.base,
-            mode: self.mode,
-            mtime: self.mtime,
+        let j = {
+            let p = self.place();
+            Journal {
+                path: p.path.clone(),
+                base: self.base,
+                mode: p.mode,
+                mtime: self.mtime,
+            }
         };
         std::fs::write(journal_of(&self.path), j.encode())
     }
@@ -381,20 +378,13 @@ impl WorkingCopy {
 
     fn touched(&mut self) {
         self.mtime = None;
-        self.modified = SystemTime::now();
+        self.place().modified = SystemTime::now();
         self.last_write = Instant::now();
-        self.show();
-    }
-
-    /// Publishes what the copy shows to its place, for [`Writes::overlay`].
-    fn show(&self) {
-        let mut p = self.place();
-        (p.size, p.mode, p.modified) = (self.size, self.mode, self.modified);
     }
 
     /// The size now.
     pub fn size(&self) -> u64 {
-        self.size
+        self.place().size
     }
 
     /// The ranges changed since the base.
@@ -457,8 +447,12 @@ impl WorkingCopy {
         let base = self.base.map(|v| v.root);
         // The time the mount shows goes with the content, so that the sharer's file shows it too (and the
         // mount need not ask for it again).
-        let mtime = self.mtime.unwrap_or_else(|| time_of(self.modified));
-        match sink.put(path, base, &self.file, ranges, self.mode, Some(mtime))? {
+        let (mode, modified) = {
+            let p = self.place();
+            (p.mode, p.modified)
+        };
+        let mtime = self.mtime.unwrap_or_else(|| time_of(modified));
+        match sink.put(path, base, &self.file, ranges, mode, Some(mtime))? {
             PutOutcome::Written { version } => {
                 self.base = Some(version);
                 self.changed.clear();
@@ -660,8 +654,8 @@ impl Writes {
         let prefix = from.as_bytes();
         // Each copy at or beneath `from` locked with the table let go: a copy's lock is held across a push,
         // which takes other locks (the mount's inode table) that are held while the table is looked at.
+        let at = |place: &Place| place.path == *from || beneath(from, &place.path);
         for (c, place) in self.registered() {
-            let at = |place: &Place| place.path == *from || beneath(from, &place.path);
             if !at(&lock_place(&place)) {
                 continue;
             }
@@ -688,6 +682,14 @@ impl Writes {
     /// Every copy with its place.
     fn registered(&self) -> Vec<Registered> {
         self.copies().values().cloned().collect()
+    }
+
+    /// Every copy's place, by inode.
+    fn places(&self) -> Vec<(u64, Arc<Mutex<Place>>)> {
+        self.copies()
+            .iter()
+            .map(|(ino, (_, place))| (*ino, Arc::clone(place)))
+            .collect()
     }
 
     /// A new copy of `base` (empty, to be loaded) for `mode`, going to `path` on the sharer, not yet
@@ -739,12 +741,7 @@ impl Writes {
     /// each one's inode and name. A new file is not on the sharer before its first push (nor one whose
     /// pushes were refused), but the mount shows it, as a local disk shows a file being written.
     pub fn inside(&self, dir: &SharePath) -> Vec<(u64, Vec<u8>)> {
-        let places: Vec<(u64, Arc<Mutex<Place>>)> = self
-            .copies()
-            .iter()
-            .map(|(ino, (_, place))| (*ino, Arc::clone(place)))
-            .collect();
-        places
+        self.places()
             .into_iter()
             .filter_map(|(ino, place)| {
                 let p = lock_place(&place);
@@ -757,7 +754,7 @@ impl Writes {
     /// Whether a file at or beneath `dir` has a copy its file was not removed or renamed over: the
     /// directory is not empty in the mount, whatever the sharer's listing says.
     pub fn any_beneath(&self, dir: &SharePath) -> bool {
-        self.registered().into_iter().any(|(_, place)| {
+        self.places().into_iter().any(|(_, place)| {
             let p = lock_place(&place);
             !p.gone && beneath(dir, &p.path)
         })
