@@ -961,39 +961,6 @@ fn a_file_being_written_is_listed_before_its_first_push_and_keeps_its_directory_
     assert_eq!(listed(&dir), ["new.txt"]);
 }
 
-/// A tmpfs of `size` mounted at `dir` (unmounted when dropped).
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Tmpfs {
-        fs::create_dir_all(dir).unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .expect("run mount")
-            .success();
-        assert!(ok, "mount a tmpfs at {}", dir.display());
-        Tmpfs(dir.to_path_buf())
-    }
-
-    fn resize(&self, size: &str) {
-        let ok = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
-            .arg(&self.0)
-            .status()
-            .expect("run mount")
-            .success();
-        assert!(ok, "resize the tmpfs at {}", self.0.display());
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_push_the_sharer_refuses_keeps_the_file_in_the_mount_says_why_and_lands_once_it_fits() {
     let test =
@@ -1003,7 +970,7 @@ fn a_push_the_sharer_refuses_keeps_the_file_in_the_mount_says_why_and_lands_once
     }
     let w = World::new();
     // The share on a file system with less room than the file.
-    let disk = Tmpfs::mount(&w.src(), "2M");
+    let disk = Tmpfs::mount(&w.src(), "2M").expect("a tmpfs for the share (fuse_usable: root)");
     let _sharer = sharing_with(&w, &["--writable"]);
     let mut m = Mounted::start(&w, &[]);
     let data = pseudo_random(3 << 20, 7);

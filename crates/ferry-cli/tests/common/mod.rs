@@ -606,6 +606,16 @@ impl Tmpfs {
             dir: dir.to_path_buf(),
         })
     }
+
+    /// Gives it another size (as `mount -o remount,size=`).
+    pub fn resize(&self, size: &str) {
+        let ok = Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "resize the tmpfs at {}", self.dir.display());
+    }
 }
 
 impl Drop for Tmpfs {
