@@ -16,7 +16,9 @@ use crate::groups::{Cv, Groups};
 use crate::verify::{
     combines_to_root, group_count, group_cv, hash_again, hash_groups, present_bytes, span,
 };
-use crate::{lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES};
+use crate::{
+    is_disk_full, lock, read, record, write, CacheError, Shared, FLUSH_AFTER, FLUSH_BYTES,
+};
 
 /// Bytes an entry larger than the cache drops of itself at once to make room ([`Entry::shed`]).
 const SHED_BATCH: u64 = 64 << 20;
@@ -202,6 +204,17 @@ impl Inner {
     }
 }
 
+/// Frees the blocks of `groups` of a cache file of a version of `size` bytes (its length stays).
+fn punch(file: &File, size: u64, groups: Range<u64>) -> io::Result<()> {
+    rustix::fs::fallocate(
+        file,
+        rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+        groups.start * GROUP,
+        span(size, groups),
+    )
+    .map_err(io::Error::from)
+}
+
 /// What one insert changed.
 struct Stored {
     /// Bytes newly present.
@@ -294,8 +307,8 @@ impl Entry {
     /// Stores verified bytes: `offset` group-aligned, `bytes` whole groups (a short one only at the end of
     /// the file). Evicts least recently used unpinned entries as needed; when every other entry is pinned,
     /// drops groups of this one outside the bytes (lowest first: a file larger than the cache is read
-    /// through it). Returns false if they were not stored because even that left no room (or the entry was
-    /// removed): the caller serves them from memory. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
+    /// through it). Returns false if they were not stored because even that left no room, the disk being full
+    /// ([`disk_full`](Entry::disk_full) says so) or the entry removed: the caller serves them from memory. `Err(Mismatch)` when they complete the entry and the whole does not make the root: then
     /// nothing of the entry is kept.
     pub fn insert(&self, offset: u64, bytes: &[u8]) -> Result<bool, CacheError> {
         self.insert_groups(offset, bytes, None)
@@ -340,21 +353,6 @@ impl Entry {
         }
         self.check()?;
         let groups = offset / GROUP..end.div_ceil(GROUP);
-        let need: u64 = {
-            let st = read(&self.inner.state);
-            if st.removed {
-                return Ok(false);
-            }
-            st.groups
-                .gaps(groups.clone())
-                .into_iter()
-                .map(|g| span(size, g))
-                .sum()
-        };
-        self.touch();
-        if need == 0 {
-            return Ok(true);
-        }
         let hashed: Vec<Cv>;
         let cvs = match verified {
             Some(cvs) => cvs,
@@ -367,20 +365,50 @@ impl Entry {
                 &hashed
             }
         };
-        if !self.shared.reserve(&self.inner, need)
-            && (need > self.shared.limit
-                || self.shed(need, groups.clone())? == 0
-                || !self.shared.reserve(&self.inner, need))
-        {
-            return Ok(false);
-        }
-        let stored = self.store(groups, offset, bytes, cvs);
-        let (added, dropped) = match &stored {
-            Ok(Some(s)) => (s.added, s.dropped),
-            Ok(None) | Err(_) => (0, 0),
+        // A disk that fills up bounds the cache to what it holds ([`Shared::full`]); the bytes are tried
+        // once more within that bound (the room made evicting or shedding is freed on the disk too).
+        let mut tried_full = false;
+        let stored = loop {
+            let need: u64 = {
+                let st = read(&self.inner.state);
+                if st.removed {
+                    return Ok(false);
+                }
+                st.groups
+                    .gaps(groups.clone())
+                    .into_iter()
+                    .map(|g| span(size, g))
+                    .sum()
+            };
+            self.touch();
+            if need == 0 {
+                return Ok(true);
+            }
+            if !self.shared.reserve(&self.inner, need)
+                && (need > self.shared.bound()
+                    || self.shed(need, groups.clone())? == 0
+                    || !self.shared.reserve(&self.inner, need))
+            {
+                return Ok(false);
+            }
+            let stored = self.store(groups.clone(), offset, bytes, cvs);
+            let (added, dropped) = match &stored {
+                Ok(Some(s)) => (s.added, s.dropped),
+                Ok(None) | Err(_) => (0, 0),
+            };
+            // Groups dropped by a check of another thread since `need` was counted can make `added` larger.
+            self.shared.account(&self.inner, added, need + dropped);
+            match stored {
+                Err(CacheError::Io(e)) if is_disk_full(&e) => {
+                    self.shared.full(&e);
+                    if tried_full {
+                        return Ok(false);
+                    }
+                    tried_full = true;
+                }
+                stored => break stored,
+            }
         };
-        // Groups dropped by a check of another thread since `need` was counted can make `added` larger.
-        self.shared.account(&self.inner, added, need + dropped);
         let (complete, dirty, present, since) = {
             let st = read(&self.inner.state);
             (
@@ -393,16 +421,34 @@ impl Entry {
         match stored? {
             None => Ok(false),
             Some(Stored { mismatch: true, .. }) => {
-                self.inner.write_record()?;
+                self.record_unless_full()?;
                 Err(CacheError::Mismatch)
             }
             Some(_) => {
                 if complete || dirty >= FLUSH_BYTES.max(present / 4) || since >= FLUSH_AFTER {
-                    self.inner.write_record()?;
+                    self.record_unless_full()?;
                 }
                 Ok(true)
             }
         }
+    }
+
+    /// Writes the entry's record; a disk too full for it bounds the cache ([`Shared::full`]) and leaves
+    /// the record to a later write (the bytes are stored: only a restart before then forgets them).
+    fn record_unless_full(&self) -> Result<(), CacheError> {
+        match self.inner.write_record() {
+            Err(CacheError::Io(e)) if is_disk_full(&e) => {
+                self.shared.full(&e);
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Why the cache cannot hold more now: the disk refused a write for want of space within the last
+    /// [`ROOM_RETRY`](crate::ROOM_RETRY) ([`Cache::disk_full`](crate::Cache::disk_full)).
+    pub fn disk_full(&self) -> Option<String> {
+        self.shared.disk_full()
     }
 
     /// Makes room in this entry itself when every other entry is pinned (a file larger than the cache, read
@@ -411,7 +457,8 @@ impl Entry {
     /// frees their blocks. Returns the bytes dropped.
     fn shed(&self, need: u64, keep: Range<u64>) -> Result<u64, CacheError> {
         let size = self.inner.version.size;
-        let want = need.max(SHED_BATCH);
+        // A bound cut by a full disk may be smaller than a batch: a quarter of it then, not all of it.
+        let want = need.max(SHED_BATCH.min(self.shared.bound() / 4));
         let mut st = write(&self.inner.state);
         if st.removed {
             return Ok(0);
@@ -447,14 +494,7 @@ impl Entry {
         st.groups.retain(|g, _| !cut.iter().any(|r| r.contains(&g)));
         if let Some(file) = &st.file {
             for r in &cut {
-                let from = r.start * GROUP;
-                rustix::fs::fallocate(
-                    file,
-                    rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
-                    from,
-                    span(size, r.clone()),
-                )
-                .map_err(io::Error::from)?;
+                punch(file, size, r.clone())?;
             }
         }
         st.complete = false;
@@ -491,7 +531,16 @@ impl Entry {
         for gap in &gaps {
             let from = (gap.start * GROUP - offset) as usize;
             let to = (span(size, 0..gap.end) - offset) as usize;
-            file.write_all_at(&bytes[from..to], gap.start * GROUP)?;
+            if let Err(e) = file.write_all_at(&bytes[from..to], gap.start * GROUP) {
+                // What was written of the gaps is recorded nowhere: its blocks are given back (a full
+                // disk gets them back), and the holes, this process's own change, are no reason to hash
+                // the rest again.
+                for gap in &gaps {
+                    let _ = punch(file, size, gap.clone());
+                }
+                st.seen = Stamp::at(&inner.data_path);
+                return Err(e.into());
+            }
         }
         let mut added = 0;
         for gap in gaps {

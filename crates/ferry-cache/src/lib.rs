@@ -12,7 +12,10 @@
 //!
 //! The cache is bounded by a number of present bytes, evicting least recently used entries (their last use
 //! is kept in the record, so the order survives a restart); entries handed out ([`Cache::entry`]) are pinned
-//! until their last handle drops.
+//! until their last handle drops. A disk that fills up first bounds it too: a write the file system refuses
+//! for want of space (or quota) bounds the cache to what it holds then, evicting as for its own bound, and the
+//! insert is tried once more; the bound is lifted again after [`ROOM_RETRY`] (space may have been freed),
+//! and [`Cache::disk_full`] says why meanwhile.
 //!
 //! Records are written atomically (temporary file, rename) and in batches, never fsynced: a crash can lose
 //! the groups inserted since the last write of a record (the bytes are fetched again), or leave a record that
@@ -51,7 +54,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_share::tree::Version;
 
@@ -85,6 +88,18 @@ pub(crate) const FLUSH_BYTES: u64 = 64 << 20;
 /// Age of unwritten changes after which the next insert writes the record.
 pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(5);
 
+/// How long a full disk bounds the cache to what it held then ([`Cache::disk_full`]); after that the disk
+/// is tried again.
+pub const ROOM_RETRY: Duration = Duration::from_secs(30);
+
+/// Whether `e` is the file system refusing a write for want of space (or of the user's quota).
+pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    )
+}
+
 /// The cache of one (peer, share): shared by the mount's threads (`Arc<Cache>`).
 #[derive(Debug)]
 pub struct Cache {
@@ -107,6 +122,29 @@ pub(crate) struct Shared {
 struct Index {
     slots: HashMap<Version, Slot>,
     used: u64,
+    /// The disk was full when the cache held this much: a bound below `limit` until [`ROOM_RETRY`] passed.
+    room: Option<Room>,
+}
+
+#[derive(Debug)]
+struct Room {
+    bytes: u64,
+    since: Instant,
+    why: String,
+}
+
+impl Index {
+    /// The full disk's bound, while it holds.
+    fn room(&self) -> Option<&Room> {
+        self.room
+            .as_ref()
+            .filter(|r| r.since.elapsed() < ROOM_RETRY)
+    }
+
+    /// The bound on `used` now: the cache's own, or the full disk's.
+    fn bound(&self, limit: u64) -> u64 {
+        self.room().map_or(limit, |r| r.bytes.min(limit))
+    }
 }
 
 /// One version known to the cache: on disk only, or loaded in this process.
@@ -298,6 +336,12 @@ impl Cache {
         self.shared.limit
     }
 
+    /// Why the cache is bounded below [`limit`](Cache::limit) now: the disk refused a write for want of
+    /// space within the last [`ROOM_RETRY`].
+    pub fn disk_full(&self) -> Option<String> {
+        self.shared.disk_full()
+    }
+
     /// Forgets one version: its files are deleted; handles still held see an empty entry that stores
     /// nothing.
     pub fn remove(&self, version: Version) -> Result<(), CacheError> {
@@ -328,7 +372,7 @@ impl Shared {
         if idx.slots.get(&inner.version).map(|s| s.id) != Some(inner.id) {
             return false;
         }
-        while idx.used + need > self.limit {
+        while idx.used + need > idx.bound(self.limit) {
             if !self.evict_one(&mut idx, inner.id) {
                 return false;
             }
@@ -336,6 +380,25 @@ impl Shared {
         idx.used += need;
         idx.slots.get_mut(&inner.version).expect("checked").bytes += need;
         true
+    }
+
+    /// The bound on present bytes now ([`Cache::limit`], or less while the disk is full).
+    pub(crate) fn bound(&self) -> u64 {
+        lock(&self.index).bound(self.limit)
+    }
+
+    /// The disk refused a write for want of space (`why`): the cache is bounded to what it holds now.
+    pub(crate) fn full(&self, why: &io::Error) {
+        let mut idx = lock(&self.index);
+        idx.room = Some(Room {
+            bytes: idx.used,
+            since: Instant::now(),
+            why: why.to_string(),
+        });
+    }
+
+    pub(crate) fn disk_full(&self) -> Option<String> {
+        lock(&self.index).room().map(|r| r.why.clone())
     }
 
     /// Gives back `bytes` of `inner`'s accounting (dropped, or reserved and not used).

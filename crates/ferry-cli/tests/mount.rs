@@ -66,11 +66,9 @@ fn listing_stat_and_random_reads_equal_the_source() {
     // 1,000 random reads.
     let source = fs::read(w.src().join("sub/data.bin")).unwrap();
     let f = fs::File::open(m.path("sub/data.bin")).unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     for _ in 0..1000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = ferry_testkit::xorshift(&mut rng);
         let off = x % source.len() as u64;
         let len = ((x >> 40) % 200_000) as usize;
         let mut buf = vec![0; len];
@@ -623,6 +621,75 @@ fn a_corrupted_cache_file_is_detected_and_fetched_again() {
         after["from-peer"] > before["from-peer"],
         "the altered range was fetched again: {after:?}"
     );
+}
+
+#[test]
+fn a_cache_on_a_full_disk_keeps_what_fits_says_so_once_and_every_read_is_answered() {
+    let test = "a_cache_on_a_full_disk_keeps_what_fits_says_so_once_and_every_read_is_answered";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    // A file three times the disk the mount's cache is on (its --cache-size, 10G by default, is far off).
+    let content = pseudo_random(24 << 20, 12);
+    fs::write(w.src().join("big"), &content).unwrap();
+    let _sharer = sharing(&w);
+    let _disk = Tmpfs::mount(&w.path("cache-b"), "8M").expect("a tmpfs for the cache (root)");
+    let mut m = Mounted::start(&w, &[]);
+    assert_eq!(
+        hash(&fs::read(m.path("big")).unwrap()),
+        hash(&content),
+        "a sequential read"
+    );
+    let notice = m.wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("the cache's disk is full")
+    });
+    let said = notice["message"].as_str().unwrap();
+    assert!(said.contains("fetched again"), "{said}");
+    // Reads anywhere, each compared with the source (before: every read failed with EIO once the disk
+    // was full).
+    let f = fs::File::open(m.path("big")).unwrap();
+    let mut rng = 0x9e37_79b9_u64;
+    for _ in 0..300 {
+        let x = ferry_testkit::xorshift(&mut rng);
+        let at = x % content.len() as u64;
+        let len = ((x >> 40) % (300 << 10)) as usize;
+        let mut buf = vec![0; len];
+        let n = f.read_at(&mut buf, at).unwrap();
+        let end = (at as usize + len).min(content.len());
+        assert_eq!(n, end - at as usize, "at {at}");
+        assert!(buf[..n] == content[at as usize..end], "at {at} len {len}");
+    }
+    assert_eq!(
+        hash(&fs::read(m.path("big")).unwrap()),
+        hash(&content),
+        "read again"
+    );
+    // The cache kept what fits: something, within the disk.
+    let used = du(&w.path("cache-b"));
+    assert!(
+        used > 1 << 20 && used <= 8 << 20,
+        "{used} bytes in the cache"
+    );
+    let stats = m.stats();
+    assert!(
+        stats["from-peer"] > content.len() as u64,
+        "what did not fit was fetched again: {stats:?}"
+    );
+}
+
+/// Bytes of the blocks the files under `dir` take.
+fn du(dir: &Path) -> u64 {
+    list_all(dir)
+        .iter()
+        .filter_map(|p| fs::symlink_metadata(p).ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.blocks() * 512)
+        .sum()
 }
 
 #[test]

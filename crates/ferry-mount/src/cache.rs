@@ -8,7 +8,7 @@ use std::sync::Arc;
 use ferry_cache::{Cache, Entry};
 use ferry_share::tree::{GroupCv, Version};
 
-use crate::store::{Chunks, Store, StoreError};
+use crate::store::{Chunks, Kept, Store, StoreError};
 
 fn failed(e: ferry_cache::CacheError) -> StoreError {
     StoreError(e.to_string())
@@ -27,19 +27,25 @@ impl Chunks for Entry {
         Entry::read_at(self, buf, offset).map_err(failed)
     }
 
-    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<(), StoreError> {
+    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<Kept, StoreError> {
         let stored = if cvs.is_empty() {
             Entry::insert(self, offset, bytes)
         } else {
             Entry::insert_verified(self, offset, bytes, cvs)
         };
-        match stored.map_err(failed)? {
-            true => Ok(()),
+        let stored = stored.map_err(failed)?;
+        let full = self
+            .disk_full()
+            .map(|why| format!("the cache's disk is full ({why})"));
+        Ok(match (stored, full) {
+            (true, None) => Kept::Stored,
+            (true, Some(why)) => Kept::Short(why),
+            (false, Some(why)) => Kept::NoRoom(why),
             // Every entry is pinned by an open file: a larger --cache-size is the way out.
-            false => Err(StoreError(
-                "the cache is full of files in use (raise --cache-size)".into(),
-            )),
-        }
+            (false, None) => {
+                Kept::NoRoom("the cache is full of files in use (raise --cache-size)".into())
+            }
+        })
     }
 
     fn is_complete(&self) -> bool {

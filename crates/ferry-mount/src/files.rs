@@ -28,7 +28,7 @@ use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
-use crate::store::{Chunks, Store, StoreError};
+use crate::store::{Chunks, Kept, Store, StoreError};
 
 /// The open files by path and version root (weak: they live as long as their handles).
 type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
@@ -82,16 +82,20 @@ pub struct Stats {
     pub classic_opens: AtomicU64,
     /// Of those, opens of files not whole in the cache answered with direct I/O.
     pub direct_io_opens: AtomicU64,
+    /// Bytes fetched that the store had no room for (answered from memory only).
+    pub not_stored: AtomicU64,
 }
 
 impl Stats {
     /// The stats as one line.
     pub fn line(&self) -> String {
         format!(
-            "reads {} from-cache {} from-peer {} passthrough-opens {} classic-opens {} direct-io-opens {}",
+            "reads {} from-cache {} from-peer {} not-stored {} passthrough-opens {} classic-opens {} \
+             direct-io-opens {}",
             self.reads.load(Ordering::Relaxed),
             self.from_cache.load(Ordering::Relaxed),
             self.from_peer.load(Ordering::Relaxed),
+            self.not_stored.load(Ordering::Relaxed),
             self.passthrough_opens.load(Ordering::Relaxed),
             self.classic_opens.load(Ordering::Relaxed),
             self.direct_io_opens.load(Ordering::Relaxed),
@@ -140,6 +144,8 @@ impl PartialEq<&[u8]> for ReadBytes {
 struct Held {
     pieces: Mutex<BTreeMap<u64, Arc<Vec<u8>>>>,
     budget: Arc<Budget>,
+    /// The longest piece ever held: how far before a byte the piece holding it may start.
+    longest: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -151,6 +157,21 @@ struct Budget {
 impl Held {
     fn pieces(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Vec<u8>>>> {
         self.pieces.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Of `pieces` (this file's, locked), the one that holds byte `at` and reaches furthest. Pieces may
+    /// overlap: a range fetched again after the store dropped it may be cut otherwise than before.
+    fn holding<'a>(
+        &self,
+        pieces: &'a BTreeMap<u64, Arc<Vec<u8>>>,
+        at: u64,
+    ) -> Option<(u64, &'a Arc<Vec<u8>>)> {
+        let longest = self.longest.load(Ordering::Relaxed);
+        pieces
+            .range(at.saturating_sub(longest)..=at)
+            .filter(|(o, p)| **o + p.len() as u64 > at)
+            .max_by_key(|(o, p)| **o + p.len() as u64)
+            .map(|(o, p)| (*o, p))
     }
 
     /// Keeps `bytes` (at `offset`) if the budget has room, after dropping the pieces that end at or before
@@ -171,6 +192,7 @@ impl Held {
             }
         }
         b.used.fetch_add(n, Ordering::Relaxed);
+        self.longest.fetch_max(n, Ordering::Relaxed);
         if let Some(old) = pieces.insert(offset, bytes) {
             b.used.fetch_sub(old.len() as u64, Ordering::Relaxed);
         }
@@ -181,7 +203,7 @@ impl Held {
     fn covers(&self, want: &Range<u64>) -> bool {
         let pieces = self.pieces();
         let mut at = want.start;
-        let Some((&first, _)) = pieces.range(..=at).next_back() else {
+        let Some((first, _)) = self.holding(&pieces, at) else {
             return false;
         };
         for (&o, p) in pieces.range(first..want.end) {
@@ -200,10 +222,7 @@ impl Held {
     /// neighbouring pieces it spans. A piece whose end the read reaches is dropped (read to its end).
     fn take(&self, want: &Range<u64>) -> Option<ReadBytes> {
         let mut pieces = self.pieces();
-        let (&first, piece) = pieces.range(..=want.start).next_back()?;
-        if first + piece.len() as u64 <= want.start {
-            return None;
-        }
+        let (first, piece) = self.holding(&pieces, want.start)?;
         let out = if want.end <= first + piece.len() as u64 {
             ReadBytes {
                 buf: Arc::clone(piece),
@@ -213,6 +232,11 @@ impl Held {
             let mut buf = Vec::with_capacity((want.end - want.start) as usize);
             let mut at = want.start;
             for (&o, p) in pieces.range(first..want.end) {
+                // Pieces may overlap (fetched again, cut otherwise, after the store dropped them): one
+                // that ends where the copy is already is passed over.
+                if o + p.len() as u64 <= at {
+                    continue;
+                }
                 if o > at {
                     return None;
                 }
@@ -352,6 +376,11 @@ pub struct Reader<S: Source> {
     slots: Slots,
     /// Bytes of pieces held by all files.
     held: Arc<Budget>,
+    /// Why the store was first short of room for fetched bytes, until the mount says so (once).
+    no_room: Mutex<Option<String>>,
+    said_no_room: AtomicBool,
+    /// `no_room` holds what to say (read without its lock on every read).
+    no_room_untold: AtomicBool,
 }
 
 /// A streamer's requests in flight, oldest first: the slot each holds, its pieces, the range it claimed.
@@ -425,7 +454,27 @@ impl<S: Source> Reader<S> {
                 used: AtomicU64::new(0),
                 limit: config.hold,
             }),
+            no_room: Mutex::new(None),
+            said_no_room: AtomicBool::new(false),
+            no_room_untold: AtomicBool::new(false),
         })
+    }
+
+    /// What the mount should say once, if anything: the store was short of room for fetched bytes (a full
+    /// disk), so it keeps less than asked, or none of them (reads go on from memory), and what is read
+    /// again is fetched again.
+    pub fn take_notice(&self) -> Option<String> {
+        if !self.no_room_untold.swap(false, Ordering::Relaxed) {
+            return None;
+        }
+        let why = self
+            .no_room
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some(format!(
+            "{why}: reads go on; what the cache cannot keep is fetched again when read again"
+        ))
     }
 
     /// The counters.
@@ -499,7 +548,7 @@ impl<S: Source> Reader<S> {
         if let Some(mut rest) = rest {
             // The open's own bytes: stored if they arrive; if not, the reads fetch them as any miss.
             while let Ok(Some(Piece::Data { offset, bytes, cvs })) = rest.next_piece() {
-                if self.store_piece(&file, offset, bytes, &cvs).is_err() {
+                if self.store_piece(&file, offset, bytes, &cvs, None).is_err() {
                     break;
                 }
             }
@@ -543,6 +592,7 @@ impl<S: Source> Reader<S> {
             held: Held {
                 pieces: Mutex::new(BTreeMap::new()),
                 budget: Arc::clone(&self.held),
+                longest: AtomicU64::new(0),
             },
             more: Condvar::new(),
         });
@@ -623,7 +673,8 @@ impl<S: Source> Reader<S> {
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
             return Ok(bytes);
         }
-        let mut fetched = self.ensure(file, want.clone())?;
+        let mut kept = Mine::new();
+        let mut fetched = self.ensure(file, want.clone(), &mut kept)?;
         // Answered from the pieces fetched for it while they are held: the cache file is not read back.
         if let Some(bytes) = file.held.take(&want) {
             if !fetched {
@@ -637,8 +688,8 @@ impl<S: Source> Reader<S> {
         // A store that loses bytes between the check and the copy (evicted, or found altered) is
         // filled again once.
         for attempt in 0..2 {
-            fetched |= self.ensure(file, want.clone())?;
-            match file.chunks.read_at(&mut buf, offset) {
+            fetched |= self.ensure(file, want.clone(), &mut kept)?;
+            match fill(&file.chunks, &kept, &mut buf, offset) {
                 Ok(n) if n == buf.len() => break,
                 Ok(_) | Err(_) if attempt == 0 => continue,
                 Ok(n) => {
@@ -722,7 +773,7 @@ impl<S: Source> Reader<S> {
                     for (claim, pieces) in rx {
                         let stored = pieces
                             .iter()
-                            .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
+                            .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c).map(drop));
                         if let Err(e) = &stored {
                             failed
                                 .lock()
@@ -825,7 +876,7 @@ impl<S: Source> Reader<S> {
                 None => {
                     let stored = held
                         .iter()
-                        .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c));
+                        .try_for_each(|(o, b, c)| self.write_piece(file, *o, b, c).map(drop));
                     file.settle(claim, stored.clone());
                     stored?;
                 }
@@ -887,15 +938,24 @@ impl<S: Source> Reader<S> {
 
     /// A verified piece of the file fetched: counted, held for the readers that wait for it (who are
     /// answered from memory while it is written to the cache file), then stored.
+    /// A piece the store had no room for goes to `mine`, the fetching reader's own, if given.
     fn store_piece(
         &self,
         file: &OpenFile,
         offset: u64,
         bytes: Vec<u8>,
         cvs: &[GroupCv],
+        mine: Option<&mut Mine>,
     ) -> Result<(), SourceError> {
         let bytes = self.hold_piece(file, offset, bytes);
-        self.write_piece(file, offset, &bytes, cvs)
+        if !self.write_piece(file, offset, &bytes, cvs)? {
+            // Not stored: the reader that fetched it is answered from it (held, it may be let go before
+            // that reader takes it, which would then fetch it again and again).
+            if let Some(mine) = mine {
+                mine.push((offset, bytes));
+            }
+        }
+        Ok(())
     }
 
     /// A verified piece counted, then held (if the budget has room) and its waiting readers woken: a
@@ -912,27 +972,51 @@ impl<S: Source> Reader<S> {
         bytes
     }
 
-    /// A held piece written to the store; the readers that wait for it from there are woken.
+    /// A held piece written to the store; the readers that wait for it from there are woken. `Ok(false)`
+    /// when the store had no room for it; a store short of room is said once ([`Reader::take_notice`]).
     fn write_piece(
         &self,
         file: &OpenFile,
         offset: u64,
         bytes: &[u8],
         cvs: &[GroupCv],
-    ) -> Result<(), SourceError> {
-        file.chunks
+    ) -> Result<bool, SourceError> {
+        let kept = file
+            .chunks
             .insert(offset, bytes, cvs)
             .map_err(|e| SourceError::Failed {
                 errno: libc::EIO,
                 message: e.to_string(),
             })?;
+        let (stored, short) = match kept {
+            Kept::Stored => (true, None),
+            Kept::Short(why) => (true, Some(why)),
+            Kept::NoRoom(why) => (false, Some(why)),
+        };
+        if !stored {
+            self.stats
+                .not_stored
+                .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        }
+        if let Some(why) = short {
+            if !self.said_no_room.swap(true, Ordering::Relaxed) {
+                *self.no_room.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                self.no_room_untold.store(true, Ordering::Relaxed);
+            }
+        }
         file.arrived(offset..offset + bytes.len() as u64);
-        Ok(())
+        Ok(stored)
     }
 
     /// Makes `range` present in the file's store or in the pieces it holds: fetches what nobody fetches
     /// yet, waits for the rest; returns whether this call had to wait for the sharer.
-    fn ensure(&self, file: &OpenFile, range: Range<u64>) -> Result<bool, ReadError> {
+    /// Pieces the store had no room for, which this call fetched, go to `kept`.
+    fn ensure(
+        &self,
+        file: &OpenFile,
+        range: Range<u64>,
+        kept: &mut Mine,
+    ) -> Result<bool, ReadError> {
         let mut st = file.state();
         let failures_before = st.failures;
         let mut waited = false;
@@ -940,7 +1024,7 @@ impl<S: Source> Reader<S> {
             if waited && file.held.covers(&range) {
                 return Ok(waited);
             }
-            let missing = file.chunks.missing(range.clone());
+            let missing = unclaimed(&file.chunks.missing(range.clone()), &spans(kept));
             if missing.is_empty() {
                 return Ok(waited);
             }
@@ -949,7 +1033,7 @@ impl<S: Source> Reader<S> {
             if !mine.is_empty() {
                 st.in_flight.extend(mine.iter().cloned());
                 drop(st);
-                let r = self.fetch(file, &mine);
+                let r = self.fetch(file, &mine, kept);
                 file.settle(&mine, r.clone());
                 r?;
                 st = file.state();
@@ -967,7 +1051,12 @@ impl<S: Source> Reader<S> {
 
     /// Fetches `ranges` of the file's version with up to [`ReadConfig::window`] reads in flight, storing
     /// each verified piece as it comes and waking the readers that wait.
-    fn fetch(&self, file: &OpenFile, ranges: &[Range<u64>]) -> Result<(), ReadError> {
+    fn fetch(
+        &self,
+        file: &OpenFile,
+        ranges: &[Range<u64>],
+        mine: &mut Mine,
+    ) -> Result<(), ReadError> {
         let version = file.version();
         let mut todo = ranges
             .iter()
@@ -998,12 +1087,67 @@ impl<S: Source> Reader<S> {
                     Piece::Version(v) if v != version => return Err(SourceError::Changed),
                     Piece::Version(_) => {}
                     Piece::Data { offset, bytes, cvs } => {
-                        self.store_piece(file, offset, bytes, &cvs)?
+                        self.store_piece(file, offset, bytes, &cvs, Some(&mut *mine))?
                     }
                 }
             }
         }
     }
+}
+
+/// Pieces a reader fetched for itself that the store had no room for: (offset, bytes).
+type Mine = Vec<(u64, Arc<Vec<u8>>)>;
+
+/// The ranges `mine` spans.
+fn spans(mine: &Mine) -> Vec<Range<u64>> {
+    mine.iter().map(|(o, b)| *o..*o + b.len() as u64).collect()
+}
+
+/// Fills `buf` with the bytes at `offset`: from `mine` where a piece has them, else from `chunks`.
+/// Returns the bytes filled: all of them, or it fails.
+fn fill(
+    chunks: &Arc<dyn Chunks>,
+    mine: &Mine,
+    buf: &mut [u8],
+    offset: u64,
+) -> Result<usize, StoreError> {
+    if mine.is_empty() {
+        return chunks.read_at(buf, offset);
+    }
+    let end = offset + buf.len() as u64;
+    let mut at = offset;
+    while at < end {
+        let to = match mine
+            .iter()
+            .filter(|(o, b)| *o <= at && at < *o + b.len() as u64)
+            .max_by_key(|(o, b)| *o + b.len() as u64)
+        {
+            Some((o, b)) => {
+                let to = end.min(o + b.len() as u64);
+                buf[(at - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&b[(at - o) as usize..(to - o) as usize]);
+                to
+            }
+            None => {
+                // Up to the next piece of `mine`, from the store.
+                let to = mine
+                    .iter()
+                    .map(|(o, _)| *o)
+                    .filter(|&o| o > at)
+                    .min()
+                    .unwrap_or(end)
+                    .min(end);
+                let part = &mut buf[(at - offset) as usize..(to - offset) as usize];
+                let n = chunks.read_at(part, at)?;
+                if n < part.len() {
+                    return Ok((at - offset) as usize + n);
+                }
+                to
+            }
+        };
+        at = to;
+    }
+    Ok(buf.len())
 }
 
 /// The parts of `missing` that no range of `claimed` covers.

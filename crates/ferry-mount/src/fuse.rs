@@ -1477,7 +1477,11 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             Ok(Reading::Handle(h)) => h,
             Err(e) => return reply.error(e),
         };
-        match self.shared.reader.read(&handle, offset, size) {
+        let read = self.shared.reader.read(&handle, offset, size);
+        if let Some(said) = self.shared.reader.take_notice() {
+            (self.shared.notice)(&said);
+        }
+        match read {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => {
                 if let SourceError::Offline(why) = &e {

@@ -14,6 +14,19 @@ use ferry_share::tree::{GroupCv, Version};
 #[error("cache: {0}")]
 pub struct StoreError(pub String);
 
+/// What became of bytes given to [`Chunks::insert`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kept {
+    /// They are stored.
+    Stored,
+    /// They are stored, in a store short of room (why, in words: a full disk), which keeps less than it
+    /// was asked to: what it drops is fetched again when read again.
+    Short(String),
+    /// They are not, for want of room (why, in words): a full disk, or a cache full of files in use. The
+    /// reads that wait for them are answered from memory; read again, they are fetched again.
+    NoRoom(String),
+}
+
 /// The verified bytes of one file version; held while a file is open (an entry in use is not evicted).
 pub trait Chunks: Send + Sync {
     /// The version.
@@ -23,8 +36,8 @@ pub trait Chunks: Send + Sync {
     /// Copies present bytes at `offset` into `buf`; fails if any of them is missing (or no longer verifies).
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError>;
     /// Stores verified bytes at `offset`, with the value of each of their groups from their verification
-    /// (`cvs`, empty when not known: then the store hashes them).
-    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<(), StoreError>;
+    /// (`cvs`, empty when not known: then the store hashes them); or says why it has no room for them.
+    fn insert(&self, offset: u64, bytes: &[u8], cvs: &[GroupCv]) -> Result<Kept, StoreError>;
     /// Whether every byte is present.
     fn is_complete(&self) -> bool;
     /// A file holding exactly the version's bytes, when complete and verified (for FUSE passthrough).

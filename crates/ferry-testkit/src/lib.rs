@@ -15,13 +15,19 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
+        out.extend_from_slice(&xorshift(&mut x).to_le_bytes());
     }
     out.truncate(len);
     out
+}
+
+/// The next value of the xorshift64 sequence in `x` (which must not be 0): offsets and lengths for
+/// random reads that a failure can name and a rerun repeats.
+pub fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
 }
 
 /// A temporary directory on tmpfs (`/dev/shm`) when there is one (the disk here is slow and erratic), else

@@ -12,7 +12,7 @@ use ferry_share::wire::{Entry, SharePath};
 
 use super::{ReadConfig, Reader, Stats};
 use crate::source::{Piece, Pieces, Source, SourceError};
-use crate::store::{Chunks, Store, StoreError};
+use crate::store::{Chunks, Kept, Store, StoreError};
 
 /// Files by path, each with a generation standing in for its root hash.
 #[derive(Default)]
@@ -97,6 +97,8 @@ struct MemChunks {
     bytes: Mutex<(Vec<u8>, Vec<bool>)>,
     /// Reads copied out of the store, all entries together.
     reads: Arc<AtomicU64>,
+    /// Set: the store has no room (as on a full disk), nothing more is stored.
+    full: Arc<AtomicBool>,
 }
 
 impl Chunks for MemChunks {
@@ -126,7 +128,10 @@ impl Chunks for MemChunks {
         buf.copy_from_slice(&b.0[offset as usize..offset as usize + buf.len()]);
         Ok(buf.len())
     }
-    fn insert(&self, offset: u64, bytes: &[u8], _: &[GroupCv]) -> Result<(), StoreError> {
+    fn insert(&self, offset: u64, bytes: &[u8], _: &[GroupCv]) -> Result<Kept, StoreError> {
+        if self.full.load(Ordering::Relaxed) {
+            return Ok(Kept::NoRoom("the disk is full".into()));
+        }
         let mut b = self.bytes.lock().unwrap();
         b.0[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
         let end = offset + bytes.len() as u64;
@@ -135,7 +140,7 @@ impl Chunks for MemChunks {
                 b.1[g as usize] = true;
             }
         }
-        Ok(())
+        Ok(Kept::Stored)
     }
     fn is_complete(&self) -> bool {
         self.bytes.lock().unwrap().1.iter().all(|&p| p)
@@ -159,8 +164,13 @@ impl Chunks for MemChunks {
     }
 }
 
+/// The entries; the count of reads copied out of them; whether the store has no room.
 #[derive(Default)]
-struct MemStore(Mutex<HashMap<[u8; 32], Arc<MemChunks>>>, Arc<AtomicU64>);
+struct MemStore(
+    Mutex<HashMap<[u8; 32], Arc<MemChunks>>>,
+    Arc<AtomicU64>,
+    Arc<AtomicBool>,
+);
 
 impl Store for MemStore {
     fn entry(&self, version: Version) -> Result<Arc<dyn Chunks>, StoreError> {
@@ -173,6 +183,7 @@ impl Store for MemStore {
                     vec![false; version.size.div_ceil(GROUP) as usize],
                 )),
                 reads: Arc::clone(&self.1),
+                full: Arc::clone(&self.2),
             })
         });
         Ok(Arc::clone(e) as Arc<dyn Chunks>)
@@ -196,8 +207,22 @@ fn setup() -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>) {
 
 /// Also the count of reads copied out of the store.
 fn setup_with(config: ReadConfig) -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>, Arc<AtomicU64>) {
+    let (sharer, reader, reads, _) = setup_full(config);
+    (sharer, reader, reads)
+}
+
+/// Also the switch that leaves the store with no room.
+fn setup_full(
+    config: ReadConfig,
+) -> (
+    Arc<FakeSharer>,
+    Arc<Reader<FakeSharer>>,
+    Arc<AtomicU64>,
+    Arc<AtomicBool>,
+) {
     let sharer = Arc::new(FakeSharer::default());
     let store = MemStore::default();
+    let full = Arc::clone(&store.2);
     let store_reads = Arc::clone(&store.1);
     let reader = Reader::new(
         Arc::clone(&sharer),
@@ -205,7 +230,7 @@ fn setup_with(config: ReadConfig) -> (Arc<FakeSharer>, Arc<Reader<FakeSharer>>, 
         config,
         Arc::new(Stats::default()),
     );
-    (sharer, reader, store_reads)
+    (sharer, reader, store_reads, full)
 }
 
 /// Reads `len` bytes of `h` sequentially in 128 KiB reads, checking after each that the pieces held stay
@@ -266,16 +291,71 @@ fn pieces_held_stay_within_their_budget_and_are_let_go_with_their_file() {
 }
 
 #[test]
+fn a_store_with_no_room_is_said_once_and_every_read_is_answered_from_memory() {
+    // A hold budget smaller than a stream's window: pieces are neither stored nor all held.
+    let config = ReadConfig {
+        hold: 2 << 20,
+        ..ReadConfig::default()
+    };
+    let (sharer, reader, store_reads, full) = setup_full(config);
+    full.store(true, Ordering::Relaxed);
+    let content = data(12 << 20, 11);
+    sharer.put("f", content.clone());
+    let h = reader.open(&p("f"), None).unwrap();
+    assert!(read_sequentially(&reader, &h, content.len() as u64) == content);
+    let said = reader.take_notice().expect("the full store is said");
+    assert!(said.contains("the disk is full"), "{said}");
+    // Reads across pieces held, fetched again with other bounds: every one equals the source.
+    let mut rng = 3u64;
+    for _ in 0..300 {
+        let x = ferry_testkit::xorshift(&mut rng);
+        let off = x % content.len() as u64;
+        let len = (x >> 32) % 400_000;
+        let got = reader.read(&h, off, len as u32).unwrap();
+        let e = (off + len).min(content.len() as u64) as usize;
+        assert_eq!(got, &content[off as usize..e], "at {off} len {len}");
+        let held = reader.held.used.load(Ordering::Relaxed);
+        assert!(held <= config.hold + (1 << 20), "{held} bytes held");
+    }
+    assert_eq!(store_reads.load(Ordering::Relaxed), 0);
+    assert!(reader.stats.not_stored.load(Ordering::Relaxed) >= content.len() as u64);
+    assert_eq!(reader.take_notice(), None, "said once");
+}
+
+#[test]
+fn pieces_held_that_overlap_answer_a_read_across_them() {
+    let budget = Arc::new(super::Budget {
+        used: AtomicU64::new(0),
+        limit: 1 << 20,
+    });
+    let held = super::Held {
+        pieces: Mutex::new(Default::default()),
+        budget,
+        longest: AtomicU64::new(0),
+    };
+    let content = data(64 << 10, 12);
+    let piece = |r: Range<usize>| Arc::new(content[r].to_vec());
+    // A large piece, a small one inside it (fetched again after the store dropped it), and the next one.
+    assert!(held.keep(0, piece(0..32 << 10), 0));
+    assert!(held.keep(8 << 10, piece(8 << 10..16 << 10), 0));
+    assert!(held.keep(32 << 10, piece(32 << 10..64 << 10), 0));
+    assert!(held.covers(&(20_000..40_000)));
+    let got = held.take(&(20_000..40_000)).expect("held");
+    assert_eq!(&*got, &content[20_000..40_000]);
+    // The pieces the read reached the end of went; the last one holds the rest.
+    assert!(!held.covers(&(9_000..17_000)));
+    assert!(held.covers(&(40_000..64 << 10)));
+}
+
+#[test]
 fn random_reads_equal_the_source_and_are_clamped_at_the_end() {
     let (sharer, reader) = setup();
     let content = data(3_000_017, 1);
     sharer.put("f", content.clone());
     let h = reader.open(&p("f"), None).unwrap();
-    let mut x = 7u64;
+    let mut rng = 7u64;
     for _ in 0..300 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = ferry_testkit::xorshift(&mut rng);
         let off = x % (content.len() as u64 + 10);
         let len = (x >> 32) % 300_000;
         let got = reader.read(&h, off, len as u32).unwrap();
