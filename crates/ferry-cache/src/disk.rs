@@ -71,17 +71,40 @@ pub(crate) fn remove_if_present(path: &Path) {
 }
 
 pub(crate) fn open_data(path: &Path, size: u64) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)?;
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(path)
+    };
+    let file = match open() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            make_parent(path)?;
+            open()?
+        }
+        r => r?,
+    };
     if file.metadata()?.len() != size {
         file.set_len(size)?;
     }
     Ok(file)
+}
+
+/// Makes the directory `path` is in again (0700), when it was removed under the cache (a user clearing
+/// `~/.cache` while mounted): what the cache had there is gone, and is found missing and fetched again. The
+/// lock taken at [`Cache::open`](crate::Cache::open) stays on the removed directory.
+pub(crate) fn make_parent(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match path.parent() {
+        Some(dir) => fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        None => Ok(()),
+    }
 }
 
 /// Reads into `buf` at `offset` until it is full or the file ends; returns the bytes read.

@@ -116,6 +116,44 @@ fn files_written_in_the_mount_are_identical_on_the_sharer_once_closed() {
 }
 
 #[test]
+fn a_cache_directory_removed_under_the_mount_is_made_again_and_reads_and_writes_go_on() {
+    let test = "a_cache_directory_removed_under_the_mount_is_made_again_and_reads_and_writes_go_on";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let (one, two) = (pseudo_random(3 << 20, 21), pseudo_random(3 << 20, 22));
+    fs::write(w.src().join("one.bin"), &one).unwrap();
+    fs::write(w.src().join("two.bin"), &two).unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    assert_eq!(digest(&m.path("one.bin")), blake3::hash(&one));
+    // A user clears their cache while the mount runs (before: every open of a file not cached failed
+    // with EIO, and every new file with ENOENT).
+    fs::remove_dir_all(w.path("cache-b/ferry")).unwrap();
+    assert_eq!(
+        digest(&m.path("two.bin")),
+        blake3::hash(&two),
+        "an uncached file"
+    );
+    assert_eq!(
+        digest(&m.path("one.bin")),
+        blake3::hash(&one),
+        "the file cached before"
+    );
+    fs::write(m.path("new.txt"), b"written after the cache went\n").unwrap();
+    assert_eq!(
+        fs::read(w.src().join("new.txt")).unwrap(),
+        b"written after the cache went\n"
+    );
+    assert!(
+        m.cache.is_dir(),
+        "the cache directory is made again: {}",
+        m.cache.display()
+    );
+}
+
+#[test]
 fn git_commits_in_the_mount_and_fsck_passes_on_the_sharer() {
     let test = "git_commits_in_the_mount_and_fsck_passes_on_the_sharer";
     if !fuse_usable(test) || !have(test, "git") {

@@ -174,11 +174,27 @@ impl WorkingCopy {
         base: Option<Version>,
         mode: u32,
     ) -> io::Result<WorkingCopy> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+        };
+        let file = match open() {
+            // The copies' directory was removed under the mount (a user clearing `~/.cache`): made again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                use std::os::unix::fs::DirBuilderExt;
+                if let Some(dir) = path.parent() {
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(dir)?;
+                }
+                open()?
+            }
+            r => r?,
+        };
         let size = base.map_or(0, |v| v.size);
         file.set_len(size)?;
         Ok(WorkingCopy {
