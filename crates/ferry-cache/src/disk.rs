@@ -71,39 +71,38 @@ pub(crate) fn remove_if_present(path: &Path) {
 }
 
 pub(crate) fn open_data(path: &Path, size: u64) -> io::Result<File> {
-    let open = || {
+    let file = create_in(
+        path,
         OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-    };
-    let file = match open() {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            make_parent(path)?;
-            open()?
-        }
-        r => r?,
-    };
+            .custom_flags(libc::O_NOFOLLOW),
+    )?;
     if file.metadata()?.len() != size {
         file.set_len(size)?;
     }
     Ok(file)
 }
 
-/// Makes the directory `path` is in again (0700), when it was removed under the cache (a user clearing
-/// `~/.cache` while mounted): what the cache had there is gone, and is found missing and fetched again. The
-/// lock taken at [`Cache::open`](crate::Cache::open) stays on the removed directory.
-pub(crate) fn make_parent(path: &Path) -> io::Result<()> {
+/// Opens `path` with `options` (which create it); when the directory it is in was removed under the cache
+/// (a user clearing `~/.cache` while mounted), makes that directory again (0700) and opens once more: what
+/// the cache had there is gone, and is found missing and fetched again. The lock taken at
+/// [`Cache::open`](crate::Cache::open) stays on the removed directory.
+pub(crate) fn create_in(path: &Path, options: &OpenOptions) -> io::Result<File> {
     use std::os::unix::fs::DirBuilderExt;
-    match path.parent() {
-        Some(dir) => fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir),
-        None => Ok(()),
+    match options.open(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)?;
+            }
+            options.open(path)
+        }
+        r => r,
     }
 }
 

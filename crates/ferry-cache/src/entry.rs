@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use ferry_share::tree::{Version, GROUP};
 
-use crate::disk::{base_name, make_parent, open_data, read_full, remove_if_present, Stamp};
+use crate::disk::{base_name, create_in, open_data, read_full, remove_if_present, Stamp};
 use crate::groups::{Cv, Groups};
 use crate::verify::{
     combines_to_root, group_count, group_cv, hash_again, hash_groups, present_bytes, span,
@@ -185,22 +185,15 @@ impl Inner {
         };
         let tmp = self.record_path.with_extension("record.tmp");
         let written = (|| {
-            let create = || {
+            let mut f = create_in(
+                &tmp,
                 OpenOptions::new()
                     .write(true)
                     .create(true)
                     .truncate(true)
                     .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(&tmp)
-            };
-            let mut f = match create() {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    make_parent(&tmp)?;
-                    create()?
-                }
-                r => r?,
-            };
+                    .custom_flags(libc::O_NOFOLLOW),
+            )?;
             f.write_all(&bytes)?;
             fs::rename(&tmp, &self.record_path)
         })();

@@ -376,10 +376,9 @@ pub struct Reader<S: Source> {
     slots: Slots,
     /// Bytes of pieces held by all files.
     held: Arc<Budget>,
-    /// Why the store was first short of room for fetched bytes, until the mount says so (once).
-    no_room: Mutex<Option<String>>,
-    said_no_room: AtomicBool,
-    /// `no_room` holds what to say (read without its lock on every read).
+    /// Why the store was first short of room for fetched bytes.
+    no_room: std::sync::OnceLock<String>,
+    /// `no_room` is set and the mount has not said it yet (read on every read).
     no_room_untold: AtomicBool,
 }
 
@@ -454,8 +453,7 @@ impl<S: Source> Reader<S> {
                 used: AtomicU64::new(0),
                 limit: config.hold,
             }),
-            no_room: Mutex::new(None),
-            said_no_room: AtomicBool::new(false),
+            no_room: std::sync::OnceLock::new(),
             no_room_untold: AtomicBool::new(false),
         })
     }
@@ -467,11 +465,7 @@ impl<S: Source> Reader<S> {
         if !self.no_room_untold.swap(false, Ordering::Relaxed) {
             return None;
         }
-        let why = self
-            .no_room
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()?;
+        let why = self.no_room.get()?;
         Some(format!(
             "{why}: reads go on; what the cache cannot keep is fetched again when read again"
         ))
@@ -999,8 +993,7 @@ impl<S: Source> Reader<S> {
                 .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         }
         if let Some(why) = short {
-            if !self.said_no_room.swap(true, Ordering::Relaxed) {
-                *self.no_room.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            if self.no_room.set(why).is_ok() {
                 self.no_room_untold.store(true, Ordering::Relaxed);
             }
         }
