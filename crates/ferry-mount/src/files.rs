@@ -355,6 +355,18 @@ pub struct Handle {
 }
 
 impl Handle {
+    fn new(path: &SharePath, file: Arc<OpenFile>) -> Handle {
+        Handle {
+            path: path.clone(),
+            file: Mutex::new(file),
+        }
+    }
+
+    /// The path it was opened at.
+    pub fn path(&self) -> &SharePath {
+        &self.path
+    }
+
     /// The file version this handle reads now.
     pub fn file(&self) -> Arc<OpenFile> {
         Arc::clone(&self.file.lock().unwrap_or_else(|e| e.into_inner()))
@@ -478,11 +490,7 @@ impl<S: Source> Reader<S> {
 
     /// Opens `path` at its current version; offline, at `known` (the version last opened there) if given.
     pub fn open(&self, path: &SharePath, known: Option<Version>) -> Result<Handle, ReadError> {
-        let file = self.current(path, known)?;
-        Ok(Handle {
-            path: path.clone(),
-            file: Mutex::new(file),
-        })
+        Ok(Handle::new(path, self.current(path, known)?))
     }
 
     /// [`Reader::open`] for a caller that needs the version only (a file about to be truncated): none of
@@ -492,20 +500,24 @@ impl<S: Source> Reader<S> {
         path: &SharePath,
         known: Option<Version>,
     ) -> Result<Handle, ReadError> {
-        let file = self.current_first(path, known, 0)?;
-        Ok(Handle {
-            path: path.clone(),
-            file: Mutex::new(file),
-        })
+        Ok(Handle::new(path, self.current_with(path, known, 0..0)?))
+    }
+
+    /// [`Reader::open`] for a caller about to read the file whole from one version (a working copy loading
+    /// it): its first [`ReadConfig::first`] bytes come with the version, known or not, so a small file that
+    /// another peer changes all the time still loads from the one answer that names its version.
+    pub fn open_whole(
+        &self,
+        path: &SharePath,
+        known: Option<Version>,
+    ) -> Result<Handle, ReadError> {
+        let first = 0..self.config.first;
+        Ok(Handle::new(path, self.current_with(path, known, first)?))
     }
 
     /// Opens `path` at `version` (the version the kernel's other handles of it read).
     pub fn open_at(&self, path: &SharePath, version: Version) -> Result<Handle, ReadError> {
-        let file = self.file_of(path, version)?;
-        Ok(Handle {
-            path: path.clone(),
-            file: Mutex::new(file),
-        })
+        Ok(Handle::new(path, self.file_of(path, version)?))
     }
 
     /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
@@ -523,17 +535,17 @@ impl<S: Source> Reader<S> {
         } else {
             0
         };
-        self.current_first(path, known, first)
+        self.current_with(path, known, 0..first)
     }
 
-    /// [`Reader::current`] asking for `first` bytes with the version.
-    fn current_first(
+    /// [`Reader::current`] asking for the bytes of `range` with the version, in the one answer.
+    fn current_with(
         &self,
         path: &SharePath,
         known: Option<Version>,
-        first: u64,
+        range: Range<u64>,
     ) -> Result<Arc<OpenFile>, ReadError> {
-        let (version, rest) = match self.learn_version(path, first) {
+        let (version, rest) = match self.learn_version(path, range) {
             Ok(v) => v,
             Err(SourceError::Offline(why)) => (known.ok_or(SourceError::Offline(why))?, None),
             Err(e) => return Err(e),
@@ -550,16 +562,17 @@ impl<S: Source> Reader<S> {
         Ok(file)
     }
 
-    /// The current version of `path`, and the rest of the read that learned it when `first` bytes were
-    /// asked for too.
+    /// The current version of `path`, and the rest of the read that learned it when the bytes of `range`
+    /// were asked for too.
     fn learn_version(
         &self,
         path: &SharePath,
-        first: u64,
+        range: Range<u64>,
     ) -> Result<(Version, Option<Box<dyn Pieces>>), SourceError> {
-        let mut pieces = self.source.read(path, None, 0, first)?;
+        let len = range.end.saturating_sub(range.start);
+        let mut pieces = self.source.read(path, None, range.start, len)?;
         match pieces.next_piece()? {
-            Some(Piece::Version(v)) => Ok((v, (first > 0 && v.size > 0).then_some(pieces))),
+            Some(Piece::Version(v)) => Ok((v, (len > 0 && range.start < v.size).then_some(pieces))),
             _ => Err(SourceError::Failed {
                 errno: libc::EIO,
                 message: "the sharer answered a read without its version".into(),
@@ -624,7 +637,9 @@ impl<S: Source> Reader<S> {
         size: u32,
     ) -> Result<ReadBytes, ReadError> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        // A file that changed again and again is given a few chances, then the read fails.
+        // A file that changed again and again is given a few chances, then the read fails. Each chance asks
+        // for the read's own bytes with the new version: a file that changes all the time is read from the
+        // one answer that names its version.
         for _ in 0..4 {
             let mut file = handle.file();
             if file.stale.load(Ordering::Relaxed) {
@@ -633,7 +648,8 @@ impl<S: Source> Reader<S> {
             }
             match self.read_file(&file, offset, size) {
                 Err(SourceError::Changed) => {
-                    let again = self.current(&handle.path, None)?;
+                    let end = offset.saturating_add(u64::from(size));
+                    let again = self.current_with(&handle.path, None, offset..end)?;
                     handle.switch(again);
                 }
                 r => return r,
@@ -643,6 +659,19 @@ impl<S: Source> Reader<S> {
             errno: libc::EIO,
             message: "the file kept changing on the sharer while it was read".into(),
         })
+    }
+
+    /// Reads up to `size` bytes at `offset` of the version `handle` is open at, and of no other:
+    /// [`SourceError::Changed`] when the sharer no longer has it (its caller opens the file again, where
+    /// [`Reader::read`] moves on by itself).
+    pub fn read_version(
+        self: &Arc<Self>,
+        handle: &Handle,
+        offset: u64,
+        size: u32,
+    ) -> Result<ReadBytes, ReadError> {
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.read_file(&handle.file(), offset, size)
     }
 
     fn read_file(

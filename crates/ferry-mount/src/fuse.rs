@@ -385,6 +385,17 @@ impl<S: Source + Sink> Shared<S> {
         }
     }
 
+    /// The errno of `e`, met by `what` of `path`; an EIO other than the link's (said where the link is
+    /// watched) is said with its reason, so no EIO goes unexplained.
+    fn told(&self, what: &str, path: &SharePath, e: &SourceError) -> Errno {
+        if let SourceError::Failed { errno, message } = e {
+            if *errno == libc::EIO {
+                (self.notice)(&format!("{what} of {} failed: {message}", shown(path)));
+            }
+        }
+        errno_of(e)
+    }
+
     fn failed(&self, why: String) -> Errno {
         (self.notice)(&format!("the sharer cannot be reached: {why}"));
         Errno::EIO
@@ -453,7 +464,7 @@ impl<S: Source + Sink> Shared<S> {
             };
             let handle = match opened {
                 Ok(h) => h,
-                Err(e) => return reply.error(Errno::from_i32(e.errno())),
+                Err(e) => return reply.error(self.told("an open", &path, &e)),
             };
             let file = handle.file();
             let version = file.version();
@@ -729,7 +740,7 @@ impl<S: Source + Sink> Shared<S> {
             // Truncated, its content is not needed: the version it derives from is.
             let handle = match truncate {
                 true => self.reader.open_version(&path, known),
-                false => self.reader.open(&path, known),
+                false => self.reader.open_whole(&path, known),
             }
             .map_err(|e| errno_of(&e))?;
             let version = handle.file().version();
@@ -742,11 +753,12 @@ impl<S: Source + Sink> Shared<S> {
             } else {
                 let mut at = 0;
                 while at < version.size {
-                    let bytes = self
-                        .reader
-                        .read(&handle, at, MAX_REQUEST)
-                        .map_err(|e| errno_of(&e))?;
-                    if bytes.is_empty() || handle.file().version() != version {
+                    let bytes = match self.reader.read_version(&handle, at, MAX_REQUEST) {
+                        Ok(bytes) => bytes,
+                        Err(SourceError::Changed) => break,
+                        Err(e) => return Err(errno_of(&e)),
+                    };
+                    if bytes.is_empty() {
                         break;
                     }
                     copy.load(at, &bytes).map_err(io_errno)?;
@@ -1487,7 +1499,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
                 if let SourceError::Offline(why) = &e {
                     (self.shared.notice)(&format!("a read failed: {why}"));
                 }
-                reply.error(errno_of(&e))
+                reply.error(self.shared.told("a read", handle.path(), &e))
             }
         }
     }

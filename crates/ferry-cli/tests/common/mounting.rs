@@ -125,8 +125,16 @@ impl Drop for Mounted {
                 // SAFETY: kill(2) of our child, which `finish` has not reaped: it is still running.
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             });
-            let _ = p.finish();
+            let out = p.finish();
             done.store(true, std::sync::atomic::Ordering::SeqCst);
+            // A test that failed shows what its mount said (why a request failed, the link's state).
+            if std::thread::panicking() {
+                eprintln!(
+                    "the mount at {} said:\n{}",
+                    self.dir.display(),
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
         }
         // Whatever happened, no mount stays behind.
         let _ = Command::new("umount")
