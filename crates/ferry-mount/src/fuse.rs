@@ -839,7 +839,8 @@ impl<S: Source + Sink> Shared<S> {
                         ),
                         refused => format!(
                             "{} is not on the sharer: it refused the push ({refused}); kept here, \
-                             pushed again while the mount runs and by the next mount",
+                             pushed again while the mount runs (after 1 s, then less often, at least \
+                             every 30 s) and by the next mount",
                             shown(&path)
                         ),
                     });

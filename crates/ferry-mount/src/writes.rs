@@ -30,6 +30,11 @@ use crate::source::{PutOutcome, Sink, SourceError};
 /// A file kept open and written is pushed once it has not been written for this long.
 pub const DEBOUNCE: Duration = Duration::from_secs(1);
 
+/// The longest wait between two tries of a push the sharer refused (its disk full, a name it cannot
+/// take): the waits double from [`DEBOUNCE`] up to this, so a large file it keeps refusing is not sent
+/// again and again while the mount runs.
+pub const MAX_REFUSED_WAIT: Duration = Duration::from_secs(30);
+
 /// How a push ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pushed {
@@ -61,6 +66,8 @@ pub struct WorkingCopy {
     last_write: Instant,
     /// The last push failed (the link was lost): retried, and said once it lands.
     failed: bool,
+    /// Pushes the sharer refused in a row, and when the next may be tried ([`MAX_REFUSED_WAIT`]).
+    refused: (u32, Option<Instant>),
     /// Its last writer let go of it and it left the mount's copies: nothing writes it any more.
     released: bool,
     /// Its file was handed over (to the cache): not removed with the copy.
@@ -213,6 +220,7 @@ impl WorkingCopy {
             mtime: None,
             last_write: Instant::now(),
             failed: false,
+            refused: (0, None),
             released: false,
             handed_over: false,
         })
@@ -413,9 +421,11 @@ impl WorkingCopy {
         self.dirty
     }
 
-    /// Whether the copy is dirty and was last written at least `quiet` ago.
+    /// Whether the copy is dirty, was last written at least `quiet` ago, and is not waiting to try again a
+    /// push the sharer refused.
     pub fn is_due(&self, quiet: Duration) -> bool {
-        self.dirty && self.last_write.elapsed() >= quiet
+        let waiting = self.refused.1.is_some_and(|at| Instant::now() < at);
+        self.dirty && self.last_write.elapsed() >= quiet && !waiting
     }
 
     /// The base version.
@@ -468,7 +478,17 @@ impl WorkingCopy {
             (p.mode, p.modified)
         };
         let mtime = self.mtime.unwrap_or_else(|| time_of(modified));
-        match sink.put(path, base, &self.file, ranges, mode, Some(mtime))? {
+        let outcome = sink.put(path, base, &self.file, ranges, mode, Some(mtime));
+        self.refused = match &outcome {
+            // The link: tried again at once when it is back (failing fast meanwhile).
+            Ok(_) | Err(SourceError::Offline(_)) => (0, None),
+            Err(_) => {
+                let n = self.refused.0.saturating_add(1);
+                let wait = DEBOUNCE.saturating_mul(1 << (n - 1).min(16));
+                (n, Some(Instant::now() + wait.min(MAX_REFUSED_WAIT)))
+            }
+        };
+        match outcome? {
             PutOutcome::Written { version } => {
                 self.base = Some(version);
                 self.changed.clear();

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, SharePath, Time};
@@ -92,6 +93,29 @@ impl Sink for FakeSharer {
             version: Version {
                 root: root(n),
                 size,
+            },
+        })
+    }
+}
+
+/// Refuses every put for want of room, or fails it as a lost link while set.
+struct Refusing(std::sync::atomic::AtomicBool);
+
+impl Sink for Refusing {
+    fn put(
+        &self,
+        _: &SharePath,
+        _: Option<[u8; 32]>,
+        _: &File,
+        _: Option<&[Range<u64>]>,
+        _: u32,
+        _: Option<Time>,
+    ) -> Result<PutOutcome, SourceError> {
+        Err(match self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            true => SourceError::Offline("link lost".into()),
+            false => SourceError::Failed {
+                errno: libc::ENOSPC,
+                message: "no space left on the sharer".into(),
             },
         })
     }
@@ -239,29 +263,59 @@ fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
 
 #[test]
 fn a_failed_push_keeps_everything_for_the_next_one() {
-    struct Gone;
-    impl Sink for Gone {
-        fn put(
-            &self,
-            _: &SharePath,
-            _: Option<[u8; 32]>,
-            _: &File,
-            _: Option<&[Range<u64>]>,
-            _: u32,
-            _: Option<Time>,
-        ) -> Result<PutOutcome, SourceError> {
-            Err(SourceError::Offline("link lost".into()))
-        }
-    }
     let sharer = FakeSharer::default();
     let base = sharer.set("f", b"0123456789");
     let (_d, w) = writes();
     let mut c = copy_of(&w, &sharer, "f", base);
     c.write_at(3, b"x").unwrap();
-    assert_eq!(c.push(&Gone, &p("f")).unwrap_err().errno(), libc::EIO);
+    let gone = Refusing(true.into());
+    assert_eq!(c.push(&gone, &p("f")).unwrap_err().errno(), libc::EIO);
     assert!(c.is_dirty());
     c.push(&sharer, &p("f")).unwrap();
     assert_eq!(sharer.content("f"), b"012x456789");
+}
+
+#[test]
+fn a_refused_push_is_tried_again_less_and_less_often_and_one_the_link_lost_at_once() {
+    let sharer = FakeSharer::default();
+    let base = sharer.set("f", b"0123456789");
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    c.write_at(3, b"x").unwrap();
+    assert!(c.is_due(Duration::ZERO));
+    let refusing = Refusing(false.into());
+    // Each refusal waits twice as long before the next try, up to MAX_REFUSED_WAIT.
+    let mut waits = Vec::new();
+    for _ in 0..8 {
+        let before = Instant::now();
+        assert_eq!(
+            c.push(&refusing, &p("f")).unwrap_err().errno(),
+            libc::ENOSPC
+        );
+        assert!(!c.is_due(Duration::ZERO), "tried again at once");
+        waits.push((c.refused.1.unwrap() - before).as_secs_f64().round() as u64);
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30, 30]);
+    // A lost link is tried again as soon as the push thread looks (it fails fast until the link is back),
+    // and the waits start over.
+    refusing.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(c.push(&refusing, &p("f")).unwrap_err().errno(), libc::EIO);
+    assert!(c.is_due(Duration::ZERO));
+    // A push that lands starts the waits over.
+    refusing
+        .0
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    c.push(&refusing, &p("f")).unwrap_err();
+    c.push(&refusing, &p("f")).unwrap_err();
+    assert_eq!(c.refused.0, 2);
+    c.push(&sharer, &p("f")).unwrap();
+    c.write_at(4, b"y").unwrap();
+    let before = Instant::now();
+    c.push(&refusing, &p("f")).unwrap_err();
+    assert_eq!((c.refused.1.unwrap() - before).as_secs_f64().round(), 1.0);
+    assert!(c.is_dirty());
+    c.push(&sharer, &p("f")).unwrap();
+    assert_eq!(sharer.content("f"), b"012xy56789");
 }
 
 #[test]
