@@ -694,21 +694,24 @@ impl<S: Source> Reader<S> {
             return Ok(bytes);
         }
         let mut kept = Mine::new();
-        let mut fetched = self.ensure(file, want.clone(), &mut kept)?;
-        // Answered from the pieces fetched for it while they are held: the cache file is not read back.
-        if let Some(bytes) = file.held.take(&want) {
-            if !fetched {
-                self.stats
-                    .from_cache
-                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
-            }
-            return Ok(bytes);
-        }
-        let mut buf = vec![0; (end - offset) as usize];
+        let mut fetched = false;
+        let mut buf = Vec::new();
         // A store that loses bytes between the check and the copy (evicted, or found altered) is
         // filled again once.
         for attempt in 0..2 {
             fetched |= self.ensure(file, want.clone(), &mut kept)?;
+            // Answered from the pieces fetched for it while they are held: the cache file is not read
+            // back. `ensure` returns once they are held, and the streamer's store thread writes them
+            // after that: the store may not have them yet.
+            if let Some(bytes) = file.held.take(&want) {
+                if !fetched {
+                    self.stats
+                        .from_cache
+                        .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                }
+                return Ok(bytes);
+            }
+            buf.resize((end - offset) as usize, 0);
             match fill(&file.chunks, &kept, &mut buf, offset) {
                 Ok(n) if n == buf.len() => break,
                 Ok(_) | Err(_) if attempt == 0 => continue,
