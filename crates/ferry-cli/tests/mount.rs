@@ -936,9 +936,17 @@ fn readers_opening_a_log_the_sharer_appends_to_never_fail_and_read_a_prefix_of_i
             std::thread::spawn(move || {
                 let (mut seen, mut failures) = (Vec::new(), Vec::new());
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    match fs::read(&path) {
-                        Ok(b) => seen.push(b),
-                        Err(e) => failures.push(e.to_string()),
+                    match fs::File::open(&path) {
+                        Ok(mut f) => {
+                            let mut b = Vec::new();
+                            match std::io::Read::read_to_end(&mut f, &mut b) {
+                                Ok(_) => seen.push(b),
+                                Err(e) => {
+                                    failures.push(format!("a read after {} bytes: {e}", b.len()))
+                                }
+                            }
+                        }
+                        Err(e) => failures.push(format!("open: {e}")),
                     }
                 }
                 (seen, failures)
