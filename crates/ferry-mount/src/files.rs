@@ -637,7 +637,9 @@ impl<S: Source> Reader<S> {
         size: u32,
     ) -> Result<ReadBytes, ReadError> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        // A file that changed again and again is given a few chances, then the read fails.
+        // A file that changed again and again is given a few chances, then the read fails. Each chance asks
+        // for the read's own bytes with the new version: a file that changes all the time is read from the
+        // one answer that names its version.
         for _ in 0..4 {
             let mut file = handle.file();
             if file.stale.load(Ordering::Relaxed) {
@@ -646,7 +648,8 @@ impl<S: Source> Reader<S> {
             }
             match self.read_file(&file, offset, size) {
                 Err(SourceError::Changed) => {
-                    let again = self.current(&handle.path, None)?;
+                    let end = offset.saturating_add(u64::from(size));
+                    let again = self.current_with(&handle.path, None, offset..end)?;
                     handle.switch(again);
                 }
                 r => return r,

@@ -23,6 +23,9 @@ struct FakeSharer {
     bytes: AtomicU64,
     /// Milliseconds each read request takes to be sent (a slow sharer).
     delay_ms: AtomicU64,
+    /// Set: every file read changes right after it is answered (to `data(its size, its generation)`), as a
+    /// log another peer appends to all the time.
+    churn: AtomicBool,
 }
 
 impl FakeSharer {
@@ -62,7 +65,7 @@ impl Source for FakeSharer {
         std::thread::sleep(std::time::Duration::from_millis(
             self.delay_ms.load(Ordering::Relaxed),
         ));
-        let files = self.files.lock().unwrap();
+        let mut files = self.files.lock().unwrap();
         let (content, generation) = files.get(path).ok_or(SourceError::Failed {
             errno: libc::ENOENT,
             message: "no such file".into(),
@@ -87,6 +90,10 @@ impl Source for FakeSharer {
                 }));
                 at += n;
             }
+        }
+        if self.churn.load(Ordering::Relaxed) {
+            let (size, next) = (content.len(), generation.wrapping_add(1));
+            files.insert(path.clone(), (data(size, next), next));
         }
         Ok(Box::new(FakePieces(out.into_iter())))
     }
@@ -475,6 +482,21 @@ fn a_file_opened_whole_is_read_from_its_one_version_or_says_it_changed() {
         reader.read(&g, 64 << 10, 100).unwrap(),
         &data(1 << 20, 24)[64 << 10..(64 << 10) + 100]
     );
+}
+
+#[test]
+fn a_file_that_changes_with_every_request_is_read_whole_from_one_version() {
+    let (sharer, reader) = setup();
+    sharer.put("log", data(1 << 20, 0));
+    let h = reader.open(&p("log"), None).unwrap();
+    sharer.churn.store(true, Ordering::Relaxed);
+    // Every fetch finds the file changed: the read asks for its own bytes with the new version.
+    for at in [500_000u64, 0, 900_000, 70_000] {
+        let got = reader.read(&h, at, 8192).unwrap();
+        let seed = h.file().version().root[0];
+        let range = at as usize..at as usize + 8192;
+        assert_eq!(got, &data(1 << 20, seed)[range], "at {at}");
+    }
 }
 
 #[test]
