@@ -640,17 +640,19 @@ impl<S: Source> Reader<S> {
         // A file that changed again and again is given a few chances, then the read fails. Each chance asks
         // for the read's own bytes with the new version: a file that changes all the time is read from the
         // one answer that names its version.
+        // A stale handle moves on to the current version first, once: a version learned for a chance below
+        // is read even if the sharer announces a newer one meanwhile (its bytes came with it).
+        let mut file = handle.file();
+        if file.stale.load(Ordering::Relaxed) {
+            file = self.current(&handle.path, Some(file.version()))?;
+            handle.switch(Arc::clone(&file));
+        }
         for _ in 0..4 {
-            let mut file = handle.file();
-            if file.stale.load(Ordering::Relaxed) {
-                file = self.current(&handle.path, Some(file.version()))?;
-                handle.switch(Arc::clone(&file));
-            }
             match self.read_file(&file, offset, size) {
                 Err(SourceError::Changed) => {
                     let end = offset.saturating_add(u64::from(size));
-                    let again = self.current_with(&handle.path, None, offset..end)?;
-                    handle.switch(again);
+                    file = self.current_with(&handle.path, None, offset..end)?;
+                    handle.switch(Arc::clone(&file));
                 }
                 r => return r,
             }

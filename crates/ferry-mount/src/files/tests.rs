@@ -26,6 +26,9 @@ struct FakeSharer {
     /// Set: every file read changes right after it is answered (to `data(its size, its generation)`), as a
     /// log another peer appends to all the time.
     churn: AtomicBool,
+    /// Set: told of each change churn makes once the answer before it has been read to its end, as the
+    /// mount hears the sharer's change notices, after the answers they follow.
+    announce: std::sync::OnceLock<std::sync::Weak<Reader<FakeSharer>>>,
 }
 
 impl FakeSharer {
@@ -36,11 +39,23 @@ impl FakeSharer {
     }
 }
 
-struct FakePieces(std::vec::IntoIter<Result<Piece, SourceError>>);
+/// An answer's pieces, and who hears of the change that followed it once they are all read.
+struct FakePieces(
+    std::vec::IntoIter<Result<Piece, SourceError>>,
+    Option<(std::sync::Weak<Reader<FakeSharer>>, SharePath)>,
+);
 
 impl Pieces for FakePieces {
     fn next_piece(&mut self) -> Result<Option<Piece>, SourceError> {
-        self.0.next().transpose()
+        let next = self.0.next().transpose();
+        if matches!(next, Ok(None)) {
+            if let Some((reader, path)) = self.1.take() {
+                if let Some(r) = reader.upgrade() {
+                    r.changed(&path);
+                }
+            }
+        }
+        next
     }
 }
 
@@ -91,11 +106,13 @@ impl Source for FakeSharer {
                 at += n;
             }
         }
+        let mut announce = None;
         if self.churn.load(Ordering::Relaxed) {
             let (size, next) = (content.len(), generation.wrapping_add(1));
             files.insert(path.clone(), (data(size, next), next));
+            announce = self.announce.get().map(|r| (r.clone(), path.clone()));
         }
-        Ok(Box::new(FakePieces(out.into_iter())))
+        Ok(Box::new(FakePieces(out.into_iter(), announce)))
     }
 }
 
@@ -491,6 +508,25 @@ fn a_file_that_changes_with_every_request_is_read_whole_from_one_version() {
     let h = reader.open(&p("log"), None).unwrap();
     sharer.churn.store(true, Ordering::Relaxed);
     // Every fetch finds the file changed: the read asks for its own bytes with the new version.
+    for at in [500_000u64, 0, 900_000, 70_000] {
+        let got = reader.read(&h, at, 8192).unwrap();
+        let seed = h.file().version().root[0];
+        let range = at as usize..at as usize + 8192;
+        assert_eq!(got, &data(1 << 20, seed)[range], "at {at}");
+    }
+}
+
+#[test]
+fn a_file_that_changes_with_every_request_is_read_whole_from_one_version_though_each_change_is_announced(
+) {
+    let (sharer, reader) = setup();
+    sharer.put("log", data(1 << 20, 0));
+    let _ = sharer.announce.set(Arc::downgrade(&reader));
+    let h = reader.open(&p("log"), None).unwrap();
+    sharer.churn.store(true, Ordering::Relaxed);
+    // Each answer is followed by the notice of the change after it: the version a read learned with its own
+    // bytes is stale before the read gets to them, and is read all the same (a newer one would have changed
+    // again by the time it was fetched).
     for at in [500_000u64, 0, 900_000, 70_000] {
         let got = reader.read(&h, at, 8192).unwrap();
         let seed = h.file().version().root[0];
