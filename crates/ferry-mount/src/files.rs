@@ -24,7 +24,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Weak};
 
-use ferry_share::tree::{GroupCv, Version};
+use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
@@ -650,8 +650,15 @@ impl<S: Source> Reader<S> {
         for _ in 0..4 {
             match self.read_file(&file, offset, size) {
                 Err(SourceError::Changed) => {
-                    let end = offset.saturating_add(u64::from(size));
-                    file = self.current_with(&handle.path, None, offset..end)?;
+                    // In whole groups, as the store takes them (the sharer cuts the last at the file's
+                    // end): bytes cut anywhere else would be refused by the store, then fetched again with
+                    // the new version, which has changed again by then.
+                    let start = offset / GROUP * GROUP;
+                    let end = offset
+                        .saturating_add(u64::from(size))
+                        .div_ceil(GROUP)
+                        .saturating_mul(GROUP);
+                    file = self.current_with(&handle.path, None, start..end)?;
                     handle.switch(Arc::clone(&file));
                 }
                 r => return r,

@@ -53,8 +53,9 @@ const FOLLOW_MAX: u64 = 64 << 20;
 /// with ESTALE.
 const COPY_ATTEMPTS: usize = 8;
 
-/// Times an open for reading looks again when passthrough reads of its inode began while it opened.
-const OPEN_ATTEMPTS: usize = 8;
+/// Times an open for reading looks again when passthrough reads of its inode began or ended while it
+/// opened, before it fails with EIO (said as a notice).
+const OPEN_ATTEMPTS: usize = 16;
 
 /// How long an open for writing waits for the releases of passthrough readers before it fails with ETXTBSY.
 pub const PASSTHROUGH_RELEASE_WAIT: Duration = Duration::from_secs(2);
@@ -474,14 +475,25 @@ impl<S: Source + Sink> Shared<S> {
                 false => None,
             };
             // The way it opens is chosen and counted in one step with the table locked, against what the
-            // table says now: another open may have started passthrough reads of the inode since this one
-            // looked (the kernel would answer this classic open EIO beside them), or classic reads (then
-            // no passthrough: the kernel refuses it beside a file open in its page cache). The kernel lets
-            // go of a handle before the daemon hears its release, so the table never says less than the
-            // kernel holds.
+            // table says now, which must still be what this attempt started from. Another open may have
+            // started passthrough reads of the inode since this one looked (the kernel would answer this
+            // classic open EIO beside them). Or the passthrough handles this open was to join may all have
+            // been released since, and classic opens begun, or passthrough reads of another version: the
+            // kernel refuses a passthrough open beside either (with EIO, to whichever of the two opens it
+            // takes second, in whatever order their openers wake). The kernel lets go of a handle before
+            // the daemon hears its release, so the table never says less than the kernel holds.
             let mut t = self.inodes();
-            if pinned.is_none() && t.passing_through(ino.0).is_some() && attempts < OPEN_ATTEMPTS {
-                continue;
+            let joined = t.passing_through(ino.0) == pinned;
+            if !joined || (pinned.is_some() && candidate.is_none()) {
+                if attempts < OPEN_ATTEMPTS {
+                    continue;
+                }
+                drop(t);
+                let e = SourceError::Failed {
+                    errno: libc::EIO,
+                    message: "its readers came and went too fast to pick how to open it".into(),
+                };
+                return reply.error(self.told("an open", &path, &e));
             }
             if pinned.is_none() {
                 t.set_version(ino.0, version);

@@ -156,9 +156,16 @@ impl Chunks for MemChunks {
         if self.full.load(Ordering::Relaxed) {
             return Ok(Kept::NoRoom("the disk is full".into()));
         }
+        // Whole groups only, as the on-disk cache takes them (a short one only at the end of the file).
+        let end = offset + bytes.len() as u64;
+        if !offset.is_multiple_of(GROUP) || (!end.is_multiple_of(GROUP) && end != self.version.size)
+        {
+            return Err(StoreError(
+                "the bytes are not whole groups inside the file".into(),
+            ));
+        }
         let mut b = self.bytes.lock().unwrap();
         b.0[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
-        let end = offset + bytes.len() as u64;
         for g in offset / GROUP..end.div_ceil(GROUP) {
             if end >= ((g + 1) * GROUP).min(self.version.size) {
                 b.1[g as usize] = true;
