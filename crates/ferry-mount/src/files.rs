@@ -639,9 +639,9 @@ impl<S: Source> Reader<S> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         // A file that changed again and again is given a few chances, then the read fails. Each chance asks
         // for the read's own bytes with the new version: a file that changes all the time is read from the
-        // one answer that names its version.
-        // A stale handle moves on to the current version first, once: a version learned for a chance below
-        // is read even if the sharer announces a newer one meanwhile (its bytes came with it).
+        // one answer that names its version. Only a handle stale when the read begins moves on to the
+        // current version first: a version learned for a chance is read even if the sharer announces a
+        // newer one meanwhile (its bytes came with it).
         let mut file = handle.file();
         if file.stale.load(Ordering::Relaxed) {
             file = self.current(&handle.path, Some(file.version()))?;
