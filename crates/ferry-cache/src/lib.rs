@@ -317,8 +317,15 @@ impl Cache {
         {
             let mut st = write(&handle.inner.state);
             if st.file.is_none() && !st.removed {
-                // On failure the handle's drop unpins it.
-                st.file = Some(disk::open_data(&handle.inner.data_path, version.size)?);
+                // On failure the handle's drop unpins it. A disk with no room for another file (out of
+                // inodes, or of space for the directory's growth) has the least recently used entries
+                // not in use make way, one at a time, as a full cache does for bytes.
+                st.file = Some(loop {
+                    match disk::open_data(&handle.inner.data_path, version.size) {
+                        Err(e) if is_disk_full(&e) && sh.evict_one(&mut idx, handle.inner.id) => {}
+                        opened => break opened?,
+                    }
+                });
             }
         }
         drop(idx);

@@ -682,6 +682,78 @@ fn a_cache_on_a_full_disk_keeps_what_fits_says_so_once_and_every_read_is_answere
     );
 }
 
+#[test]
+fn a_cache_disk_out_of_files_makes_way_with_old_entries_and_reads_go_on_when_none_can_go() {
+    let test =
+        "a_cache_disk_out_of_files_makes_way_with_old_entries_and_reads_go_on_when_none_can_go";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let files: Vec<Vec<u8>> = (0..6).map(|i| pseudo_random(300 << 10, 40 + i)).collect();
+    for (i, content) in files.iter().enumerate() {
+        fs::write(w.src().join(format!("f{i}")), content).unwrap();
+    }
+    let _sharer = sharing(&w);
+    let disk = Tmpfs::mount(&w.path("cache-b"), "64M").expect("a tmpfs for the cache (root)");
+    let mut m = Mounted::start(&w, &[]);
+    let dir = m.path("");
+    let read = |i: usize| fs::read(dir.join(format!("f{i}"))).unwrap();
+    assert!(read(0) == files[0], "f0");
+    // The disk has room for no more files than it holds now (the mount's own and f0's entry).
+    disk.remount(&format!("nr_inodes={}", disk.inodes_used()));
+    // Each file read whole and closed in turn: the least recently used entry makes way for the next
+    // (before: every open of a file not in the cache failed with EIO from here on).
+    for round in 0..2 {
+        for (i, content) in files.iter().enumerate() {
+            assert!(read(i) == *content, "f{i}, round {round}");
+        }
+    }
+    // A file read is kept whole, in the room of another: read again, nothing is fetched. (An entry is in
+    // use until the kernel releases its file, and its stream ends, a little after the close: an open
+    // that finds every other entry in use reads keeping nothing, so this may take a few reads.)
+    let last = files.len() - 1;
+    let mut tries = Vec::new();
+    let kept = (0..20).any(|_| {
+        let before = m.stats()["from-peer"];
+        assert!(read(last) == files[last]);
+        let fetched = m.stats()["from-peer"] - before;
+        tries.push(fetched);
+        std::thread::sleep(Duration::from_millis(100));
+        fetched == 0
+    });
+    assert!(kept, "the file was fetched at every read: {tries:?} bytes");
+    // Files held open keep their entries: the others are read keeping nothing, and that is said.
+    let held: Vec<fs::File> = (0..files.len())
+        .map(|i| {
+            let mut f = fs::File::open(dir.join(format!("f{i}"))).unwrap();
+            let mut got = Vec::new();
+            f.read_to_end(&mut got).unwrap();
+            assert!(got == files[i], "f{i} held open");
+            f
+        })
+        .collect();
+    let notice = m.seen_or_wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("No space left on device")
+    });
+    let said = notice["message"].as_str().unwrap();
+    assert!(said.contains("fetched again"), "{said}");
+    assert!(!said.contains("cache: cache:"), "{said}");
+    for (f, content) in held.iter().zip(&files) {
+        let mut got = vec![0; content.len()];
+        f.read_exact_at(&mut got, 0).unwrap();
+        assert!(got == *content, "read again through a held file");
+    }
+    drop(held);
+    for (i, content) in files.iter().enumerate() {
+        assert!(read(i) == *content, "f{i}, after");
+    }
+}
+
 /// Bytes of the blocks the files under `dir` take.
 fn du(dir: &Path) -> u64 {
     list_all(dir)

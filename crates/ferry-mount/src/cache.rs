@@ -11,7 +11,11 @@ use ferry_share::tree::{GroupCv, Version};
 use crate::store::{Chunks, Kept, Store, StoreError};
 
 fn failed(e: ferry_cache::CacheError) -> StoreError {
-    StoreError(e.to_string())
+    match e {
+        // Said as "cache: ..." once, by StoreError.
+        ferry_cache::CacheError::Io(e) => StoreError(e.to_string()),
+        e => StoreError(e.to_string()),
+    }
 }
 
 impl Chunks for Entry {

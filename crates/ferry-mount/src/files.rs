@@ -28,7 +28,7 @@ use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::SharePath;
 
 use crate::source::{Piece, Pieces, Source, SourceError};
-use crate::store::{Chunks, Kept, Store, StoreError};
+use crate::store::{Chunks, Kept, Store, StoreError, Unkept};
 
 /// The open files by path and version root (weak: they live as long as their handles).
 type OpenFiles = HashMap<(SharePath, [u8; 32]), Weak<OpenFile>>;
@@ -587,10 +587,15 @@ impl<S: Source> Reader<S> {
             f.stale.store(false, Ordering::Relaxed);
             return Ok(f);
         }
-        let chunks = self.store.entry(version).map_err(|e| SourceError::Failed {
-            errno: libc::EIO,
-            message: e.to_string(),
-        })?;
+        // A store that cannot make the version an entry (no room for another file on its disk, a cache
+        // directory gone read-only) does not fail the read: the version is read keeping nothing, said once
+        // as a full disk is.
+        let chunks = self.store.entry(version).unwrap_or_else(|e| {
+            Arc::new(Unkept::new(
+                version,
+                format!("the cache cannot keep files ({e})"),
+            ))
+        });
         let f = Arc::new(OpenFile {
             path: path.clone(),
             chunks,

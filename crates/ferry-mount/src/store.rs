@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use ferry_share::tree::{GroupCv, Version};
+use ferry_share::tree::{GroupCv, Version, GROUP};
 
 /// A failure of the store (a full disk, a cache file altered behind its back).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,5 +58,102 @@ pub trait Store: Send + Sync + 'static {
     fn extend(&self, old: Version, new: Version, tail: &[u8]) -> Result<bool, StoreError> {
         let _ = (old, new, tail);
         Ok(false)
+    }
+}
+
+/// The chunks of a version the store could not make an entry for (a disk with no room for another
+/// file, a cache directory gone read-only): nothing is kept, every read of it is fetched, and each insert
+/// says why ([`Kept::NoRoom`]), so the mount says so once and reads go on.
+#[derive(Debug)]
+pub struct Unkept {
+    version: Version,
+    why: String,
+}
+
+impl Unkept {
+    /// Keeps nothing of `version`, because of `why` (in words).
+    pub fn new(version: Version, why: String) -> Unkept {
+        Unkept { version, why }
+    }
+}
+
+impl Chunks for Unkept {
+    fn version(&self) -> Version {
+        self.version
+    }
+
+    fn missing(&self, range: Range<u64>) -> Vec<Range<u64>> {
+        let end = range.end.min(self.version.size);
+        if range.start >= end {
+            return Vec::new();
+        }
+        let start = range.start / GROUP * GROUP;
+        let end = end
+            .div_ceil(GROUP)
+            .saturating_mul(GROUP)
+            .min(self.version.size);
+        std::iter::once(start..end).collect()
+    }
+
+    fn read_at(&self, buf: &mut [u8], _offset: u64) -> Result<usize, StoreError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        Err(StoreError(format!("not kept: {}", self.why)))
+    }
+
+    fn insert(&self, _offset: u64, _bytes: &[u8], _cvs: &[GroupCv]) -> Result<Kept, StoreError> {
+        Ok(Kept::NoRoom(self.why.clone()))
+    }
+
+    fn is_complete(&self) -> bool {
+        self.version.size == 0
+    }
+
+    fn backing(&self) -> Option<File> {
+        None
+    }
+
+    fn adopt(&self, _path: &Path) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_nothing_keeps_is_missing_in_whole_groups_and_never_read() {
+        let version = Version {
+            root: [7; 32],
+            size: 3 * GROUP + 100,
+        };
+        let u = Unkept::new(version, "no room".into());
+        assert_eq!(u.missing(10..20), vec![0..GROUP]);
+        assert_eq!(
+            u.missing(GROUP + 1..3 * GROUP + 5),
+            vec![GROUP..3 * GROUP + 100]
+        );
+        assert_eq!(
+            u.missing(3 * GROUP + 100..4 * GROUP),
+            Vec::<Range<u64>>::new()
+        );
+        assert!(u.read_at(&mut [0; 4], 0).is_err());
+        assert_eq!(u.read_at(&mut [], 0), Ok(0));
+        assert_eq!(
+            u.insert(0, &[0; 8192], &[]),
+            Ok(Kept::NoRoom("no room".into()))
+        );
+        assert!(!u.is_complete() && u.backing().is_none());
+        let empty = Unkept::new(
+            Version {
+                root: [0; 32],
+                size: 0,
+            },
+            String::new(),
+        );
+        assert!(empty.is_complete());
+        assert!(empty.missing(0..0).is_empty());
     }
 }

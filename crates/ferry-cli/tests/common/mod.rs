@@ -487,6 +487,14 @@ impl Watched {
         }
     }
 
+    /// The first event read so far (by an earlier wait) for which `stop` holds, else [`Watched::wait_for`].
+    pub fn seen_or_wait_for(&mut self, mut stop: impl FnMut(&Value) -> bool) -> Value {
+        match events(&self.stdout).into_iter().find(|v| stop(v)) {
+            Some(v) => v,
+            None => self.wait_for(stop),
+        }
+    }
+
     /// Reads events until `stop` holds for one and returns it; panics if the process ends first.
     pub fn wait_for(&mut self, mut stop: impl FnMut(&Value) -> bool) -> Value {
         loop {
@@ -609,12 +617,36 @@ impl Tmpfs {
 
     /// Gives it another size (as `mount -o remount,size=`).
     pub fn resize(&self, size: &str) {
+        self.remount(&format!("size={size}"));
+    }
+
+    /// Mounts it again with `options` (as `mount -o remount,OPTIONS`: `nr_inodes=N` bounds its files).
+    pub fn remount(&self, options: &str) {
         let ok = Command::new("mount")
-            .args(["-o", &format!("remount,size={size}")])
+            .args(["-o", &format!("remount,{options}")])
             .arg(&self.dir)
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "resize the tmpfs at {}", self.dir.display());
+        assert!(
+            ok,
+            "remount the tmpfs at {} with {options}",
+            self.dir.display()
+        );
+    }
+
+    /// Inodes in use on it (files and directories).
+    pub fn inodes_used(&self) -> u64 {
+        let out = Command::new("stat")
+            .args(["-f", "-c", "%c %d"])
+            .arg(&self.dir)
+            .output()
+            .expect("stat -f");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n: Vec<u64> = text
+            .split_whitespace()
+            .map(|n| n.parse().expect("a count"))
+            .collect();
+        n[0] - n[1]
     }
 }
 

@@ -95,6 +95,11 @@ impl Mounted {
         self.process.as_mut().unwrap().wait_for(stop)
     }
 
+    /// An event the mount gave since it started (also one an earlier wait read past), or the next one.
+    pub fn seen_or_wait_for(&mut self, stop: impl FnMut(&Value) -> bool) -> Value {
+        self.process.as_mut().unwrap().seen_or_wait_for(stop)
+    }
+
     /// Unmounts with SIGTERM and returns the process's output.
     pub fn stop(mut self) -> std::process::Output {
         let p = self.process.take().unwrap();

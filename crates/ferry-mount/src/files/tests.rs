@@ -278,6 +278,28 @@ fn read_sequentially(reader: &Arc<Reader<FakeSharer>>, h: &super::Handle, len: u
     got
 }
 
+/// `n` reads of `h` at random offsets (from `seed`), of up to 400,000 bytes, each equal to `content`,
+/// with the pieces held within the budget (and one piece more) after each.
+fn reads_anywhere_equal(
+    reader: &Arc<Reader<FakeSharer>>,
+    h: &super::Handle,
+    content: &[u8],
+    seed: u64,
+    n: usize,
+) {
+    let mut rng = seed;
+    for _ in 0..n {
+        let x = ferry_testkit::xorshift(&mut rng);
+        let off = x % content.len() as u64;
+        let len = (x >> 32) % 400_000;
+        let got = reader.read(h, off, len as u32).unwrap();
+        let e = (off + len).min(content.len() as u64) as usize;
+        assert_eq!(got, &content[off as usize..e], "at {off} len {len}");
+        let held = reader.held.used.load(Ordering::Relaxed);
+        assert!(held <= reader.config.hold + (1 << 20), "{held} bytes held");
+    }
+}
+
 #[test]
 fn a_streamed_read_is_answered_from_the_fetched_pieces_not_read_back_from_the_store() {
     let (sharer, reader, store_reads) = setup_with(ReadConfig::default());
@@ -337,19 +359,50 @@ fn a_store_with_no_room_is_said_once_and_every_read_is_answered_from_memory() {
     let said = reader.take_notice().expect("the full store is said");
     assert!(said.contains("the disk is full"), "{said}");
     // Reads across pieces held, fetched again with other bounds: every one equals the source.
-    let mut rng = 3u64;
-    for _ in 0..300 {
-        let x = ferry_testkit::xorshift(&mut rng);
-        let off = x % content.len() as u64;
-        let len = (x >> 32) % 400_000;
-        let got = reader.read(&h, off, len as u32).unwrap();
-        let e = (off + len).min(content.len() as u64) as usize;
-        assert_eq!(got, &content[off as usize..e], "at {off} len {len}");
-        let held = reader.held.used.load(Ordering::Relaxed);
-        assert!(held <= config.hold + (1 << 20), "{held} bytes held");
-    }
+    reads_anywhere_equal(&reader, &h, &content, 3, 300);
     assert_eq!(store_reads.load(Ordering::Relaxed), 0);
     assert!(reader.stats.not_stored.load(Ordering::Relaxed) >= content.len() as u64);
+    assert_eq!(reader.take_notice(), None, "said once");
+}
+
+/// A store that cannot make any entry, as a cache whose disk has no room for another file.
+struct NoEntries;
+
+impl Store for NoEntries {
+    fn entry(&self, _version: Version) -> Result<Arc<dyn Chunks>, StoreError> {
+        Err(StoreError("No space left on device (os error 28)".into()))
+    }
+}
+
+#[test]
+fn a_store_that_cannot_make_an_entry_is_said_once_and_every_read_is_answered() {
+    let sharer = Arc::new(FakeSharer::default());
+    let config = ReadConfig {
+        hold: 2 << 20,
+        ..ReadConfig::default()
+    };
+    let reader = Reader::new(
+        Arc::clone(&sharer),
+        Arc::new(NoEntries),
+        config,
+        Arc::new(Stats::default()),
+    );
+    let content = data(6 << 20, 13);
+    sharer.put("f", content.clone());
+    // Before: the open failed (EIO) with the store's error.
+    let h = reader.open(&p("f"), None).unwrap();
+    assert!(read_sequentially(&reader, &h, content.len() as u64) == content);
+    let said = reader.take_notice().expect("the store's failure is said");
+    assert!(
+        said.contains("the cache cannot keep files") && said.contains("No space left"),
+        "{said}"
+    );
+    reads_anywhere_equal(&reader, &h, &content, 5, 100);
+    assert!(reader.stats.not_stored.load(Ordering::Relaxed) >= content.len() as u64);
+    // An empty file is whole with nothing kept.
+    sharer.put("e", Vec::new());
+    let e = reader.open(&p("e"), None).unwrap();
+    assert!(reader.read(&e, 0, 10).unwrap().is_empty());
     assert_eq!(reader.take_notice(), None, "said once");
 }
 
