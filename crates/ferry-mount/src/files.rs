@@ -407,6 +407,12 @@ const WRITE_QUEUE: usize = 8;
 
 /// How long a streamer with nothing to fetch waits for its reader to move on before it ends.
 const LINGER: std::time::Duration = std::time::Duration::from_millis(500);
+/// Chances a read has at a file that changed under it ([`Reader::read`]), however long they take.
+const CHANCES: u32 = 4;
+/// More chances are taken while the read is younger than this,
+const PERSIST: std::time::Duration = std::time::Duration::from_secs(2);
+/// up to this many.
+const MOST_CHANCES: u32 = 64;
 
 /// A counting semaphore for read requests in flight. A fetch that holds requests and finds no free slot
 /// drains what it holds instead of waiting, so fetches never wait for each other in a circle.
@@ -642,7 +648,9 @@ impl<S: Source> Reader<S> {
         size: u32,
     ) -> Result<ReadBytes, ReadError> {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
-        // A file that changed again and again is given a few chances, then the read fails. Each chance asks
+        // A file that changed again and again is given chances ([`CHANCES`], more while the read is younger
+        // than [`PERSIST`]: an answer can be cut by a change too, and on a busy machine a log appended every
+        // few milliseconds cuts several in a row), then the read fails. Each chance asks
         // for the read's own bytes with the new version: a file that changes all the time is read from the
         // one answer that names its version. Only a handle stale when the read begins moves on to the
         // current version first: a version learned for a chance is read even if the sharer announces a
@@ -652,9 +660,15 @@ impl<S: Source> Reader<S> {
             file = self.current(&handle.path, Some(file.version()))?;
             handle.switch(Arc::clone(&file));
         }
-        for _ in 0..4 {
+        let began = std::time::Instant::now();
+        let mut chances = 0;
+        loop {
             match self.read_file(&file, offset, size) {
-                Err(SourceError::Changed) => {
+                Err(SourceError::Changed)
+                    if chances < MOST_CHANCES
+                        && (chances < CHANCES || began.elapsed() < PERSIST) =>
+                {
+                    chances += 1;
                     // In whole groups, as the store takes them (the sharer cuts the last at the file's
                     // end): bytes cut anywhere else would be refused by the store, then fetched again with
                     // the new version, which has changed again by then.
@@ -666,13 +680,15 @@ impl<S: Source> Reader<S> {
                     file = self.current_with(&handle.path, None, start..end)?;
                     handle.switch(Arc::clone(&file));
                 }
+                Err(SourceError::Changed) => {
+                    return Err(SourceError::Failed {
+                        errno: libc::EIO,
+                        message: "the file kept changing on the sharer while it was read".into(),
+                    })
+                }
                 r => return r,
             }
         }
-        Err(SourceError::Failed {
-            errno: libc::EIO,
-            message: "the file kept changing on the sharer while it was read".into(),
-        })
     }
 
     /// Reads up to `size` bytes at `offset` of the version `handle` is open at, and of no other:

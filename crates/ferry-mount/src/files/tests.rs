@@ -26,6 +26,9 @@ struct FakeSharer {
     /// Set: every file read changes right after it is answered (to `data(its size, its generation)`), as a
     /// log another peer appends to all the time.
     churn: AtomicBool,
+    /// Reads that name no version cut with `Changed` after their first piece, as the sharer cuts an
+    /// answer when the file changes while it is sent (counted down).
+    cut: AtomicU64,
     /// Set: told of each change churn makes once the answer before it has been read to its end, as the
     /// mount hears the sharer's change notices, after the answers they follow.
     announce: std::sync::OnceLock<std::sync::Weak<Reader<FakeSharer>>>,
@@ -90,7 +93,21 @@ impl Source for FakeSharer {
             root: [*generation; 32],
         };
         let mut out = vec![Ok(Piece::Version(v))];
+        let cut = version.is_none()
+            && len > 0
+            && self
+                .cut
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok();
         if version.is_some_and(|r| r != v.root) {
+            out.push(Err(SourceError::Changed));
+        } else if cut {
+            let end = (offset + 64 * 1024).min(v.size);
+            out.push(Ok(Piece::Data {
+                offset,
+                bytes: content[offset as usize..end as usize].to_vec(),
+                cvs: Vec::new(),
+            }));
             out.push(Err(SourceError::Changed));
         } else {
             let end = (offset + len).min(v.size);
@@ -592,6 +609,23 @@ fn a_file_that_changes_with_every_request_is_read_whole_from_one_version_though_
     // bytes is stale before the read gets to them, and is read all the same (a newer one would have changed
     // again by the time it was fetched).
     reads_of_a_file_changing_with_every_request(true);
+}
+
+#[test]
+fn a_read_whose_answers_are_cut_by_changes_again_and_again_goes_on_within_its_time() {
+    // A log appended every few milliseconds on a busy machine: even the answers that learn the new
+    // version with the read's bytes are cut by the next change, ten times in a row. The read goes on and
+    // is answered from one version (before: EIO, "the file kept changing", after four).
+    let (sharer, reader) = setup();
+    sharer.put("log", data(1 << 20, 0));
+    let h = reader.open(&p("log"), None).unwrap();
+    sharer.put("log", data(1 << 20, 1));
+    sharer.churn.store(true, Ordering::Relaxed);
+    sharer.cut.store(10, Ordering::Relaxed);
+    let got = reader.read(&h, 300_000, 200_000).unwrap();
+    let seed = h.file().version().root[0];
+    assert_eq!(got, &data(1 << 20, seed)[300_000..500_000]);
+    assert_eq!(sharer.cut.load(Ordering::Relaxed), 0, "every cut was met");
 }
 
 #[test]
