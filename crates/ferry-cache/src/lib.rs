@@ -357,6 +357,22 @@ impl Cache {
         Ok(())
     }
 
+    /// Makes `bytes` of room on the cache's disk for something else (a mount's working copies, refused for
+    /// want of space or of inodes): evicts least recently used entries not in use, at least one, until
+    /// their present bytes reach `bytes`. False when there was none to evict.
+    pub fn make_room(&self, bytes: u64) -> bool {
+        let mut idx = lock(&self.shared.index);
+        let before = idx.used;
+        let mut evicted = false;
+        while !evicted || before - idx.used < bytes {
+            if !self.shared.evict_one(&mut idx, u64::MAX) {
+                break;
+            }
+            evicted = true;
+        }
+        evicted
+    }
+
     /// Writes the record of every entry loaded in this process that changed since its last write.
     pub fn flush(&self) -> Result<(), CacheError> {
         let loaded: Vec<Arc<Inner>> = lock(&self.shared.index)

@@ -71,6 +71,10 @@ impl Store for Cache {
         Ok(entry)
     }
 
+    fn make_room(&self, bytes: u64) -> bool {
+        Cache::make_room(self, bytes)
+    }
+
     fn extend(&self, old: Version, new: Version, tail: &[u8]) -> Result<bool, StoreError> {
         let next = Cache::entry(self, new).map_err(failed)?;
         Cache::entry(self, old)

@@ -185,7 +185,10 @@ impl<S: Source + Sink> ShareFs<S> {
     /// into `store` (the read path's). A thread pushes files kept open once [`DEBOUNCE`] passed without
     /// a write, and retries pushes that failed.
     pub fn writable(self, dir: &Path, store: Arc<dyn Store>) -> std::io::Result<Self> {
-        let writes = Writes::new(dir)?;
+        // The cache gives way to the working copies beside it when their disk is full.
+        let giving = Arc::clone(&store);
+        let writes =
+            Writes::new(dir)?.with_room(writes::Room::new(move |bytes| giving.make_room(bytes)));
         let (tx, rx) = mpsc::channel::<(Version, writes::Shared)>();
         let seeding = Arc::clone(&store);
         std::thread::Builder::new()

@@ -59,6 +59,13 @@ pub trait Store: Send + Sync + 'static {
         let _ = (old, new, tail);
         Ok(false)
     }
+    /// Gives up at least `bytes` of what it keeps, or one version if fewer are asked for, where that makes
+    /// room on its disk for working copies the disk refused; false when it has nothing to give up. A store
+    /// off the disk says false.
+    fn make_room(&self, bytes: u64) -> bool {
+        let _ = bytes;
+        false
+    }
 }
 
 /// The chunks of a version the store could not make an entry for (a disk with no room for another

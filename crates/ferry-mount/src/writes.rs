@@ -46,10 +46,50 @@ pub enum Pushed {
     Conflicted(Vec<u8>),
 }
 
+/// What the copies ask of the store beside them on their disk (the chunk cache) when the disk refuses
+/// them for want of space or of inodes: to give up at least so many bytes, or one file; whether it gave
+/// up anything. Then the refused operation is tried once more: a cache never takes the room of a write.
+#[derive(Clone)]
+pub struct Room(Arc<dyn Fn(u64) -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Room {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Room")
+    }
+}
+
+impl Room {
+    /// Room made by `give_up(bytes)`.
+    pub fn new(give_up: impl Fn(u64) -> bool + Send + Sync + 'static) -> Room {
+        Room(Arc::new(give_up))
+    }
+
+    /// `op`, and once more if the disk refused it for want of room and `room` gave up `bytes` or more.
+    fn retry<T>(
+        room: Option<&Room>,
+        bytes: u64,
+        mut op: impl FnMut() -> io::Result<T>,
+    ) -> io::Result<T> {
+        match op() {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+                ) && room.is_some_and(|r| (r.0)(bytes)) =>
+            {
+                op()
+            }
+            r => r,
+        }
+    }
+}
+
 /// The local content of one written file, and what the sharer has of it.
 #[derive(Debug)]
 pub struct WorkingCopy {
     file: File,
+    /// What makes room on the disk when it refuses the copy.
+    room: Option<Room>,
     path: PathBuf,
     /// Where the copy goes on the sharer (kept in its journal while dirty), whether its file is gone, and
     /// the size, mode and time it shows: read without the copy's lock, which a push holds for its whole
@@ -180,6 +220,7 @@ impl WorkingCopy {
         share_path: SharePath,
         base: Option<Version>,
         mode: u32,
+        room: Option<Room>,
     ) -> io::Result<WorkingCopy> {
         let open = || {
             std::fs::OpenOptions::new()
@@ -188,7 +229,7 @@ impl WorkingCopy {
                 .create_new(true)
                 .open(&path)
         };
-        let file = match open() {
+        let make = || match open() {
             // The copies' directory was removed under the mount (a user clearing `~/.cache`): made again.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 use std::os::unix::fs::DirBuilderExt;
@@ -198,14 +239,16 @@ impl WorkingCopy {
                         .mode(0o700)
                         .create(dir)?;
                 }
-                open()?
+                open()
             }
-            r => r?,
+            r => r,
         };
+        let file = Room::retry(room.as_ref(), 0, make)?;
         let size = base.map_or(0, |v| v.size);
         file.set_len(size)?;
         Ok(WorkingCopy {
             file,
+            room,
             path,
             place: Arc::new(Mutex::new(Place {
                 path: share_path,
@@ -228,12 +271,19 @@ impl WorkingCopy {
 
     /// Puts the base's bytes at `offset` (not a change).
     pub fn load(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(bytes, offset)
+        self.put(offset, bytes)
+    }
+
+    /// `bytes` at `offset` of the file, room made for them if the disk refuses them.
+    fn put(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        Room::retry(self.room.as_ref(), bytes.len() as u64, || {
+            self.file.write_all_at(bytes, offset)
+        })
     }
 
     /// Writes `bytes` at `offset` (growing the file as needed; a hole reads as zeros).
     pub fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(bytes, offset)?;
+        self.put(offset, bytes)?;
         let end = offset + bytes.len() as u64;
         // Bytes between the old end and the write are zeros now, whatever the base had there.
         let from = {
@@ -337,7 +387,10 @@ impl WorkingCopy {
                 mtime: self.mtime,
             }
         };
-        std::fs::write(journal_of(&self.path), j.encode())
+        let text = j.encode();
+        Room::retry(self.room.as_ref(), text.len() as u64, || {
+            std::fs::write(journal_of(&self.path), &text)
+        })
     }
 
     /// The copy now goes to `path` on the sharer (a rename in the mount).
@@ -517,6 +570,8 @@ fn time_of(t: SystemTime) -> Time {
 #[derive(Debug)]
 pub struct Writes {
     dir: PathBuf,
+    /// What makes room for the copies on their disk.
+    room: Option<Room>,
     /// Each copy with its place, which is read without the copy's lock.
     copies: Mutex<HashMap<u64, Registered>>,
     next: AtomicU64,
@@ -627,10 +682,17 @@ impl Writes {
         }
         Ok(Writes {
             dir: dir.to_path_buf(),
+            room: None,
             copies: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             left_behind: Mutex::new(left),
         })
+    }
+
+    /// The same, asking `room` for room on the copies' disk when it refuses them.
+    pub fn with_room(mut self, room: Room) -> Writes {
+        self.room = Some(room);
+        self
     }
 
     /// How many copies an earlier mount left that are still to be pushed.
@@ -740,7 +802,8 @@ impl Writes {
             let n = self.next.fetch_add(1, Ordering::Relaxed);
             let name = format!("{}-{n}", std::process::id());
             // A name an earlier mount (of the same process id) left is not taken over.
-            match WorkingCopy::create(self.dir.join(name), path.clone(), base, mode) {
+            let room = self.room.clone();
+            match WorkingCopy::create(self.dir.join(name), path.clone(), base, mode, room) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 r => return r,
             }
