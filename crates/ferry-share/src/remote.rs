@@ -1009,6 +1009,9 @@ impl Shared {
             st.lost = why.clone();
             st.lost_at = Instant::now();
             st.redial.clear();
+            // Said before the supervisor can see the link down (under this lock), so never after its
+            // "back": a loss said late would leave the link's last state lost while it is up.
+            self.notify(Notice::Link(LinkState::Lost(why.clone())));
             self.room.notify_all();
             self.wake.notify_all();
             st.link.take().expect("checked")
@@ -1023,7 +1026,6 @@ impl Shared {
                 *w = None;
             }
         }
-        self.notify(Notice::Link(LinkState::Lost(why)));
     }
 
     /// Issues a request once the link is up and has room. While it waits for room, its deadline counts from
