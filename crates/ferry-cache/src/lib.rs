@@ -93,7 +93,7 @@ pub(crate) const FLUSH_AFTER: Duration = Duration::from_secs(5);
 pub const ROOM_RETRY: Duration = Duration::from_secs(30);
 
 /// Whether `e` is the file system refusing a write for want of space (or of the user's quota).
-pub(crate) fn is_disk_full(e: &io::Error) -> bool {
+pub fn is_disk_full(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded

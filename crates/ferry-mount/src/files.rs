@@ -523,7 +523,7 @@ impl<S: Source> Reader<S> {
 
     /// Opens `path` at `version` (the version the kernel's other handles of it read).
     pub fn open_at(&self, path: &SharePath, version: Version) -> Result<Handle, ReadError> {
-        Ok(Handle::new(path, self.file_of(path, version)?))
+        Ok(Handle::new(path, self.file_of(path, version)))
     }
 
     /// The open file of `path` at its current version (learned with a zero-length read), or at `known`
@@ -556,7 +556,7 @@ impl<S: Source> Reader<S> {
             Err(SourceError::Offline(why)) => (known.ok_or(SourceError::Offline(why))?, None),
             Err(e) => return Err(e),
         };
-        let file = self.file_of(path, version)?;
+        let file = self.file_of(path, version);
         if let Some(mut rest) = rest {
             // The open's own bytes: stored if they arrive; if not, the reads fetch them as any miss.
             while let Ok(Some(Piece::Data { offset, bytes, cvs })) = rest.next_piece() {
@@ -586,12 +586,12 @@ impl<S: Source> Reader<S> {
         }
     }
 
-    fn file_of(&self, path: &SharePath, version: Version) -> Result<Arc<OpenFile>, ReadError> {
+    fn file_of(&self, path: &SharePath, version: Version) -> Arc<OpenFile> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let key = (path.clone(), version.root);
         if let Some(f) = open.get(&key).and_then(Weak::upgrade) {
             f.stale.store(false, Ordering::Relaxed);
-            return Ok(f);
+            return f;
         }
         // A store that cannot make the version an entry (no room for another file on its disk, a cache
         // directory gone read-only) does not fail the read: the version is read keeping nothing, said once
@@ -616,7 +616,7 @@ impl<S: Source> Reader<S> {
         });
         open.retain(|_, w| w.strong_count() > 0);
         open.insert(key, Arc::downgrade(&f));
-        Ok(f)
+        f
     }
 
     /// `path`, open at `old`, is now `new`: `old`'s bytes and then `tail` (read through this reader, so

@@ -71,14 +71,7 @@ impl Room {
         mut op: impl FnMut() -> io::Result<T>,
     ) -> io::Result<T> {
         match op() {
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-                ) && room.is_some_and(|r| (r.0)(bytes)) =>
-            {
-                op()
-            }
+            Err(e) if ferry_cache::is_disk_full(&e) && room.is_some_and(|r| (r.0)(bytes)) => op(),
             r => r,
         }
     }
