@@ -55,11 +55,15 @@ pub struct ReadConfig {
 }
 
 impl Default for ReadConfig {
+    /// A sequential reader's stream keeps 16 requests of 1 MiB in flight up to 32 MiB past it. With 8 up
+    /// to 16 MiB, several of the requests in flight were answers already in the sockets' buffers, and the
+    /// sharer's one serving thread waited for the next request about 400 times per GiB read: the mount's
+    /// path kept 1.73-1.75 cores busy to pull's 1.81-1.89, and read 4-10 % slower (BENCHMARKS.md, session 30).
     fn default() -> Self {
         ReadConfig {
             piece: 1 << 20,
-            window: 8,
-            ahead: 16 << 20,
+            window: 16,
+            ahead: 32 << 20,
             max_in_flight: 192,
             hold: 24 << 20,
             first: 64 << 10,
