@@ -8,10 +8,10 @@
 //! ([`Subtree`]), [`serve`] sends the session's last answer and runs [`ferry_transfer::send_from`] on the
 //! subtree, the packets from the reading thread as its source, until the client confirmed or failed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use ferry_channel::blocking::{SecureReader, SecureWriter};
@@ -110,6 +110,39 @@ enum Input {
     /// The client hung up.
     Closed,
     Changed(Vec<SharePath>),
+    /// A request that only looks is waiting in [`Looks`].
+    Look,
+}
+
+/// Requests that only look (a listing, a stat, a read, the space), read off the connection while nothing but
+/// put data waits ahead of them in the inbox: the session takes them before that data, so browsing a mount
+/// that pushes a large file does not wait for megabytes to be written first (the jobs keep that order:
+/// [`Server::next_job`]). Every other packet keeps its place.
+#[derive(Default)]
+struct Looks {
+    queue: Mutex<VecDeque<Vec<u8>>>,
+    /// Packets other than put data sent to the inbox and not handled yet: while there are any, a request
+    /// that only looks waits behind them in the inbox too.
+    in_line: AtomicUsize,
+}
+
+impl Looks {
+    /// Takes `packet` ahead if it may go there.
+    fn offer(&self, packet: &[u8]) -> bool {
+        if !wire::only_looks(packet) {
+            return false;
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if self.in_line.load(Ordering::SeqCst) != 0 || queue.len() >= INPUT_QUEUE {
+            return false;
+        }
+        queue.push_back(packet.to_vec());
+        true
+    }
+
+    fn take(&self) -> VecDeque<Vec<u8>> {
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// A session's inbox, and whether a change announcement did not fit in it.
@@ -149,6 +182,12 @@ impl Changes {
 /// Packets read ahead of the session (and taken at once before the jobs run).
 const INPUT_QUEUE: usize = 64;
 
+/// Put data taken into jobs ahead of being written.
+const DATA_AHEAD: usize = 16 << 20;
+
+/// Put data written in one turn of a session's loop.
+const DATA_TURN: usize = 4 << 20;
+
 /// Serves `root` to one client until it hangs up. Requests that try to leave the share are refused with
 /// `unsafe-path` and reported to `log` (`refused: ...`), as are puts that ended in a conflict
 /// (`conflict: ...`). Writes (when [`ServerConfig::writable`]) are announced on `changes`.
@@ -168,15 +207,32 @@ where
     let (tx, rx) = mpsc::sync_channel::<Input>(INPUT_QUEUE);
     let missed = Arc::new(AtomicBool::new(false));
     changes.register((tx.clone(), Arc::clone(&missed)));
-    std::thread::spawn(move || loop {
-        let item = match reader.recv() {
-            Ok(Some(p)) => Input::Packet(Ok(p.to_vec())),
-            Ok(None) => Input::Closed,
-            Err(e) => Input::Packet(Err(e)),
-        };
-        let last = !matches!(item, Input::Packet(Ok(_)));
-        if tx.send(item).is_err() || last {
-            return;
+    let looks = Arc::new(Looks::default());
+    let ahead = Arc::clone(&looks);
+    std::thread::spawn(move || {
+        // After a pull the transfer protocol's packets follow: none of them goes ahead.
+        let mut pulled = false;
+        loop {
+            let item = match reader.recv() {
+                Ok(Some(p)) => {
+                    pulled |= p.first() == Some(&wire::PULL);
+                    if !pulled && ahead.offer(p) {
+                        // A loop waiting for input wakes; a full inbox is taken soon anyway.
+                        let _ = tx.try_send(Input::Look);
+                        continue;
+                    }
+                    if !wire::is_put_data(p) {
+                        ahead.in_line.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Input::Packet(Ok(p.to_vec()))
+                }
+                Ok(None) => Input::Closed,
+                Err(e) => Input::Packet(Err(e)),
+            };
+            let last = !matches!(item, Input::Packet(Ok(_)));
+            if tx.send(item).is_err() || last {
+                return;
+            }
         }
     });
     let mut server = Server::new(config);
@@ -214,24 +270,44 @@ where
             }
             None => true,
         };
-        let next = if idle {
+        // Requests that only look first: ahead of the put data in the inbox and in the jobs.
+        let looked = looks.take();
+        let idle = idle && looked.is_empty() && !server.has_jobs();
+        for p in &looked {
+            server.handle(p)?;
+        }
+        // At most a channel's worth of packets before their jobs run, and no more once DATA_AHEAD of put
+        // data waits to be written: a put's data (up to 1 MiB a packet) never piles up in memory faster than
+        // it is written.
+        let room = |server: &Server| server.data_queued() < DATA_AHEAD;
+        let mut next = if idle {
             writer.flush()?;
             rx.recv().ok()
-        } else {
+        } else if room(&server) {
             rx.try_recv().ok()
+        } else {
+            None
         };
-        let mut next = next;
-        // At most a channel's worth of packets before their jobs run: a put's data (up to 1 MiB a packet)
-        // never piles up in memory faster than it is written.
         let mut taken = 0;
         while let Some(input) = next {
             match input {
-                Input::Packet(p) => server.handle(&p?)?,
+                Input::Packet(p) => {
+                    let p = p?;
+                    server.handle(&p)?;
+                    if !wire::is_put_data(&p) {
+                        looks.in_line.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
                 Input::Closed => return Ok(()),
                 Input::Changed(paths) => server.changed(&paths),
+                Input::Look => {
+                    for p in looks.take() {
+                        server.handle(&p)?;
+                    }
+                }
             }
             taken += 1;
-            next = match taken < INPUT_QUEUE {
+            next = match taken < INPUT_QUEUE && room(&server) {
                 true => rx.try_recv().ok(),
                 false => None,
             };
@@ -239,7 +315,8 @@ where
         if missed.swap(false, Ordering::Relaxed) {
             server.changed(&[SharePath::root()]);
         }
-        files.run_all(&mut server);
+        // A turn of put data at a time: the answers, pieces and requests that came meanwhile go between.
+        files.run_within(&mut server, DATA_TURN);
         // Reads that ended by their last piece were forgotten above; failed and cancelled ones (and puts)
         // here.
         if files.open.len() + files.uploads.len() > server.in_flight() {
@@ -321,7 +398,7 @@ impl ferry_transfer::PacketSource for PullSource {
                 }
                 Ok(Input::Packet(Err(e))) => return Err(e.into_io()),
                 Ok(Input::Closed) => return Ok(None),
-                Ok(Input::Changed(_)) => {}
+                Ok(Input::Changed(_) | Input::Look) => {}
                 Err(_) => return Err(io::ErrorKind::UnexpectedEof.into()),
             }
         }
@@ -388,8 +465,21 @@ impl<'a> Files<'a> {
     /// was at a moment after its request, as if opened alone. That spares a random read its path walk,
     /// `fstat`s and `close` when many are in flight (measured: about 1 µs of the sharer's CPU per read).
     pub fn run_all(&mut self, server: &mut Server) {
+        self.run_within(server, usize::MAX);
+    }
+
+    /// [`Files::run_all`], until the put data written reaches `data` bytes (the rest waits for the next
+    /// call).
+    pub fn run_within(&mut self, server: &mut Server, data: usize) {
         let mut opened: Option<(SharePath, Opened)> = None;
-        while let Some(job) = server.next_job() {
+        let mut written = 0usize;
+        while written < data {
+            let Some(job) = server.next_job() else {
+                return;
+            };
+            if let Job::PutData { bytes, .. } = &job {
+                written = written.saturating_add(bytes.len());
+            }
             match job {
                 Job::Open { id, path } => {
                     let again = opened.as_ref().filter(|(p, _)| *p == path);

@@ -346,7 +346,7 @@ impl Server {
         if self.switched {
             return Err(ServerError::Switched);
         }
-        if self.greeted && packet.first() == Some(&wire::PUT_DATA) {
+        if self.greeted && wire::is_put_data(packet) {
             // The bulk of a put: borrowed, checked and queued without decoding into a copy first.
             let (id, offset, bytes) = wire::put_data(packet)?;
             return self.put_data(id, offset, bytes);
@@ -575,9 +575,42 @@ impl Server {
         self.refused.pop_front()
     }
 
-    /// The next job for the file-system layer.
+    /// The next job for the file-system layer: in the order the requests came, except that a stat, a
+    /// listing, the space or a read's open waiting behind a put's data runs before that data. No one sees
+    /// a put's content before its end (the temp file is renamed into place then), so the answer is the same
+    /// as after it, and it does not wait for megabytes to be written and hashed first. Nothing overtakes
+    /// any other write: a put's start and end, a mkdir, a rename keep their places.
     pub fn next_job(&mut self) -> Option<Job> {
+        let data = self
+            .jobs
+            .iter()
+            .take_while(|j| matches!(j, Job::PutData { .. }))
+            .count();
+        if data > 0 {
+            if let Some(
+                Job::Stat { .. } | Job::List { .. } | Job::Space { .. } | Job::Open { .. },
+            ) = self.jobs.get(data)
+            {
+                return self.jobs.remove(data);
+            }
+        }
         self.jobs.pop_front()
+    }
+
+    /// Whether jobs wait for the file-system layer.
+    pub fn has_jobs(&self) -> bool {
+        !self.jobs.is_empty()
+    }
+
+    /// Bytes of put data waiting in the jobs.
+    pub fn data_queued(&self) -> usize {
+        self.jobs
+            .iter()
+            .map(|j| match j {
+                Job::PutData { bytes, .. } => bytes.len(),
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Reports a stat.

@@ -973,6 +973,18 @@ impl Request {
     }
 }
 
+/// Whether a client's packet is a [`PUT_DATA`] one (the bulk of a put), by its kind alone.
+pub fn is_put_data(packet: &[u8]) -> bool {
+    packet.first() == Some(&PUT_DATA)
+}
+
+/// Whether a client's packet, by its kind alone, is a request that only looks: a listing, a stat, a read or
+/// the space. Such a request may be served before put data that came ahead of it (no one sees a put's
+/// content before its end). Its content is checked when it is decoded, as any packet's.
+pub fn only_looks(packet: &[u8]) -> bool {
+    matches!(packet.first(), Some(&(LIST | STAT | READ | SPACE_OF)))
+}
+
 /// The header of a [`PUT_DATA`] packet; its bytes follow.
 pub fn put_data_header(id: RequestId, offset: u64) -> [u8; PUT_DATA_HEADER_LEN] {
     let mut h = [0u8; PUT_DATA_HEADER_LEN];

@@ -12,7 +12,7 @@ use ferry_channel::IdentityKey;
 use ferry_share::client::{Client, Event, Failure};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{Changes, Files, Session, SessionError};
-use ferry_share::server::{PutOutcome, Server, ServerConfig};
+use ferry_share::server::{Job, PutOutcome, Server, ServerConfig};
 use ferry_share::wire::{self, ErrorCode, PutHeader, Request, Response, SharePath, Time};
 use ferry_testkit::pseudo_random;
 
@@ -216,6 +216,81 @@ fn a_put_lands_at_its_end_and_only_with_its_root() {
     );
     assert!(temps(&disk.share().join("sub")).is_empty());
     assert_eq!(pair.server.in_flight(), 0);
+}
+
+#[test]
+fn requests_that_only_look_run_before_a_put_s_data_and_nothing_overtakes_another_write() {
+    let disk = Disk::new();
+    let mut pair = Pair::new(&disk, writable());
+    std::fs::write(disk.share().join("old"), b"before").unwrap();
+    let data = pseudo_random(300_000, 3);
+    // All queued at once, as a mount pushing a large file while someone browses it sends them.
+    let put = pair.client.put(header("new", None, 300_000)).unwrap();
+    pair.client.put_data(put, 0, &data[..100_000]).unwrap();
+    pair.client
+        .put_data(put, 100_000, &data[100_000..200_000])
+        .unwrap();
+    let stat = pair.client.stat(p("old")).unwrap();
+    let read = pair.client.read(p("old"), None, 0, 6).unwrap();
+    pair.client
+        .put_data(put, 200_000, &data[200_000..])
+        .unwrap();
+    let mkdir = pair.client.mkdir(p("dir"), 0o755).unwrap();
+    let stat_dir = pair.client.stat(p("dir")).unwrap();
+    let stat_new = pair.client.stat(p("new")).unwrap();
+    pair.client.put_end(put, root_of(&data)).unwrap();
+    while let Some(packet) = pair.client.poll_transmit() {
+        pair.server.handle(&packet).unwrap();
+    }
+    let mut order = Vec::new();
+    while let Some(job) = pair.server.next_job() {
+        order.push(match &job {
+            Job::Put { id, .. } => format!("put {id}"),
+            Job::PutData { offset, .. } => format!("data {offset}"),
+            Job::PutEnd { id, .. } => format!("end {id}"),
+            Job::Stat { id, .. } => format!("stat {id}"),
+            Job::Open { id, .. } => format!("open {id}"),
+            Job::Write { id, .. } => format!("write {id}"),
+            other => format!("{other:?}"),
+        });
+        pair.files.run(&mut pair.server, job);
+    }
+    // The stat and the read go before the data queued ahead of them; the mkdir waits for the data before
+    // it, and what came after the mkdir waits for it (the stat of the new directory finds it).
+    assert_eq!(
+        order,
+        [
+            format!("put {put}"),
+            format!("stat {stat}"),
+            format!("open {read}"),
+            "data 0".into(),
+            "data 100000".into(),
+            "data 200000".into(),
+            format!("write {mkdir}"),
+            format!("stat {stat_dir}"),
+            format!("stat {stat_new}"),
+            format!("end {put}"),
+        ]
+    );
+    pair.pump();
+    assert!(pair.server.data_queued() == 0 && !pair.server.has_jobs());
+    let found = |id| {
+        pair.events
+            .iter()
+            .any(|e| matches!(e, Event::Attr { id: i, .. } if *i == id))
+    };
+    assert!(found(stat) && found(stat_dir), "{:?}", pair.events);
+    // Before the put's end the new file is not there: it is made visible only then.
+    assert_eq!(pair.code(stat_new), ErrorCode::NotFound);
+    assert!(
+        pair.events.iter().any(
+            |e| matches!(e, Event::Version { id, version } if *id == read && version.size == 6)
+        ),
+        "{:?}",
+        pair.events
+    );
+    assert!(matches!(pair.outcome(put), Event::Done { .. }));
+    assert_eq!(std::fs::read(disk.share().join("new")).unwrap(), data);
 }
 
 #[test]
