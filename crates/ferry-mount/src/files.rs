@@ -58,7 +58,8 @@ impl Default for ReadConfig {
     /// A sequential reader's stream keeps 16 requests of 1 MiB in flight up to 32 MiB past it. With 8 up
     /// to 16 MiB, several of the requests in flight were answers already in the sockets' buffers, and the
     /// sharer's one serving thread waited for the next request about 400 times per GiB read: the mount's
-    /// path kept 1.73-1.75 cores busy to pull's 1.81-1.89, and read 4-10 % slower (BENCHMARKS.md, session 30).
+    /// path kept 1.71-1.75 cores busy to pull's 1.81-1.89, and read 2.5-9.5 % slower (BENCHMARKS.md, session
+    /// 30).
     fn default() -> Self {
         ReadConfig {
             piece: 1 << 20,

@@ -980,7 +980,9 @@ pub fn is_put_data(packet: &[u8]) -> bool {
 
 /// Whether a client's packet, by its kind alone, is a request that only looks: a listing, a stat, a read or
 /// the space. Such a request may be served before put data that came ahead of it (no one sees a put's
-/// content before its end). Its content is checked when it is decoded, as any packet's.
+/// content before its end). Its content is checked when it is decoded, as any packet's. The jobs these
+/// requests become are the ones [`crate::server::Server::next_job`] lets overtake put data: keep both lists
+/// alike.
 pub fn only_looks(packet: &[u8]) -> bool {
     matches!(packet.first(), Some(&(LIST | STAT | READ | SPACE_OF)))
 }
