@@ -143,6 +143,17 @@ impl<W: Write> SecureWriter<W> {
         self.sealer.max_payload()
     }
 
+    /// Changes the largest contents a packet may carry, for a protocol on top that agreed on another size
+    /// with its peer (whose reader must accept it: [`SecureReader::set_max_payload`]).
+    pub fn set_max_payload(&mut self, max: usize) {
+        self.sealer.set_max_payload(max);
+        self.sizing.set_max(self.sealer.max_payload());
+        let frame = frame_len(self.sealer.max_payload());
+        if self.frame.len() < frame {
+            self.frame.resize(frame, 0);
+        }
+    }
+
     /// How large the next packet should be for its bytes to be opened early: small at the start of the
     /// stream and after a pause, growing to [`Self::max_payload`] (see [`PacketSizing`]). Advice for
     /// senders of bulk data; any size up to the maximum is still accepted.
@@ -292,22 +303,83 @@ impl<R: Read> SecureReader<R> {
                 Some(Ready::Close) => return Ok(None),
                 None => {}
             }
-            let n = loop {
-                match self.inner.read(self.opener.spare()) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    other => break other?,
-                }
-            };
-            if n == 0 {
-                self.opener.check_eof()?;
+            if !self.fill()? {
                 return Ok(None);
             }
-            self.opener.commit(n);
         }
+    }
+
+    /// Like [`SecureReader::recv`], but a packet with at least `take_from` bytes of contents comes as the
+    /// buffer it was opened in ([`Received::Taken`]); the reader goes on in the buffer `spare` gives
+    /// ([`Opener::take`]).
+    pub fn recv_taking(
+        &mut self,
+        take_from: usize,
+        spare: impl FnOnce(usize) -> Vec<u8>,
+    ) -> Result<Option<Received<'_>>, ChannelError> {
+        if self.opener.is_closed() {
+            return Ok(None);
+        }
+        loop {
+            match self.opener.next_ready()? {
+                Some(Ready::Data(range)) if range.len() >= take_from => {
+                    let replacement = spare(self.opener.buffer_len());
+                    let buf = self.opener.take(replacement);
+                    return Ok(Some(Received::Taken {
+                        buf,
+                        contents: range,
+                    }));
+                }
+                Some(Ready::Data(range)) => {
+                    return Ok(Some(Received::Borrowed(self.opener.contents(range))))
+                }
+                Some(Ready::Close) => return Ok(None),
+                None => {}
+            }
+            if !self.fill()? {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Reads more bytes into the opener; false at the end of a stream that ended cleanly.
+    fn fill(&mut self) -> Result<bool, ChannelError> {
+        let n = loop {
+            match self.inner.read(self.opener.spare()) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => break other?,
+            }
+        };
+        if n == 0 {
+            self.opener.check_eof()?;
+            return Ok(false);
+        }
+        self.opener.commit(n);
+        Ok(true)
+    }
+
+    /// Changes the largest contents a packet may carry, as the peer's writer did
+    /// ([`SecureWriter::set_max_payload`]).
+    pub fn set_max_payload(&mut self, max: usize) {
+        self.opener.set_max_payload(max);
     }
 
     /// The underlying stream.
     pub fn get_ref(&self) -> &R {
         &self.inner
     }
+}
+
+/// A packet from [`SecureReader::recv_taking`].
+#[derive(Debug)]
+pub enum Received<'a> {
+    /// Contents in the reader's buffer, valid until the next receive.
+    Borrowed(&'a mut [u8]),
+    /// The buffer the packet was opened in, handed over, and where its contents are in it.
+    Taken {
+        /// The buffer.
+        buf: Vec<u8>,
+        /// The contents' range in `buf`.
+        contents: std::ops::Range<usize>,
+    },
 }

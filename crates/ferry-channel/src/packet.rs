@@ -60,7 +60,9 @@ impl Sealer {
         self.aead.suite()
     }
 
-    pub(crate) fn set_max_payload(&mut self, max: usize) {
+    /// Changes the largest contents a packet may carry (capped at [`MAX_ENCODABLE`]): for a protocol on top
+    /// that agreed on another size with its peer after the handshake.
+    pub fn set_max_payload(&mut self, max: usize) {
         self.max_payload = max.min(MAX_ENCODABLE);
     }
 
@@ -269,6 +271,34 @@ impl Opener {
     /// The largest contents one packet may carry.
     pub fn max_payload(&self) -> usize {
         self.reader.max_payload
+    }
+
+    /// Changes the largest contents a packet may carry (capped at [`MAX_ENCODABLE`]), as the peer's
+    /// [`Sealer::set_max_payload`] did; the buffer grows to match when a large packet comes.
+    pub fn set_max_payload(&mut self, max: usize) {
+        self.reader.set_max_payload(max);
+    }
+
+    /// Bytes a buffer handed to [`Opener::take`] should have, so the opener need not grow it.
+    pub fn buffer_len(&self) -> usize {
+        self.capacity()
+    }
+
+    /// Hands over the buffer that holds the packet [`Opener::next_ready`] named last (its
+    /// [`Ready::Data`] range indexes the buffer returned) and goes on in `replacement`, into which any
+    /// bytes read after that packet are moved (at most the rest of one read). A caller that owns the
+    /// packet's buffer passes its contents on without copying them; a replacement of
+    /// [`Opener::buffer_len`] bytes (a recycled one: a fresh buffer is zeroed at the cost of a copy)
+    /// keeps the opener from allocating.
+    pub fn take(&mut self, mut replacement: Vec<u8>) -> Vec<u8> {
+        let rest = self.end - self.start;
+        if replacement.len() < rest.max(INITIAL_BUFFER) {
+            replacement.resize(rest.max(INITIAL_BUFFER), 0);
+        }
+        replacement[..rest].copy_from_slice(&self.buf[self.start..self.end]);
+        self.start = 0;
+        self.end = rest;
+        std::mem::replace(&mut self.buf, replacement)
     }
 
     /// True once the authenticated end of stream arrived.

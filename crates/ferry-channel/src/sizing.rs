@@ -41,6 +41,11 @@ impl PacketSizing {
         }
     }
 
+    /// Sizes growing to `max` from now on.
+    pub fn set_max(&mut self, max: usize) {
+        self.max = max;
+    }
+
     /// The largest contents the next packet should carry, if it is built at `now`.
     pub fn limit(&self, now: Instant) -> usize {
         let paused = self

@@ -1,7 +1,7 @@
 //! Two honest sides in memory: every suite with every authentication mode agrees on the session and carries
 //! data both ways exactly, across several rekey epochs, at the size limits, with decoys and extreme garbage.
 
-use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::blocking::{Received, SecureReader, SecureWriter};
 use ferry_channel::{
     frame_len, Auth, Config, Established, Handshake, Role, Suite, BITCOIN_MAINNET_MAGIC,
     DEFAULT_MAX_PAYLOAD, MAX_GARBAGE, MAX_PAD, REKEY_INTERVAL,
@@ -279,4 +279,91 @@ fn a_padded_flight_fills_what_was_asked_and_the_peer_drops_the_decoys() {
         assert_agree(&a, &b);
         assert_round_trip(&mut a, &mut b, &[payload(1, 100), payload(2, 70_000)]);
     }
+}
+
+/// Reads at most `step` bytes per call, so packets arrive cut at every kind of place.
+struct Trickle<'a> {
+    data: &'a [u8],
+    step: usize,
+}
+
+impl std::io::Read for Trickle<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.step).min(self.data.len());
+        buf[..n].copy_from_slice(&self.data[..n]);
+        self.data = &self.data[n..];
+        Ok(n)
+    }
+}
+
+/// A larger packet size agreed after the handshake carries packets past the default maximum, which a
+/// reader still at the default refuses; a reader that takes large packets' buffers hands over each one
+/// whole, in order with the small packets between them, whether reads bring several packets at once or cut
+/// them anywhere.
+#[test]
+fn a_raised_packet_size_carries_large_packets_and_taken_buffers_hold_them_whole() {
+    let raised = DEFAULT_MAX_PAYLOAD + (32 << 10);
+    let sizes = [
+        10,
+        raised,
+        3,
+        DEFAULT_MAX_PAYLOAD,
+        70_000,
+        65_535,
+        raised,
+        raised,
+        0,
+        100_000,
+        5,
+    ];
+    let wire_of = || {
+        let (a, b) = establish(
+            initiator(aes_config(), code()),
+            responder(aes_config(), code()),
+        );
+        let mut writer = SecureWriter::new(Vec::new(), a.sealer);
+        writer.set_max_payload(raised);
+        for (i, &len) in sizes.iter().enumerate() {
+            writer.send(&payload(i, len)).unwrap();
+        }
+        (writer.close().unwrap(), b.opener)
+    };
+    for step in [usize::MAX, 1 << 20, 70_001, 4093] {
+        let (wire, opener) = wire_of();
+        let mut reader = SecureReader::new(Trickle { data: &wire, step }, opener);
+        reader.set_max_payload(raised);
+        let mut taken = 0;
+        for (i, &len) in sizes.iter().enumerate() {
+            let got = reader
+                .recv_taking(1 << 16, |n| vec![0xAB; n])
+                .unwrap()
+                .expect("a packet");
+            let want = payload(i, len);
+            match got {
+                Received::Borrowed(p) => {
+                    assert!(len < 1 << 16, "packet {i} of {len} bytes borrowed");
+                    assert_eq!(p, &want[..], "packet {i}, reads of {step}");
+                }
+                Received::Taken { buf, contents } => {
+                    assert!(len >= 1 << 16, "packet {i} of {len} bytes taken");
+                    assert_eq!(&buf[contents], &want[..], "packet {i}, reads of {step}");
+                    taken += 1;
+                }
+            }
+        }
+        assert_eq!(taken, 6);
+        assert!(reader
+            .recv_taking(1 << 16, |n| vec![0; n])
+            .unwrap()
+            .is_none());
+    }
+    // A reader that did not raise its size refuses the first large packet.
+    let (wire, opener) = wire_of();
+    let mut reader = SecureReader::new(&wire[..], opener);
+    assert_eq!(reader.recv().unwrap().map(|d| d.len()), Some(10));
+    assert!(matches!(
+        reader.recv(),
+        Err(ferry_channel::ChannelError::Oversized { len, max })
+            if len == raised && max == DEFAULT_MAX_PAYLOAD
+    ));
 }
