@@ -24,6 +24,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, MutexGuard, Weak};
 
+use ferry_share::bytes::Bytes;
 use ferry_share::tree::{GroupCv, Version, GROUP};
 use ferry_share::wire::SharePath;
 
@@ -115,7 +116,7 @@ pub type ReadError = SourceError;
 /// their own.
 #[derive(Debug, Clone)]
 pub struct ReadBytes {
-    buf: Arc<Vec<u8>>,
+    buf: Arc<Bytes>,
     range: Range<usize>,
 }
 
@@ -123,7 +124,7 @@ impl ReadBytes {
     fn own(buf: Vec<u8>) -> ReadBytes {
         let range = 0..buf.len();
         ReadBytes {
-            buf: Arc::new(buf),
+            buf: Arc::new(buf.into()),
             range,
         }
     }
@@ -147,7 +148,7 @@ impl PartialEq<&[u8]> for ReadBytes {
 /// budget shared by all files.
 #[derive(Debug)]
 struct Held {
-    pieces: Mutex<BTreeMap<u64, Arc<Vec<u8>>>>,
+    pieces: Mutex<BTreeMap<u64, Arc<Bytes>>>,
     budget: Arc<Budget>,
     /// The longest piece ever held: how far before a byte the piece holding it may start.
     longest: AtomicU64,
@@ -160,7 +161,7 @@ struct Budget {
 }
 
 impl Held {
-    fn pieces(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Vec<u8>>>> {
+    fn pieces(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<Bytes>>> {
         self.pieces.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -168,9 +169,9 @@ impl Held {
     /// overlap: a range fetched again after the store dropped it may be cut otherwise than before.
     fn holding<'a>(
         &self,
-        pieces: &'a BTreeMap<u64, Arc<Vec<u8>>>,
+        pieces: &'a BTreeMap<u64, Arc<Bytes>>,
         at: u64,
-    ) -> Option<(u64, &'a Arc<Vec<u8>>)> {
+    ) -> Option<(u64, &'a Arc<Bytes>)> {
         let longest = self.longest.load(Ordering::Relaxed);
         pieces
             .range(at.saturating_sub(longest)..=at)
@@ -181,7 +182,7 @@ impl Held {
 
     /// Keeps `bytes` (at `offset`) if the budget has room, after dropping the pieces that end at or before
     /// `behind` (a sequential reader is past them); returns whether it was kept.
-    fn keep(&self, offset: u64, bytes: Arc<Vec<u8>>, behind: u64) -> bool {
+    fn keep(&self, offset: u64, bytes: Arc<Bytes>, behind: u64) -> bool {
         let n = bytes.len() as u64;
         let mut pieces = self.pieces();
         let b = &self.budget;
@@ -404,7 +405,7 @@ type InFlight<'a> = VecDeque<(Slot<'a>, Box<dyn Pieces>, Range<u64>)>;
 
 /// The pieces of one answered request of a stream on their way to the store, and the claim they settle
 /// once stored.
-type Written = (Range<u64>, Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)>);
+type Written = (Range<u64>, Vec<(u64, Arc<Bytes>, Vec<GroupCv>)>);
 
 /// Stream pieces (of up to 1 MiB) waiting to be written to the store before the streamer waits for the
 /// writer: what falls behind is bounded in memory.
@@ -924,7 +925,7 @@ impl<S: Source> Reader<S> {
             }
             // Held at once (the readers waiting for them are answered from memory), then the next
             // requests go out, then the bytes are stored: the sharer serves the requests meanwhile.
-            let held: Vec<(u64, Arc<Vec<u8>>, Vec<GroupCv>)> = got
+            let held: Vec<(u64, Arc<Bytes>, Vec<GroupCv>)> = got
                 .into_iter()
                 .map(|(offset, bytes, cvs)| (offset, self.hold_piece(file, offset, bytes), cvs))
                 .collect();
@@ -1004,7 +1005,7 @@ impl<S: Source> Reader<S> {
         &self,
         file: &OpenFile,
         offset: u64,
-        bytes: Vec<u8>,
+        bytes: Bytes,
         cvs: &[GroupCv],
         mine: Option<&mut Mine>,
     ) -> Result<(), SourceError> {
@@ -1021,7 +1022,7 @@ impl<S: Source> Reader<S> {
 
     /// A verified piece counted, then held (if the budget has room) and its waiting readers woken: a
     /// reader that finds it held or stored finds it counted.
-    fn hold_piece(&self, file: &OpenFile, offset: u64, bytes: Vec<u8>) -> Arc<Vec<u8>> {
+    fn hold_piece(&self, file: &OpenFile, offset: u64, bytes: Bytes) -> Arc<Bytes> {
         let bytes = Arc::new(bytes);
         self.stats
             .from_peer
@@ -1156,7 +1157,7 @@ impl<S: Source> Reader<S> {
 }
 
 /// Pieces a reader fetched for itself that the store had no room for: (offset, bytes).
-type Mine = Vec<(u64, Arc<Vec<u8>>)>;
+type Mine = Vec<(u64, Arc<Bytes>)>;
 
 /// The ranges `mine` spans.
 fn spans(mine: &Mine) -> Vec<Range<u64>> {

@@ -2,6 +2,7 @@
 //! binary, an in-memory fake in tests. Everything it returns came from the peer and is treated as hostile by
 //! the callers: names are single components (the wire checks them), sizes are clamped by the version.
 
+use ferry_share::bytes::Bytes;
 pub use ferry_share::remote::PutOutcome;
 use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::{Entry, SharePath, Space, Time};
@@ -45,8 +46,8 @@ pub enum Piece {
     Data {
         /// Offset of the first byte.
         offset: u64,
-        /// The bytes.
-        bytes: Vec<u8>,
+        /// The bytes (in the buffer their packet came in, when it brought the whole read).
+        bytes: Bytes,
         /// The value of each group of the bytes as their verification computed it, in order; empty when
         /// not known (the store hashes the groups itself).
         cvs: Vec<GroupCv>,

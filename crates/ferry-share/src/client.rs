@@ -11,8 +11,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::Arc;
 
-use crate::tree::{covering, verify_piece_cvs, GroupCv, Version, GROUP};
+use crate::bytes::{Bytes, Pool};
+use crate::tree::{covering, verify_piece_cvs, verify_piece_in_place, GroupCv, Version, GROUP};
 use crate::wire::{
     self, DecodeError, Entry, ErrorCode, Hello, PutHeader, Request, RequestId, Response, SharePath,
     Space, Time, PROTOCOL_VERSION,
@@ -71,8 +73,8 @@ pub enum Event {
         id: RequestId,
         /// Offset of the first byte.
         offset: u64,
-        /// The bytes.
-        bytes: Vec<u8>,
+        /// The bytes: their own buffer, or the packet's they came in ([`Client::handle_owned`]).
+        bytes: Bytes,
         /// The verified value of each group the bytes make up, in order, as the verification computed
         /// them ([`crate::tree::verify_piece_cvs`]); empty when the read's ends cut a group.
         cvs: Vec<GroupCv>,
@@ -419,6 +421,39 @@ impl Client {
 
     /// Takes one packet from the sharer.
     pub fn handle(&mut self, packet: &[u8]) -> Result<Option<Event>, ClientError> {
+        self.handle_in(packet, None)
+    }
+
+    /// [`Client::handle`] for a packet at `contents` of a buffer the caller hands over (the one it was
+    /// received in: [`ferry_channel::blocking::SecureReader::recv_taking`]). A piece that brings the whole
+    /// rest of a read is verified where it lies and its bytes handed on in this buffer, which goes back to
+    /// `pool` when they are dropped: no copy. Any other packet is handled as by [`Client::handle`].
+    pub fn handle_owned(
+        &mut self,
+        buf: Vec<u8>,
+        contents: Range<usize>,
+        pool: &Arc<Pool>,
+    ) -> Result<Option<Event>, ClientError> {
+        let mut in_place = None;
+        let mut event = self.handle_in(&buf[contents.clone()], Some(&mut in_place))?;
+        match (in_place, event.as_mut()) {
+            (Some(at), Some(Event::Data { bytes, .. })) => {
+                let range = contents.start + at.start..contents.start + at.end;
+                *bytes = Bytes::in_buffer(buf, range, Some(Arc::clone(pool)));
+            }
+            // Copied out (or nothing to hand on): the buffer is free again.
+            _ => pool.give(buf),
+        }
+        Ok(event)
+    }
+
+    /// Handles `packet`; with `in_place`, a piece that is the whole rest of its read is verified where it
+    /// lies, its [`Event::Data`] gets empty bytes, and `in_place` says where in `packet` its bytes are.
+    fn handle_in(
+        &mut self,
+        packet: &[u8],
+        in_place: Option<&mut Option<Range<usize>>>,
+    ) -> Result<Option<Event>, ClientError> {
         let rsp = Response::decode(packet)?;
         if !self.hello_seen {
             return match rsp {
@@ -524,6 +559,38 @@ impl Client {
                     && asked.is_none_or(|root| root == version.root);
                 // A piece past the end fails the check below; sized without underflow first.
                 let whole = end.saturating_sub(range.start);
+                if let Some(at) =
+                    in_place.filter(|_| expected && held.is_none() && range.end == *end)
+                {
+                    // The whole rest of the read in one piece, in a buffer the caller owns: verified and
+                    // handed on where it lies.
+                    let mut cvs = Vec::with_capacity(whole.div_ceil(GROUP) as usize);
+                    let Ok(data) = verify_piece_in_place(version, range.clone(), piece, &mut cvs)
+                    else {
+                        self.cancel(id);
+                        return Ok(Some(Event::Failed {
+                            id,
+                            failure: Failure::Integrity,
+                        }));
+                    };
+                    *next = range.end;
+                    // Hand on only what was asked for.
+                    let from = want.start.max(range.start);
+                    let to = want.end.min(range.end).max(from);
+                    if from != range.start || to != range.end {
+                        cvs.clear();
+                    }
+                    // The piece is the packet's rest, after the data header.
+                    let piece_at = packet.len() - piece.len();
+                    let first = piece_at + data.start + (from - range.start) as usize;
+                    *at = Some(first..first + (to - from) as usize);
+                    return Ok(Some(Event::Data {
+                        id,
+                        offset: from,
+                        bytes: Bytes::from(Vec::new()),
+                        cvs,
+                    }));
+                }
                 let acc = held.get_or_insert_with(|| {
                     // Room for the whole rest of the read when it may be coalesced, else this piece.
                     let fits = whole <= COALESCE;
@@ -569,7 +636,7 @@ impl Client {
                 Event::Data {
                     id,
                     offset: from,
-                    bytes,
+                    bytes: bytes.into(),
                     cvs,
                 }
             }

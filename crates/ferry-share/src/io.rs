@@ -204,6 +204,8 @@ where
     R: Read + Send + 'static,
     W: Write,
 {
+    // A 1 MiB piece goes with its proof in one packet (the client's reader accepts it: wire::MAX_PACKET).
+    writer.set_max_payload(wire::MAX_PACKET);
     let (tx, rx) = mpsc::sync_channel::<Input>(INPUT_QUEUE);
     let missed = Arc::new(AtomicBool::new(false));
     changes.register((tx.clone(), Arc::clone(&missed)));
@@ -660,6 +662,7 @@ impl<R: Read, W: Write> Session<R, W> {
             writer,
             share: Vec::new(),
         };
+        s.reader.set_max_payload(wire::MAX_PACKET);
         match s.next_event()? {
             Event::Ready { share } => s.share = share,
             _ => return Err(ClientError::Hello.into()),

@@ -8,6 +8,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod bytes;
 pub mod client;
 pub mod fs;
 pub mod io;

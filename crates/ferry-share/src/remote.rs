@@ -25,13 +25,14 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
-use ferry_channel::blocking::{SecureReader, SecureWriter};
+use ferry_channel::blocking::{Received, SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
+use crate::bytes::{Bytes, Pool};
 use crate::client::{Busy, Client, Event, Failure, PutError};
 use crate::tree::{GroupCv, Version};
 use crate::wire::{
@@ -77,6 +78,14 @@ impl Default for RemoteConfig {
         }
     }
 }
+
+/// Packets with at least this many bytes of contents are kept in the buffer they were received in and handed
+/// to the client ([`Client::handle_owned`]): a piece that brings a whole read then reaches the reader
+/// without a copy. Smaller ones are copied out, so a small piece never pins a 1 MiB buffer.
+const TAKE_FROM: usize = 256 << 10;
+
+/// Idle receive buffers a connection keeps for the next large packets (the others are freed).
+const POOL_KEEP: usize = 16;
 
 /// Why a dial failed when the sharer closed the connection before its hello ([`RemoteError::Disconnected`]
 /// carries it): what a sharer does to a client it refuses (not paired, not allowed, full).
@@ -184,8 +193,8 @@ pub enum ReadPiece {
     Data {
         /// Offset of the first byte.
         offset: u64,
-        /// The bytes.
-        bytes: Vec<u8>,
+        /// The bytes (in the buffer their packet came in, when it brought a whole read).
+        bytes: Bytes,
         /// The verified value of each group the bytes make up, in order (empty when the read's ends cut
         /// a group): what a cache keeps to check its copy, without hashing the bytes again.
         cvs: Vec<GroupCv>,
@@ -792,6 +801,8 @@ fn before_hello(e: ChannelError) -> String {
 /// Dials and greets: the sharer's hello within the deadline, then the subscription queued.
 fn open(dial: &Dial, config: &RemoteConfig) -> Result<Opened, String> {
     let (mut reader, mut writer) = dial()?;
+    // The sharer sends pieces of up to 1 MiB with their proof in one packet.
+    reader.set_max_payload(crate::wire::MAX_PACKET);
     let stream = writer.get_ref().try_clone().map_err(|e| e.to_string())?;
     // A write to a sharer that stopped reading fails instead of hanging; the hello must come in time.
     let timeouts = stream
@@ -937,8 +948,9 @@ impl Shared {
 
     /// Feeds the connection's packets to its client and routes the events, until the connection ends.
     fn read_loop(&self, generation: u64, reader: &mut SecureReader<TcpStream>) -> String {
+        let pool = Pool::new(POOL_KEEP);
         loop {
-            let packet = match reader.recv() {
+            let packet = match reader.recv_taking(TAKE_FROM, |len| pool.take(len)) {
                 Ok(Some(p)) => p,
                 Ok(None) => return "the sharer closed the connection".into(),
                 Err(e) => return e.to_string(),
@@ -950,7 +962,13 @@ impl Shared {
                     return "replaced".into();
                 };
                 link.quiet_since = Instant::now();
-                let event = match link.client.handle(packet) {
+                let handled = match packet {
+                    Received::Borrowed(p) => link.client.handle(p),
+                    Received::Taken { buf, contents } => {
+                        link.client.handle_owned(buf, contents, &pool)
+                    }
+                };
+                let event = match handled {
                     Ok(Some(event)) => event,
                     Ok(None) => continue,
                     Err(e) => return format!("the sharer broke the protocol: {e}"),

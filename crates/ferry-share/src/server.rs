@@ -26,11 +26,15 @@ use crate::wire::{
     Space, Time, PROTOCOL_VERSION,
 };
 
-/// The largest piece by default: a channel packet holds 1 MiB, and a piece's header and proof fit in the
-/// 16 KiB left (the parents inside the piece, 64 bytes per group: 7.9 KiB with 8 KiB groups, and those on
-/// its path from the root, at most 4 KiB).
-pub const DEFAULT_PIECE: u64 = (1 << 20) - (16 << 10);
+/// The largest piece by default: 1 MiB, a mount's read, in one packet of [`wire::MAX_PACKET`] bytes with its
+/// header and proof, so the client hands the piece's bytes on where they arrived.
+pub const DEFAULT_PIECE: u64 = 1 << 20;
 const _: () = assert!(DEFAULT_PIECE.is_multiple_of(GROUP));
+
+/// Room a packet keeps for a piece's header and proof: the parents inside a 1 MiB piece (64 bytes per
+/// group: 7.9 KiB with 8 KiB groups) and those on its path from the root (at most 4 KiB).
+const PROOF_ROOM: u64 = 16 << 10;
+const _: () = assert!(DEFAULT_PIECE + PROOF_ROOM <= wire::MAX_PACKET as u64);
 
 /// Settings of a share's sessions.
 #[derive(Debug, Clone)]
@@ -729,7 +733,7 @@ impl Server {
     }
 
     /// [`Server::next_piece`] for a packet of at most about `limit` bytes (the channel's small-first
-    /// packet sizing, `ferry_channel::sizing`): the piece's data is `limit` less one group for the proof,
+    /// packet sizing, `ferry_channel::sizing`): the piece's data is `limit` less [`PROOF_ROOM`] for the proof,
     /// rounded down to whole groups, at least one group and at most the configured largest piece.
     pub fn next_piece_within(&mut self, limit: usize) -> Option<Piece> {
         if !self.out.is_empty() {
@@ -738,7 +742,7 @@ impl Server {
         let (id, left) = self.reads.pop_front()?;
         let limit = u64::try_from(limit)
             .unwrap_or(u64::MAX)
-            .saturating_sub(GROUP);
+            .saturating_sub(PROOF_ROOM);
         let len = (limit - limit % GROUP).clamp(GROUP, self.config.max_piece);
         let end = if left.is_empty() {
             left.end // the one piece of an empty file

@@ -3,9 +3,11 @@
 //!
 //! The tree is BLAKE3's own, with the lower levels pruned into groups of [`GROUP`] bytes (8 KiB, bao-tree's
 //! chunk groups): the sharer keeps an outboard of the tree's parent hashes above the groups (64 bytes per
-//! group, 0.78 % of the file), and a piece is a group-aligned range: the parent hashes from the root down
-//! to it, in pre-order, then its data (bao's encoding). A client that knows a version's root verifies a
-//! piece without any other state, so pieces can arrive in any order and interleaved with other requests.
+//! group, 0.78 % of the file), and a piece is a group-aligned range: every parent hash bao's pre-order
+//! encoding of the range has (from the root down to it and inside it), in that order, then all its data in
+//! one run (bao interleaves them; one run is verified where it lies and handed on without a copy). A client
+//! that knows a version's root verifies a piece without any other state, so pieces can arrive in any order
+//! and interleaved with other requests.
 //!
 //! The size of a version is bound to its root only through the tree's shape: a piece from the middle of a
 //! file can verify under a claimed size that differs in its last groups. A client that reports or relies
@@ -290,57 +292,32 @@ pub fn encode_piece_into(
     range: Range<u64>,
     out: &mut [u8],
 ) -> io::Result<usize> {
-    lay_out_piece(outboard, &range, out, |from, place| {
-        data.read_exact_at(from, place)
-    })
+    let place = lay_out_piece(outboard, &range, out)?;
+    data.read_exact_at(range.start, &mut out[place.clone()])?;
+    Ok(place.end)
 }
 
-/// [`encode_piece_into`] from a file: the groups' data, which lie one after the other in the file, is read
-/// with one `preadv` into their places between the parents (a 1 MiB piece has 128 groups: one system call
-/// instead of 128).
+/// [`encode_piece_into`] from a file: the piece's data lies in one run after its parents, so it is read
+/// with one `pread` straight into place.
 pub fn encode_piece_from_file(
     file: &File,
     outboard: &Outboard,
     range: Range<u64>,
     out: &mut [u8],
 ) -> io::Result<usize> {
-    let mut places: Vec<io::IoSliceMut<'_>> = Vec::new();
-    let mut next = range.start;
-    let len = lay_out_piece(outboard, &range, out, |from, place| {
-        if from != next {
-            return Err(io::Error::other(
-                "a piece's groups are not one run of the file",
-            ));
-        }
-        next += place.len() as u64;
-        places.push(io::IoSliceMut::new(place));
-        Ok(())
-    })?;
-    let (mut from, mut places) = (range.start, &mut places[..]);
-    while !places.is_empty() {
-        // Up to the system's limit of buffers per call (1024 on Linux).
-        let batch = places.len().min(1024);
-        let n = match rustix::io::preadv(file, &mut places[..batch], from) {
-            Err(rustix::io::Errno::INTR) => continue,
-            r => r?,
-        };
-        if n == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
-        }
-        from += n as u64;
-        io::IoSliceMut::advance_slices(&mut places, n);
-    }
-    Ok(len)
+    let place = lay_out_piece(outboard, &range, out)?;
+    FileExt::read_exact_at(file, &mut out[place.clone()], range.start)?;
+    Ok(place.end)
 }
 
-/// Writes the parents of the piece for `range` into their places in `out` and hands each group's place, in
-/// order, to `data` with the group's offset in the file to fill it from. Returns the piece's length.
-fn lay_out_piece<'a>(
+/// Writes the parents of the piece for `range` at the front of `out`, in pre-order, and returns where its
+/// data goes: right after them, in one run, up to the piece's end. Data in one run is what lets a client
+/// verify a piece where it lies and hand its bytes on without copying them out from between parents.
+fn lay_out_piece(
     outboard: &Outboard,
     range: &Range<u64>,
-    out: &'a mut [u8],
-    mut data: impl FnMut(u64, &'a mut [u8]) -> io::Result<()>,
-) -> io::Result<usize> {
+    out: &mut [u8],
+) -> io::Result<Range<usize>> {
     let size = outboard.version.size;
     if !is_piece_range(size, range) {
         return Err(io::Error::new(
@@ -349,33 +326,29 @@ fn lay_out_piece<'a>(
         ));
     }
     if range.is_empty() {
-        return Ok(0);
+        return Ok(0..0);
     }
     let short = || io::Error::new(io::ErrorKind::InvalidInput, "piece buffer too small");
-    let (mut at, mut rest) = (0usize, out);
+    let mut at = 0usize;
     for item in outboard
         .tree
         .ranges_pre_order_chunks_iter_ref(&chunks(range), 0)
     {
-        let len = match item {
-            BaoChunk::Parent { .. } => PAIR as usize,
-            BaoChunk::Leaf { size, .. } => size,
-        };
-        let (place, tail) = std::mem::take(&mut rest)
-            .split_at_mut_checked(len)
-            .ok_or_else(short)?;
-        rest = tail;
-        at += len;
-        match item {
-            BaoChunk::Parent { node, .. } => place.copy_from_slice(
+        if let BaoChunk::Parent { node, .. } = item {
+            let place = out.get_mut(at..at + PAIR as usize).ok_or_else(short)?;
+            place.copy_from_slice(
                 &outboard
                     .pair(node)?
                     .ok_or_else(|| io::Error::other("outboard misses a parent"))?,
-            ),
-            BaoChunk::Leaf { start_chunk, .. } => data(start_chunk.to_bytes(), place)?,
+            );
+            at += PAIR as usize;
         }
     }
-    Ok(at)
+    let end = at + (range.end - range.start) as usize;
+    if end > out.len() {
+        return Err(short());
+    }
+    Ok(at..end)
 }
 
 /// Appends the piece for `range` to `out` ([`encode_piece_into`] for a growing buffer).
@@ -438,6 +411,20 @@ pub fn verify_piece_cvs(
     out: &mut Vec<u8>,
     cvs: &mut Vec<GroupCv>,
 ) -> Result<(), VerifyError> {
+    let data = verify_piece_in_place(version, range, piece, cvs)?;
+    out.extend_from_slice(&piece[data]);
+    Ok(())
+}
+
+/// [`verify_piece_cvs`] without copying: verifies the piece where it lies and returns where its data is in
+/// `piece` (after the parents, in one run), so that a caller that owns the piece's buffer hands the bytes on
+/// as they are. Nothing is appended to `cvs` unless the whole piece verifies.
+pub fn verify_piece_in_place(
+    version: &Version,
+    range: Range<u64>,
+    piece: &[u8],
+    cvs: &mut Vec<GroupCv>,
+) -> Result<Range<usize>, VerifyError> {
     let size = version.size;
     if !is_piece_range(size, &range) {
         return Err(VerifyError::Range);
@@ -448,46 +435,50 @@ pub fn verify_piece_cvs(
             return Err(VerifyError::Mismatch);
         }
         return if piece.is_empty() {
-            Ok(())
+            Ok(0..0)
         } else {
             Err(VerifyError::Length)
         };
     }
     if range.is_empty() {
         return if piece.is_empty() {
-            Ok(())
+            Ok(0..0)
         } else {
             Err(VerifyError::Length)
         };
     }
-    let (mark, cv_mark) = (out.len(), cvs.len());
-    let r = decode(version, range, piece, out, cvs);
+    let cv_mark = cvs.len();
+    let r = decode(version, range, piece, cvs);
     if r.is_err() {
-        out.truncate(mark);
         cvs.truncate(cv_mark);
     }
     r
 }
 
-/// Walks the piece in the tree's pre-order as bao's decoder does: every parent pair must hash to the value
-/// its own parent gave (the root first), and each group's value is the one its parent gave; the groups'
-/// data is copied once, into `out`, then hashed from there in blocks ([`verify_groups`]).
+/// Walks the piece in the tree's pre-order as bao's decoder does: every parent pair (read in turn from the
+/// piece's front) must hash to the value its own parent gave (the root first), and each group's value is
+/// the one its parent gave; the groups' data, the piece's last bytes in one run, is then hashed where it
+/// lies, in blocks ([`verify_groups`]). Returns where the data is.
 fn decode(
     version: &Version,
     range: Range<u64>,
     piece: &[u8],
-    out: &mut Vec<u8>,
     cvs: &mut Vec<GroupCv>,
-) -> Result<(), VerifyError> {
+) -> Result<Range<usize>, VerifyError> {
     use bao_tree::blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, Mode};
     let tree = tree_of(version.size);
+    let data_len = (range.end - range.start) as usize;
+    let data_at = piece
+        .len()
+        .checked_sub(data_len)
+        .ok_or(VerifyError::Length)?;
+    let (parents, data) = piece.split_at(data_at);
     let mut expected_values: Vec<GroupCv> = Vec::with_capacity(64);
     expected_values.push(version.root);
     let mut at = 0usize;
     let mut expected = range.start;
-    let (data_from, cvs_from) = (out.len(), cvs.len());
+    let cvs_from = cvs.len();
     let mut one_group_file = false;
-    out.reserve((range.end - range.start) as usize);
     for item in tree.ranges_pre_order_chunks_iter_ref(&chunks(&range), 0) {
         match item {
             BaoChunk::Parent {
@@ -496,7 +487,7 @@ fn decode(
                 right,
                 ..
             } => {
-                let pair = piece.get(at..at + 64).ok_or(VerifyError::Length)?;
+                let pair = parents.get(at..at + 64).ok_or(VerifyError::Length)?;
                 at += 64;
                 let l: GroupCv = pair[..32].try_into().expect("32 bytes");
                 let r: GroupCv = pair[32..].try_into().expect("32 bytes");
@@ -521,31 +512,29 @@ fn decode(
                 is_root,
                 ..
             } => {
-                let data = piece.get(at..at + size).ok_or(VerifyError::Length)?;
-                at += size;
                 if start_chunk.to_bytes() != expected {
                     return Err(VerifyError::Mismatch);
                 }
                 let value = expected_values.pop().ok_or(VerifyError::Mismatch)?;
                 one_group_file |= is_root;
-                out.extend_from_slice(data);
                 cvs.push(value);
                 expected += size as u64;
             }
         }
     }
-    if expected != range.end || at != piece.len() {
+    if expected != range.end || at != parents.len() {
         return Err(VerifyError::Length);
     }
-    let (data, values) = (&out[data_from..], &cvs[cvs_from..]);
+    let values = &cvs[cvs_from..];
     if one_group_file {
         // The whole file is one group: its value is the root hash itself.
         return match *bao_tree::blake3::hash(data).as_bytes() == version.root {
-            true => Ok(()),
+            true => Ok(data_at..piece.len()),
             false => Err(VerifyError::Mismatch),
         };
     }
-    verify_groups(range.start, data, values)
+    verify_groups(range.start, data, values)?;
+    Ok(data_at..piece.len())
 }
 
 /// Most groups hashed at once: a piece's whole data (BLAKE3 hashes 16 chunks side by side with AVX-512, and
@@ -625,10 +614,10 @@ mod tests {
     }
 
     #[test]
-    fn a_piece_read_from_a_file_in_one_call_is_the_piece_read_group_by_group() {
+    fn a_piece_read_from_a_file_is_the_piece_read_from_memory() {
         let t = ferry_testkit::temp_dir("ferry-tree-");
         let path = t.path().join("data");
-        // 9 MiB + a short last group: a range over more groups than one preadv takes (1024).
+        // 9 MiB + a short last group: ranges of one group up to the whole file.
         let len = (9 << 20) + 5000;
         let d = data(len);
         std::fs::write(&path, &d).unwrap();
@@ -727,7 +716,14 @@ mod tests {
             encode_piece(&d[..], &ob, range.clone(), &mut piece).unwrap();
             let mut out = Vec::new();
             verify_piece(&v, range.clone(), &piece, &mut out).unwrap();
-            assert_eq!(out, &d[range.start as usize..range.end as usize]);
+            let want = &d[range.start as usize..range.end as usize];
+            assert_eq!(out, want);
+            // The data is the piece's tail, in one run, and verifies where it lies.
+            assert_eq!(&piece[piece.len() - want.len()..], want);
+            let mut cvs = Vec::new();
+            let at = verify_piece_in_place(&v, range.clone(), &piece, &mut cvs).unwrap();
+            assert_eq!(at, piece.len() - want.len()..piece.len());
+            assert_eq!(cvs.len() as u64, (range.end - range.start).div_ceil(GROUP));
         }
         let last = last_group(v.size);
         assert_eq!(last, 5 * GROUP..len as u64);

@@ -28,7 +28,7 @@
 //! | [`ENTRIES`] | server | id, count u32, entries, next cursor u64 ([`END`] when the listing is complete) |
 //! | [`ATTR`] | server | id, entry |
 //! | [`VERSION`] | server | id, size u64, root \[32\]: the version a read is served from, before its data |
-//! | [`DATA`] | server | id, offset u64, length u32, then the piece: its bytes with their proof (the rest) |
+//! | [`DATA`] | server | id, offset u64, length u32, then the piece: its proof's parent hashes, then its bytes in one run (the rest) |
 //! | [`DONE`] | server | id: the request is complete |
 //! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
 //! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
@@ -43,8 +43,14 @@
 use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
 use ferry_wire::{Put, Reader, WireError};
 
-/// Protocol version in [`HELLO`].
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Protocol version in [`HELLO`]. 4: a piece's data follows all its parents in one run
+/// ([`crate::tree`]), and a sharer's packets may carry up to [`MAX_PACKET`] bytes.
+pub const PROTOCOL_VERSION: u16 = 4;
+
+/// The largest contents of a packet from the sharer: a 1 MiB piece, its proof and its header (the
+/// channel's default is 1 MiB, which would cut a 1 MiB read into two pieces). Both sides set it on their
+/// channel when the session starts.
+pub const MAX_PACKET: usize = (1 << 20) + (32 << 10);
 
 /// Hello: the first message each way.
 pub const HELLO: u8 = 1;

@@ -354,7 +354,7 @@ fn a_file_changed_during_a_read_fails_it_and_the_next_read_gets_the_new_version(
     for a in session.answers.drain(..) {
         match client.handle(&a).unwrap() {
             Some(Event::Version { id, version: v }) if id == again => version = Some(v),
-            Some(Event::Data { id, bytes, .. }) if id == again => fresh.extend(bytes),
+            Some(Event::Data { id, bytes, .. }) if id == again => fresh.extend_from_slice(&bytes),
             _ => {}
         }
     }
@@ -685,9 +685,10 @@ fn reads_that_arrive_together_share_an_open_and_a_later_one_sees_a_replaced_file
     let mut versions = std::collections::HashSet::new();
     for a in session.answers.drain(..) {
         match client.handle(&a).unwrap() {
-            Some(Event::Data { id, bytes, .. }) => {
-                got.entry(id).or_insert_with(Vec::new).extend(bytes)
-            }
+            Some(Event::Data { id, bytes, .. }) => got
+                .entry(id)
+                .or_insert_with(Vec::new)
+                .extend_from_slice(&bytes),
             Some(Event::Version { id, version }) if id != other => {
                 versions.insert(version);
             }
@@ -713,10 +714,130 @@ fn reads_that_arrive_together_share_an_open_and_a_later_one_sees_a_replaced_file
     for a in session.answers.drain(..) {
         match client.handle(&a).unwrap() {
             Some(Event::Version { id, version: v }) if id == again => version = Some(v),
-            Some(Event::Data { id, bytes, .. }) if id == again => fresh.extend(bytes),
+            Some(Event::Data { id, bytes, .. }) if id == again => fresh.extend_from_slice(&bytes),
             _ => {}
         }
     }
     assert_eq!(fresh, &new[GROUP as usize..GROUP as usize + 4096]);
     assert!(version.is_some() && !versions.contains(&version.unwrap()));
+}
+
+/// `packet` at `contents` of a larger buffer, as a channel reader hands over the buffer it was received in.
+fn in_buffer(packet: &[u8]) -> (Vec<u8>, std::ops::Range<usize>) {
+    let mut buf = vec![0xEE; 7];
+    buf.extend_from_slice(packet);
+    buf.extend_from_slice(&[0xEE; 5]);
+    (buf, 7..7 + packet.len())
+}
+
+/// The version packet and one piece for `at..end` of `data` (honest) as read `id`.
+fn version_and_piece(id: RequestId, data: &[u8], at: u64, end: u64) -> (Vec<u8>, Vec<u8>) {
+    let ob = Outboard::compute(data, data.len() as u64).unwrap();
+    let v = ob.version();
+    let version = packet(Response::Version {
+        id,
+        size: v.size,
+        root: v.root,
+    });
+    let mut piece = Vec::new();
+    wire::data_header(&mut piece, id, at, (end - at) as u32);
+    encode_piece(data, &ob, at..end, &mut piece).unwrap();
+    (version, piece)
+}
+
+/// A piece that brings a whole read, handed over in its buffer, is verified where it lies and handed on in
+/// that buffer, cut to the bytes asked for, and the buffer goes back to the pool when they are dropped; a
+/// read in two pieces is gathered as before; a piece with one bad byte hands nothing on.
+#[test]
+fn a_whole_read_in_one_owned_packet_is_handed_on_in_place_and_a_lie_is_still_caught() {
+    use ferry_share::bytes::Pool;
+    let mib = 1u64 << 20;
+    let data = pseudo_random(3 * mib as usize + 123, 21);
+    let pool = Pool::new(4);
+    let mut client = greeted_client();
+    // A whole 1 MiB read, and one cut 5 bytes in at both ends.
+    for (offset, len) in [(mib, mib), (mib + 5, mib - 10)] {
+        let id = client.read(p("f"), None, offset, len).unwrap();
+        let (version, piece) = version_and_piece(id, &data, mib, 2 * mib);
+        assert!(matches!(
+            client.handle(&version).unwrap(),
+            Some(Event::Version { .. })
+        ));
+        let (buf, contents) = in_buffer(&piece);
+        match client.handle_owned(buf, contents, &pool).unwrap() {
+            Some(Event::Data {
+                offset: o,
+                bytes,
+                cvs,
+                ..
+            }) => {
+                assert_eq!(o, offset);
+                assert!(bytes.is_in_packet(), "handed on where it lies");
+                assert_eq!(bytes, data[offset as usize..(offset + len) as usize]);
+                let whole = len == mib;
+                assert_eq!(cvs.len(), if whole { 128 } else { 0 });
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            pool.idle(),
+            1,
+            "the buffer went back when the bytes were dropped"
+        );
+        assert!(pool.take(0).len() > piece.len());
+        assert_eq!(
+            client.handle(&packet(Response::Done { id })).unwrap(),
+            Some(Event::Done { id })
+        );
+    }
+    // Two pieces of one read: the first is held, the second brings the read, gathered in a buffer of its own.
+    let id = client.read(p("f"), None, 0, mib).unwrap();
+    let (version, first) = version_and_piece(id, &data, 0, mib / 2);
+    let (_, second) = version_and_piece(id, &data, mib / 2, mib);
+    client.handle(&version).unwrap();
+    let (buf, contents) = in_buffer(&first);
+    assert_eq!(client.handle_owned(buf, contents, &pool).unwrap(), None);
+    let (buf, contents) = in_buffer(&second);
+    match client.handle_owned(buf, contents, &pool).unwrap() {
+        Some(Event::Data { bytes, cvs, .. }) => {
+            assert!(!bytes.is_in_packet());
+            assert_eq!(bytes, data[..mib as usize]);
+            assert_eq!(cvs.len(), 128);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        pool.idle(),
+        2,
+        "both buffers free again: their bytes were copied out"
+    );
+    client.handle(&packet(Response::Done { id })).unwrap();
+    // One bad byte (counted from the piece's end) in the last group, the middle, the first group or the
+    // parents before the data: nothing handed on.
+    let m = mib as usize;
+    for flip in [1, 600_000, m, m + 100] {
+        let id = client.read(p("f"), None, 2 * mib, mib).unwrap();
+        let (version, mut piece) = version_and_piece(id, &data, 2 * mib, 3 * mib);
+        client.handle(&version).unwrap();
+        let at = piece.len() - flip;
+        piece[at] ^= 1;
+        let (buf, contents) = in_buffer(&piece);
+        assert_eq!(
+            client.handle_owned(buf, contents, &pool).unwrap(),
+            Some(Event::Failed {
+                id,
+                failure: Failure::Integrity
+            }),
+            "byte {flip} from the end"
+        );
+    }
+    // A piece past the read's end (here: the right bytes, but 1 MiB later than asked) fails it too.
+    let id = client.read(p("f"), None, 0, mib).unwrap();
+    let (version, piece) = version_and_piece(id, &data, mib, 2 * mib);
+    client.handle(&version).unwrap();
+    let (buf, contents) = in_buffer(&piece);
+    assert!(matches!(
+        client.handle_owned(buf, contents, &pool).unwrap(),
+        Some(Event::Failed { .. })
+    ));
 }

@@ -240,7 +240,7 @@ fn read_all(remote: &Remote, path: &SharePath, offset: u64, len: u64) -> Vec<u8>
             } => {
                 assert!(version.is_some(), "data before the version");
                 assert_eq!(o, offset + out.len() as u64, "pieces in order");
-                out.extend(bytes);
+                out.extend_from_slice(&bytes);
             }
         }
     }
@@ -331,7 +331,7 @@ fn sixty_four_reads_in_flight_each_get_their_bytes() {
         let mut got = Vec::new();
         while let Some(piece) = handle.next().unwrap() {
             if let ReadPiece::Data { bytes, .. } = piece {
-                got.extend(bytes);
+                got.extend_from_slice(&bytes);
             }
         }
         let len = 4096 + (offset / 49_000) * 1000;

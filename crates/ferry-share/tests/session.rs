@@ -257,12 +257,13 @@ fn stat_list_and_verified_reads_of_any_range() {
 fn pieces_built_for_small_packets_are_whole_groups_and_verify() {
     let mut pair = Pair::new(sample_share(), ServerConfig::default(), 64);
     let big = pair.share.files[&b"big.bin".to_vec()].1.clone();
-    // A fresh channel's first packets (`ferry_channel::sizing`): 4 KiB, then 40 KiB.
+    // A fresh channel's first packets (`ferry_channel::sizing`): 4 KiB, then 48 KiB (of which 16 KiB are
+    // kept for the proof).
     let group = ferry_share::tree::GROUP;
     pair.piece_limit = 4 << 10;
     let first = pair.client.read(path("big.bin"), None, 0, 100_000).unwrap();
     pair.pump(&BTreeMap::from([(first, "big.bin")]));
-    pair.piece_limit = 40 << 10;
+    pair.piece_limit = 48 << 10;
     let second = pair
         .client
         .read(path("big.bin"), None, 100_000, big.len() as u64 - 100_000)
@@ -286,7 +287,7 @@ fn a_read_of_up_to_a_megabyte_is_handed_on_whole_however_it_was_cut() {
     let big = pair.share.files[&b"big.bin".to_vec()].1.clone();
     let group = ferry_share::tree::GROUP;
     // Pieces of 5 groups: a 1 MiB read comes in 26 of them, a 1 MiB + 1 read in 27.
-    pair.piece_limit = 6 * group as usize;
+    pair.piece_limit = 7 * group as usize;
     let mib = ferry_share::client::COALESCE;
     let one = pair.client.read(path("big.bin"), None, mib, mib).unwrap();
     let cut = pair
@@ -308,7 +309,7 @@ fn a_read_of_up_to_a_megabyte_is_handed_on_whole_however_it_was_cut() {
                     offset,
                     bytes,
                     cvs,
-                } if *i == id => Some((*offset, bytes.clone(), cvs.len())),
+                } if *i == id => Some((*offset, bytes.to_vec(), cvs.len())),
                 _ => None,
             })
             .collect::<Vec<_>>()

@@ -105,7 +105,7 @@ impl Source for FakeSharer {
             let end = (offset + 64 * 1024).min(v.size);
             out.push(Ok(Piece::Data {
                 offset,
-                bytes: content[offset as usize..end as usize].to_vec(),
+                bytes: content[offset as usize..end as usize].to_vec().into(),
                 cvs: Vec::new(),
             }));
             out.push(Err(SourceError::Changed));
@@ -117,7 +117,7 @@ impl Source for FakeSharer {
                 self.bytes.fetch_add(n, Ordering::Relaxed);
                 out.push(Ok(Piece::Data {
                     offset: at,
-                    bytes: content[at as usize..(at + n) as usize].to_vec(),
+                    bytes: content[at as usize..(at + n) as usize].to_vec().into(),
                     cvs: Vec::new(),
                 }));
                 at += n;
@@ -435,7 +435,7 @@ fn pieces_held_that_overlap_answer_a_read_across_them() {
         longest: AtomicU64::new(0),
     };
     let content = data(64 << 10, 12);
-    let piece = |r: Range<usize>| Arc::new(content[r].to_vec());
+    let piece = |r: Range<usize>| Arc::new(ferry_share::bytes::Bytes::from(content[r].to_vec()));
     // A large piece, a small one inside it (fetched again after the store dropped it), and the next one.
     assert!(held.keep(0, piece(0..32 << 10), 0));
     assert!(held.keep(8 << 10, piece(8 << 10..16 << 10), 0));
