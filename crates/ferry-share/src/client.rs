@@ -188,10 +188,11 @@ struct Verified {
 }
 
 /// A read of at most this many bytes is handed on as one [`Event::Data`] however many pieces the sharer
-/// cut it into (a piece is at most one packet, a little under 1 MiB with its parent hashes): each piece is
-/// verified straight into one buffer, so a consumer that reads in units of its requests (the mount: 1 MiB)
-/// gets each request's bytes in one place, not copied together again. Of a longer read, pieces are handed
-/// on one by one until the rest fits.
+/// cut it into (a piece is at most one packet: 1 MiB, fewer while the channel's packets grow after a pause):
+/// a read in one piece is handed on in its packet's buffer ([`Client::handle_owned`]), one in several
+/// pieces gathered into one buffer, so a consumer that reads in units of its requests (the mount: 1 MiB)
+/// gets each request's bytes in one place. Of a longer read, pieces are handed on one by one until the rest
+/// fits.
 pub const COALESCE: u64 = 1 << 20;
 
 /// One session with a sharer.
@@ -427,7 +428,8 @@ impl Client {
     /// [`Client::handle`] for a packet at `contents` of a buffer the caller hands over (the one it was
     /// received in: [`ferry_channel::blocking::SecureReader::recv_taking`]). A piece that brings the whole
     /// rest of a read is verified where it lies and its bytes handed on in this buffer, which goes back to
-    /// `pool` when they are dropped: no copy. Any other packet is handled as by [`Client::handle`].
+    /// `pool` when they are dropped: no copy. Any other packet is handled as by [`Client::handle`], and the
+    /// buffer goes back to `pool` at once.
     pub fn handle_owned(
         &mut self,
         buf: Vec<u8>,

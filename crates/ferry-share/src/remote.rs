@@ -4,7 +4,10 @@
 //! One [`Client`] state machine per connection, under a mutex, is shared by every caller. A caller issues
 //! its request under that mutex (waiting there while the sharer's in-flight limit is used, never getting a
 //! busy error) and gets a channel of its own; a reader thread owns the connection's [`SecureReader`], feeds
-//! each packet to the client and routes the verified event by request id to that channel. Packets go out
+//! each packet to the client and routes the verified event by request id to that channel. A large packet
+//! is handed to the client in the buffer it was received in, so a piece that brings a whole read reaches
+//! its caller in that buffer, not copied ([`Client::handle_owned`]; the buffers come back to the
+//! connection's [`Pool`]). Packets go out
 //! under the writer's mutex: whoever holds it sends everything the client queued, in order, so a cancel
 //! always reaches the sharer before the request that reuses its slot.
 //!
