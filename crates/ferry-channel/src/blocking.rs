@@ -294,18 +294,13 @@ impl<R: Read> SecureReader<R> {
     /// The next packet's contents, or `None` after the peer's authenticated end of stream. A stream that ends
     /// without it is [`ChannelError::Truncated`].
     pub fn recv(&mut self) -> Result<Option<&mut [u8]>, ChannelError> {
-        if self.opener.is_closed() {
-            return Ok(None);
-        }
-        loop {
-            match self.opener.next_ready()? {
-                Some(Ready::Data(range)) => return Ok(Some(self.opener.contents(range))),
-                Some(Ready::Close) => return Ok(None),
-                None => {}
+        // No packet's contents reach usize::MAX bytes: every one comes borrowed.
+        match self.recv_taking(usize::MAX, |_| Vec::new())? {
+            Some(Received::Borrowed(contents)) => Ok(Some(contents)),
+            Some(Received::Taken { .. }) => {
+                unreachable!("nothing is taken from usize::MAX bytes on")
             }
-            if !self.fill()? {
-                return Ok(None);
-            }
+            None => Ok(None),
         }
     }
 

@@ -195,6 +195,17 @@ struct Verified {
 /// fits.
 pub const COALESCE: u64 = 1 << 20;
 
+/// What of `span` (verified bytes from the sharer, with their groups' values `cvs`) read `want` asked for,
+/// which is what is handed on; the values go only with uncut groups, so any cut drops them.
+fn handed_on(want: &Range<u64>, span: Range<u64>, cvs: &mut Vec<GroupCv>) -> Range<u64> {
+    let from = want.start.max(span.start);
+    let to = want.end.min(span.end).max(from);
+    if from != span.start || to != span.end {
+        cvs.clear();
+    }
+    from..to
+}
+
 /// One session with a sharer.
 #[derive(Debug)]
 pub struct Client {
@@ -569,26 +580,17 @@ impl Client {
                     let mut cvs = Vec::with_capacity(whole.div_ceil(GROUP) as usize);
                     let Ok(data) = verify_piece_in_place(version, range.clone(), piece, &mut cvs)
                     else {
-                        self.cancel(id);
-                        return Ok(Some(Event::Failed {
-                            id,
-                            failure: Failure::Integrity,
-                        }));
+                        return Ok(Some(self.failed_integrity(id)));
                     };
                     *next = range.end;
-                    // Hand on only what was asked for.
-                    let from = want.start.max(range.start);
-                    let to = want.end.min(range.end).max(from);
-                    if from != range.start || to != range.end {
-                        cvs.clear();
-                    }
+                    let part = handed_on(want, range.clone(), &mut cvs);
                     // The piece is the packet's rest, after the data header.
                     let piece_at = packet.len() - piece.len();
-                    let first = piece_at + data.start + (from - range.start) as usize;
-                    *at = Some(first..first + (to - from) as usize);
+                    let first = piece_at + data.start + (part.start - range.start) as usize;
+                    *at = Some(first..first + (part.end - part.start) as usize);
                     return Ok(Some(Event::Data {
                         id,
-                        offset: from,
+                        offset: part.start,
                         bytes: Bytes::from(Vec::new()),
                         cvs,
                     }));
@@ -608,12 +610,7 @@ impl Client {
                     || verify_piece_cvs(version, range.clone(), piece, &mut acc.bytes, &mut acc.cvs)
                         .is_err()
                 {
-                    // Stop the read's other pieces; they are dropped when they come.
-                    self.cancel(id);
-                    return Ok(Some(Event::Failed {
-                        id,
-                        failure: Failure::Integrity,
-                    }));
+                    return Ok(Some(self.failed_integrity(id)));
                 }
                 *next = range.end;
                 // More to come and room for all of it: handed on with the rest.
@@ -626,18 +623,13 @@ impl Client {
                     mut cvs,
                     ..
                 } = held.take().expect("set above");
-                // Hand on only what was asked for.
-                let from = want.start.max(start);
-                let to = want.end.min(range.end).max(from);
+                let part = handed_on(want, start..range.end, &mut cvs);
                 // In place: the pieces' bytes are not copied again.
-                bytes.truncate((to - start) as usize);
-                bytes.drain(..(from - start) as usize);
-                if from != start || to != range.end {
-                    cvs.clear();
-                }
+                bytes.truncate((part.end - start) as usize);
+                bytes.drain(..(part.start - start) as usize);
                 Event::Data {
                     id,
-                    offset: from,
+                    offset: part.start,
                     bytes: bytes.into(),
                     cvs,
                 }
@@ -664,6 +656,16 @@ impl Client {
             _ => return Err(ClientError::Unexpected(id)),
         };
         Ok(Some(event))
+    }
+
+    /// Fails read `id` after a piece that did not verify, and cancels its other pieces (they are dropped
+    /// when they come).
+    fn failed_integrity(&mut self, id: RequestId) -> Event {
+        self.cancel(id);
+        Event::Failed {
+            id,
+            failure: Failure::Integrity,
+        }
     }
 
     fn send(
