@@ -1,4 +1,5 @@
-//! BIP324's official test vectors, read at test time from `../shared/vectors/bip324/` (or `FERRY_BIP324_VECTORS`).
+//! BIP324's official test vectors, read at test time from `tests/vectors/bip324/` (or `FERRY_BIP324_VECTORS`),
+//! a copy kept in the repository (its README says where from).
 //!
 //! Every vector test has `bip324_vector` in its name, so `cargo test bip324_vector` runs exactly these. Each
 //! check is a function of the vector directory, so the same checks also run on a deliberately corrupted copy
@@ -38,9 +39,7 @@ fn vectors_dir() -> PathBuf {
     if let Ok(dir) = std::env::var("FERRY_BIP324_VECTORS") {
         return PathBuf::from(dir);
     }
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    // crates/ferry-channel -> repository root -> ../shared
-    manifest.join("../../../shared/vectors/bip324")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/vectors/bip324")
 }
 
 /// Reads a CSV file of the vectors as rows of (column name -> value).
