@@ -472,7 +472,8 @@ impl Remote {
         let s = self.shared();
         let mut done = 0usize;
         let mut known: Option<Version> = None;
-        let mut progress = Instant::now();
+        let began = Instant::now();
+        let mut progress = began;
         loop {
             let pinned = known.map(|v| v.root).or(version);
             let at = offset + done as u64;
@@ -504,7 +505,8 @@ impl Remote {
             })();
             match attempt {
                 Ok(()) => break,
-                Err(RemoteError::Disconnected(_)) if progress.elapsed() < s.config.deadline => {}
+                Err(RemoteError::Disconnected(_))
+                    if progress.elapsed() < s.config.deadline && s.lost_since(began) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -557,7 +559,8 @@ impl Remote {
         let mut version: Option<Version> = None;
         let whole = 0..size;
         let mut from_base = ranges.is_some() && base.is_some();
-        let mut progress = Instant::now();
+        let began = Instant::now();
+        let mut progress = began;
         loop {
             let sent = match ranges {
                 Some(ranges) if from_base => ranges,
@@ -578,6 +581,7 @@ impl Remote {
                 let chunk = s.put_chunk();
                 let mut buf = Vec::new();
                 let mut running = RunningRoot::new();
+                let mut refused = false;
                 'send: for range in sent {
                     let (mut at, end) = (range.start.min(size), range.end.min(size));
                     while at < end {
@@ -587,18 +591,29 @@ impl Remote {
                         running.update(at, &buf);
                         if !s.put_data(&request, at, &buf)? {
                             // The put failed early: its answer is on the way.
+                            refused = true;
                             break 'send;
                         }
                         progress = Instant::now();
                         at += n as u64;
                     }
                 }
+                if refused {
+                    // Its answer says why; the rest of the file is neither sent nor hashed (a sharer that
+                    // refuses a huge size at once is not made to wait for the hash of every byte of it).
+                    return Err(unexpected(s.wait(&request)?.pop()));
+                }
                 let known = match version {
                     Some(v) => v,
-                    None => Version {
-                        size,
-                        root: running.root(file, size).map_err(local)?,
-                    },
+                    None => {
+                        let root = running
+                            .root_unless(file, size, &mut || s.put_refused(&request))
+                            .map_err(local)?;
+                        match root {
+                            Some(root) => Version { size, root },
+                            None => return Err(unexpected(s.wait(&request)?.pop())),
+                        }
+                    }
                 };
                 version = Some(known);
                 ended = s.put_end(&request, known.root)?;
@@ -610,7 +625,9 @@ impl Remote {
             })();
             match attempt {
                 Err(RemoteError::Remote(ErrorCode::Changed, _)) if from_base => from_base = false,
-                Err(RemoteError::Disconnected(why)) if progress.elapsed() < s.config.deadline => {
+                Err(RemoteError::Disconnected(why))
+                    if progress.elapsed() < s.config.deadline && s.lost_since(began) =>
+                {
                     if let Some(version) = version.filter(|_| ended) {
                         // Its end went out: it may have landed before the link was lost.
                         match self.read_into(path, Some(version.root), 0, &mut []) {
@@ -898,6 +915,19 @@ impl Shared {
     /// never piles up in memory): `false` when the put is over already (it failed; its answer is on the
     /// way). Sending counts as the link's progress: the sharer takes the bytes (one that stops taking them
     /// fails the send by its timeout, the deadline).
+    /// Whether the put `request` is over before it was sent whole (the sharer refused it; its answer is on
+    /// the way), or its link is gone.
+    fn put_refused(&self, request: &Issued) -> bool {
+        let mut st = lock(&self.state);
+        match link_of(&mut st, request.generation) {
+            Ok(link) => matches!(
+                link.client.put_data_header(request.id, 0, 0),
+                Err(PutError::NoPut(_))
+            ),
+            Err(_) => true,
+        }
+    }
+
     fn put_data(&self, request: &Issued, offset: u64, bytes: &[u8]) -> Result<bool, RemoteError> {
         let mut w = lock(&self.writer);
         let packets: Vec<Vec<u8>> = {
@@ -1213,6 +1243,13 @@ impl Shared {
         }
     }
 
+    /// Whether the link was lost after `began` (under a call that began then): only such a call is tried
+    /// again. One that began with the link down already waited for it in [`Shared::issue`]; trying it
+    /// again would spin until its deadline (a push to a sharer long gone took a whole deadline so).
+    fn lost_since(&self, began: Instant) -> bool {
+        lock(&self.state).lost_at >= began
+    }
+
     /// Retries `attempt` on a new connection when the link was lost under it (after the call began), while
     /// the deadline allows; `attempt` gets the moment its wait for the link counts from. A link that was
     /// already down when the call began is not retried: [`Shared::issue`] waited for it.
@@ -1224,8 +1261,7 @@ impl Shared {
         loop {
             match attempt(since) {
                 Err(RemoteError::Disconnected(_))
-                    if since.elapsed() < self.config.deadline
-                        && lock(&self.state).lost_at >= since => {}
+                    if since.elapsed() < self.config.deadline && self.lost_since(since) => {}
                 other => return other,
             }
         }

@@ -433,16 +433,32 @@ pub(crate) fn hash(file: &File, len: u64) -> io::Result<[u8; 32]> {
 }
 
 /// Feeds bytes `from..len` of `file` to `hasher` and gives the root.
-fn hash_rest(file: &File, mut hasher: blake3::Hasher, from: u64, len: u64) -> io::Result<[u8; 32]> {
+fn hash_rest(file: &File, hasher: blake3::Hasher, from: u64, len: u64) -> io::Result<[u8; 32]> {
+    hash_rest_unless(file, hasher, from, len, &mut || false)
+        .map(|root| root.expect("never stopped"))
+}
+
+/// [`hash_rest`], looking at `stop` before each 64 MiB: `None` once it says to stop.
+fn hash_rest_unless(
+    file: &File,
+    mut hasher: blake3::Hasher,
+    from: u64,
+    len: u64,
+    stop: &mut dyn FnMut() -> bool,
+) -> io::Result<Option<[u8; 32]>> {
+    const LOOK_EVERY: u64 = 64 << 20;
     let mut buf = vec![0u8; (len - from.min(len)).min(1 << 20) as usize];
     let mut at = from;
     while at < len {
+        if (at - from).is_multiple_of(LOOK_EVERY) && at > from && stop() {
+            return Ok(None);
+        }
         let n = (len - at).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..n], at)?;
         hasher.update(&buf[..n]);
         at += n as u64;
     }
-    Ok(*hasher.finalize().as_bytes())
+    Ok(Some(*hasher.finalize().as_bytes()))
 }
 
 /// The root of a put's content, hashed as its bytes go by: on the client as they are sent, on the sharer as
@@ -491,9 +507,24 @@ impl RunningRoot {
 
     /// The root of `file`'s first `size` bytes: what was hashed, then the rest read from the file.
     pub fn root(&self, file: &File, size: u64) -> io::Result<[u8; 32]> {
+        self.root_unless(file, size, &mut || false)
+            .map(|root| root.expect("never stopped"))
+    }
+
+    /// [`RunningRoot::root`], looking at `stop` every 64 MiB of what is read back: `None` once it says to
+    /// stop (a put the sharer refused at its start is not hashed to its end, which for a file grown to
+    /// terabytes of holes would take hours).
+    pub fn root_unless(
+        &self,
+        file: &File,
+        size: u64,
+        stop: &mut dyn FnMut() -> bool,
+    ) -> io::Result<Option<[u8; 32]>> {
         match &self.hashed {
-            Some((hasher, len)) if *len <= size => hash_rest(file, hasher.clone(), *len, size),
-            _ => hash(file, size),
+            Some((hasher, len)) if *len <= size => {
+                hash_rest_unless(file, hasher.clone(), *len, size, stop)
+            }
+            _ => hash_rest_unless(file, blake3::Hasher::new(), 0, size, stop),
         }
     }
 }
