@@ -9,7 +9,7 @@ mod common;
 
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
 
@@ -386,39 +386,122 @@ fn a_file_kept_open_is_pushed_after_a_pause_in_its_writes() {
     );
 }
 
+/// Runs `act`, failing the test if it took 2 s or more: offline, a call of the mount answers from what it
+/// has, never after a wait per call (the mount's deadline here is 2 s, so a call that waited for the link
+/// fails this).
+fn at_once<T>(what: &str, act: impl FnOnce() -> T) -> T {
+    let started = std::time::Instant::now();
+    let r = act();
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "{what} took {took:?} while the sharer was away"
+    );
+    r
+}
+
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let mut n: Vec<String> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    n.sort();
+    n
+}
+
 #[test]
-fn a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back() {
-    if !fuse_usable("a_write_while_the_sharer_is_gone_fails_with_eio_and_lands_once_it_is_back") {
+fn offline_the_mount_shows_what_it_did_writes_at_local_speed_and_the_sharer_gets_it_all_in_order() {
+    let test = "offline_the_mount_shows_what_it_did_writes_at_local_speed_and_the_sharer_gets_it_all_in_order";
+    if !fuse_usable(test) {
         return;
     }
     let w = World::new();
+    fs::create_dir_all(w.src().join("d")).unwrap();
+    fs::write(w.src().join("a.txt"), b"a").unwrap();
+    fs::write(w.src().join("doc.txt"), b"the document, first draft").unwrap();
+    fs::write(w.src().join("f.txt"), b"never read in the mount").unwrap();
+    fs::write(w.src().join("d/x"), b"x").unwrap();
     let sharer = sharing_with(&w, &["--writable"]);
     let mut m = Mounted::start(&w, &["--deadline", "2s"]);
-    let mut f = fs::File::create(m.path("late.txt")).unwrap();
-    // A new file reaches the sharer with its first push (here fsync; else close or the debounce).
-    f.sync_all().unwrap();
-    assert!(w.src().join("late.txt").exists());
-    sharer.signal(libc::SIGKILL);
-    let _ = sharer.finish();
-    f.write_all(b"written while the sharer was gone").unwrap();
-    // fsync (as close) fails with EIO within the deadline, never hangs; the bound is only there so that a
-    // hang fails the test.
-    let started = std::time::Instant::now();
-    let e = f.sync_all().unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO));
-    assert!(started.elapsed() < std::time::Duration::from_secs(60));
-    drop(f);
-    // Nothing is lost: the mount still shows it, and pushes it once the sharer is back.
+    // Online: the mount's own changes, and a file made on the sharer and read through the mount.
+    fs::write(m.path("t"), b"").unwrap();
+    fs::remove_file(m.path("t")).unwrap();
+    fs::rename(m.path("a.txt"), m.path("b.txt")).unwrap();
+    fs::write(w.src().join("new.txt"), b"made on the sharer").unwrap();
+    eventually("the sharer's new file through the mount", || {
+        fs::read(m.path("new.txt")).ok().as_deref() == Some(&b"made on the sharer"[..])
+    });
+    // Read here, so cached: it reads offline too, under its new name.
+    assert_eq!(fs::read(m.path("d/x")).unwrap(), b"x");
+    // An editor opens its document.
     assert_eq!(
-        fs::read(m.path("late.txt")).unwrap(),
-        b"written while the sharer was gone"
+        fs::read(m.path("doc.txt")).unwrap(),
+        b"the document, first draft"
     );
+    let seen = names(&m.dir);
+    assert_eq!(seen, ["b.txt", "d", "doc.txt", "f.txt", "new.txt"]);
+
+    sharer.signal(libc::SIGINT);
+    let _ = sharer.finish();
+    m.wait_for(|e| e["event"] == "link" && e["state"] == "lost");
+    // Past the deadline the mount answers from what it knows (README: "once out of reach for a whole
+    // --deadline, calls answer at once").
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+
+    // The listing is what the mount did and learned, not what it last fetched.
+    assert_eq!(at_once("ls", || names(&m.dir)), seen);
+    assert_eq!(
+        at_once("read new.txt", || fs::read(m.path("new.txt")).unwrap()),
+        b"made on the sharer"
+    );
+    let gone = at_once("stat a.txt", || fs::metadata(m.path("a.txt")).unwrap_err());
+    assert_eq!(gone.raw_os_error(), Some(libc::ENOENT));
+    // Writes complete locally.
+    at_once("echo y > f.txt", || {
+        fs::write(m.path("f.txt"), b"y\n").unwrap()
+    });
+    at_once("an editor's save", || {
+        let mut tmp = fs::File::create(m.path(".doc.txt.tmp")).unwrap();
+        tmp.write_all(b"the document, saved offline").unwrap();
+        tmp.sync_all().unwrap();
+        drop(tmp);
+        fs::rename(m.path(".doc.txt.tmp"), m.path("doc.txt")).unwrap();
+    });
+    at_once("mkdir e; write e/g", || {
+        fs::create_dir(m.path("e")).unwrap();
+        fs::write(m.path("e/g"), b"in a new directory").unwrap();
+    });
+    at_once("mv d d2", || fs::rename(m.path("d"), m.path("d2")).unwrap());
+    at_once("chmod 600 b.txt", || {
+        fs::set_permissions(m.path("b.txt"), fs::Permissions::from_mode(0o600)).unwrap()
+    });
+    at_once("rm new.txt", || fs::remove_file(m.path("new.txt")).unwrap());
+    let offline = ["b.txt", "d2", "doc.txt", "e", "f.txt"];
+    assert_eq!(at_once("ls", || names(&m.dir)), offline);
+    assert_eq!(
+        fs::read(m.path("doc.txt")).unwrap(),
+        b"the document, saved offline"
+    );
+    assert_eq!(fs::read(m.path("f.txt")).unwrap(), b"y\n");
+    assert_eq!(fs::read(m.path("d2/x")).unwrap(), b"x");
+
+    // Back: the sharer ends with exactly what the mount showed.
     let _sharer = w.share("a", &["--writable"]).0;
     m.wait_for(|e| e["event"] == "link" && e["state"] == "back");
-    eventually("the file on the sharer after its return", || {
-        fs::read(w.src().join("late.txt")).ok().as_deref()
-            == Some(&b"written while the sharer was gone"[..])
+    eventually("the offline changes on the sharer", || {
+        names(&w.src()) == offline
+            && fs::read(w.src().join("doc.txt")).ok().as_deref()
+                == Some(&b"the document, saved offline"[..])
+            && fs::read(w.src().join("f.txt")).ok().as_deref() == Some(&b"y\n"[..])
+            && fs::read(w.src().join("e/g")).ok().as_deref() == Some(&b"in a new directory"[..])
     });
+    assert_eq!(fs::read(w.src().join("d2/x")).unwrap(), b"x");
+    assert_eq!(
+        fs::metadata(w.src().join("b.txt")).unwrap().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(names(&m.dir), offline);
 }
 
 #[test]
@@ -613,14 +696,15 @@ fn a_write_a_killed_mount_could_not_push_is_pushed_when_the_share_is_mounted_aga
     let _ = sharer.finish();
     let mut f = fs::File::create(m.path("new.txt")).unwrap();
     f.write_all(b"made while the sharer was away").unwrap();
-    assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
+    // Offline, fsync completes once the content is on the mount's disk, journaled.
+    f.sync_all().unwrap();
     drop(f);
     let mut f = fs::OpenOptions::new()
         .append(true)
         .open(m.path("edited.txt"))
         .unwrap();
     f.write_all(b"and an edit\n").unwrap();
-    assert_eq!(f.sync_all().unwrap_err().raw_os_error(), Some(libc::EIO));
+    f.sync_all().unwrap();
     drop(f);
     // The mount dies without a chance to push (kill -9), and its mount point is cleared.
     let p = m.process.take().unwrap();
@@ -673,6 +757,11 @@ fn a_file_made_in_the_mount_and_removed_while_open_never_reaches_the_sharer() {
     f.write_all(b"scratch data").unwrap();
     fs::remove_file(m.path("scratch")).unwrap();
     assert!(!m.path("scratch").exists());
+    // As on a local disk (pjdfstest unlink/14.t): no name left, and its data still reads.
+    assert_eq!(f.metadata().unwrap().nlink(), 0);
+    let mut back = [0u8; 12];
+    f.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"scratch data");
     drop(f);
     // Nothing is pushed at the close, by the push thread (a copy unwritten for 1 s, looked at every 0.5 s),
     // or later: no copy and no journal is left for a next mount to push.
@@ -1082,4 +1171,90 @@ fn a_write_the_cache_s_disk_has_no_room_for_makes_the_cache_give_way() {
     assert!(fs::read(m.path("new.bin")).unwrap() == data);
     // What the cache gave up is fetched again.
     assert!(fs::read(m.path("cached.bin")).unwrap() == cached);
+}
+
+#[test]
+fn utimensat_sets_the_access_and_the_modification_time_as_on_a_local_disk() {
+    let test = "utimensat_sets_the_access_and_the_modification_time_as_on_a_local_disk";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"f").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    // pjdfstest utimensat/04.t: two different times, each kept.
+    let path = std::ffi::CString::new(m.path("f").as_os_str().as_encoded_bytes()).unwrap();
+    let times = [
+        libc::timespec {
+            tv_sec: 1_000_000_000,
+            tv_nsec: 5,
+        },
+        libc::timespec {
+            tv_sec: 1_500_000_000,
+            tv_nsec: 7,
+        },
+    ];
+    // SAFETY: `path` is a valid NUL-terminated path and `times` has the two entries utimensat reads.
+    let rc = unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) };
+    assert_eq!(rc, 0, "utimensat: {}", std::io::Error::last_os_error());
+    let md = fs::metadata(m.path("f")).unwrap();
+    assert_eq!((md.atime(), md.atime_nsec()), (1_000_000_000, 5));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_500_000_000, 7));
+    // The sharer has the modification time (the share carries no access time).
+    eventually("the time on the sharer", || {
+        fs::metadata(w.src().join("f")).unwrap().mtime() == 1_500_000_000
+    });
+}
+
+#[test]
+fn a_huge_truncate_is_efbig_at_once_one_past_the_sharers_space_is_enospc_and_holes_stay_holes() {
+    let test = "a_huge_truncate_is_efbig_at_once_one_past_the_sharers_space_is_enospc_and_holes_stay_holes";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    // pjdfstest's truncate to 999999999999999: refused at once (it hung the caller and spun a core).
+    let e = at_once("truncate -s 999999999999999", || {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap()
+            .set_len(999_999_999_999_999)
+            .unwrap_err()
+    });
+    assert_eq!(e.raw_os_error(), Some(libc::EFBIG));
+    // 15 TiB fits the mount's limit, not the sharer's disk: the push is refused with ENOSPC at close,
+    // without the terabytes of holes being sent or hashed first.
+    at_once("a 15 TiB file refused by the sharer", || {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap();
+        f.set_len(15 << 40).unwrap();
+        let e = f.sync_all().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        f.set_len(4).unwrap();
+    });
+    // A 256 MiB hole lands as a hole: nothing of it is sent, and the sharer writes it sparse.
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .unwrap();
+    f.set_len(256 << 20).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    let md = fs::metadata(w.src().join("f")).unwrap();
+    assert_eq!(md.len(), 256 << 20);
+    assert!(
+        md.blocks() * 512 < 1 << 20,
+        "{} bytes allocated on the sharer",
+        md.blocks() * 512
+    );
+    let content = fs::read(w.src().join("f")).unwrap();
+    assert_eq!(&content[..4], b"data");
+    assert!(content[4..].iter().all(|&b| b == 0));
 }

@@ -7,9 +7,10 @@
 //!
 //! Writes (only when [`ShareFs::writable`]; otherwise every write answers `EROFS` and the mount is
 //! read-only) go to a working copy per file ([`crate::writes`]), pushed to the sharer on flush (each
-//! close), fsync, release, and after [`DEBOUNCE`] of quiet for a file kept open; a push that fails is the
-//! close's error. Names (create, mkdir, rename, unlink, rmdir, symlink) and attributes (chmod, utimens) go
-//! to the sharer at once. The kernel's own entries are kept right by its replies; what the sharer then
+//! close), fsync, release, and after [`DEBOUNCE`] of quiet for a file kept open; a push the sharer refuses
+//! is the close's error. Names (create, mkdir, rename, unlink, rmdir, symlink) and attributes (chmod,
+//! utimens) go to the sharer at once. Offline, pushes wait and name changes are kept ([`crate::pending`]),
+//! sent in order when the sharer is back, before the pushes. The kernel's own entries are kept right by its replies; what the sharer then
 //! announces invalidates them as for any change (never from within a request: the kernel holds the
 //! directory's lock there).
 //!
@@ -37,6 +38,7 @@ use rustix::fs::FallocateFlags;
 
 use crate::files::{Handle, Reader};
 use crate::inodes::{child, listing_of, Inodes, Listing, ROOT};
+use crate::pending::Op;
 use crate::source::{Sink, Source, SourceError};
 use crate::store::Store;
 use crate::writes::{self, Pushed, Recovered, Writes, DEBOUNCE};
@@ -115,6 +117,11 @@ struct Shared<S: Source + Sink> {
     uid: u32,
     gid: u32,
     notice: Notice,
+    /// That changes are kept for the sharer's return was said (once until they are sent).
+    keeping_said: AtomicBool,
+    /// Access times set in the mount (utimensat), by inode: the share carries no access time, so the mount
+    /// keeps the ones set here and shows them (else a file's access time is its modification time).
+    atimes: Mutex<HashMap<u64, SystemTime>>,
 }
 
 /// The sharer's space figures as the mount last heard them.
@@ -170,6 +177,8 @@ impl<S: Source + Sink> ShareFs<S> {
                 uid,
                 gid,
                 notice,
+                keeping_said: AtomicBool::new(false),
+                atimes: Mutex::new(HashMap::new()),
             }),
             passthrough_wanted: true,
         }
@@ -286,6 +295,14 @@ impl<S: Source + Sink> Shared<S> {
             Kind::Dir => (FileType::Directory, 2),
             Kind::Symlink => (FileType::Symlink, 1),
         };
+        // A file removed or renamed over in the mount, still open, has no name left (pjdfstest unlink/14.t).
+        let unlinked = ino != ROOT && self.inodes().current_path(ino).is_none();
+        let atime = self
+            .atimes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&ino)
+            .copied();
         FileAttr {
             ino: INodeNo(ino),
             size: match e.kind {
@@ -293,13 +310,13 @@ impl<S: Source + Sink> Shared<S> {
                 _ => e.size,
             },
             blocks: e.size.div_ceil(512),
-            atime: time,
+            atime: atime.unwrap_or(time),
             mtime: time,
             ctime: time,
             crtime: time,
             kind,
             perm: (e.mode & 0o7777) as u16,
-            nlink,
+            nlink: if unlinked { 0 } else { nlink },
             uid: self.uid,
             gid: self.gid,
             rdev: 0,
@@ -376,7 +393,7 @@ impl<S: Source + Sink> Shared<S> {
         if let Some(t) = fresh {
             return Ok(t);
         }
-        match ask() {
+        match self.unless_sending(ask) {
             Ok(t) => {
                 keep(&mut self.inodes(), t.clone());
                 Ok(t)
@@ -400,6 +417,85 @@ impl<S: Source + Sink> Shared<S> {
         errno_of(e)
     }
 
+    /// `ask`, unless changes made offline still wait to be sent: until they are, the sharer would answer
+    /// without them (a directory made offline would not exist), so what the mount knows stands in, as
+    /// offline.
+    fn unless_sending<T>(
+        &self,
+        ask: impl FnOnce() -> Result<T, SourceError>,
+    ) -> Result<T, SourceError> {
+        match self.writes().is_ok_and(|w| !w.pending().is_empty()) {
+            true => Err(SourceError::Offline(
+                "changes made while the sharer was away are still to be sent".into(),
+            )),
+            false => ask(),
+        }
+    }
+
+    /// Whether name and attribute changes are kept to be sent later instead of sent now: the sharer is out
+    /// of reach, or changes kept before still wait (they go first, in order). Pushes wait too.
+    fn keeping(&self) -> bool {
+        !self.source.reachable() || self.writes().is_ok_and(|w| !w.pending().is_empty())
+    }
+
+    /// Sends `op` to the sharer now, or keeps it to be sent when the sharer is back ([`Shared::keeping`], or
+    /// the link lost under it): the mount shows the change at once either way.
+    fn change(&self, op: Op) -> Result<(), Errno> {
+        if !self.keeping() {
+            match op.apply(&*self.source) {
+                Err(SourceError::Offline(_)) => {}
+                r => return r.map_err(|e| errno_of(&e)),
+            }
+        }
+        self.keep(op)
+    }
+
+    /// Keeps `op` for the sharer's return, journaled.
+    fn keep(&self, op: Op) -> Result<(), Errno> {
+        self.writes()?.pending().push(op).map_err(io_errno)?;
+        self.say_keeping();
+        Ok(())
+    }
+
+    /// Says once, until they are sent, that changes are kept for the sharer's return.
+    fn say_keeping(&self) {
+        if !self.keeping_said.swap(true, Ordering::Relaxed) {
+            (self.notice)(
+                "the sharer is out of reach: changes made in the mount are kept here and sent, in order, \
+                 when it is back",
+            );
+        }
+    }
+
+    /// Sends the changes kept while the sharer was away, if it is back; whether none waits now.
+    fn send_kept(&self) -> bool {
+        let Ok(w) = self.writes() else {
+            return true;
+        };
+        if w.pending().is_empty() {
+            return true;
+        }
+        if !self.source.reachable() {
+            return false;
+        }
+        let sent = w.pending().send(&*self.source);
+        for (op, why) in &sent.refused {
+            (self.notice)(&format!(
+                "a change made while the sharer was away was refused by it and dropped ({}): {why}",
+                op.describe()
+            ));
+        }
+        let done = w.pending().is_empty();
+        if done {
+            self.keeping_said.store(false, Ordering::Relaxed);
+            (self.notice)(&format!(
+                "the sharer is back: {} change(s) made while it was away sent; written files follow",
+                sent.applied + sent.refused.len()
+            ));
+        }
+        done
+    }
+
     fn failed(&self, why: String) -> Errno {
         (self.notice)(&format!("the sharer cannot be reached: {why}"));
         Errno::EIO
@@ -419,7 +515,7 @@ impl<S: Source + Sink> Shared<S> {
         let listed = self.inodes().listed_entry(parent.0, name.as_bytes(), true);
         let entry = match listed {
             Some(found) => found.ok_or(Errno::ENOENT)?,
-            None => match self.source.stat(&path) {
+            None => match self.unless_sending(|| self.source.stat(&path)) {
                 Ok(e) => e,
                 Err(SourceError::Offline(why)) => {
                     let t = self.inodes();
@@ -433,7 +529,12 @@ impl<S: Source + Sink> Shared<S> {
                         (None, None) => return Err(self.failed(why)),
                     }
                 }
-                Err(e) => return Err(Errno::from_i32(e.errno())),
+                Err(e) => {
+                    if e.errno() == libc::ENOENT {
+                        self.inodes().missing(&path);
+                    }
+                    return Err(Errno::from_i32(e.errno()));
+                }
             },
         };
         let ino = self.inodes().looked_up(path, parent.0, entry.clone());
@@ -756,8 +857,22 @@ impl<S: Source + Sink> Shared<S> {
             let handle = match truncate {
                 true => self.reader.open_version(&path, known),
                 false => self.reader.open_whole(&path, known),
-            }
-            .map_err(|e| errno_of(&e))?;
+            };
+            let handle = match handle {
+                Ok(h) => h,
+                // Offline, a file emptied whose version was never learned replaces what the sharer has: a
+                // removal kept before its push (its content is not needed).
+                Err(SourceError::Offline(_)) if truncate => {
+                    let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
+                    self.keep(Op::Unlink(path.clone()))?;
+                    let copy = w.create(&path, None, mode & 0o7777).map_err(io_errno)?;
+                    let c = w.insert(ino, copy);
+                    self.inodes().hold(ino, true);
+                    writes::lock(&c).set_len(0).map_err(io_errno)?;
+                    return Ok(c);
+                }
+                Err(e) => return Err(errno_of(&e)),
+            };
             let version = handle.file().version();
             let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
             let mut copy = w
@@ -806,6 +921,12 @@ impl<S: Source + Sink> Shared<S> {
     fn push(&self, ino: u64, copy: &writes::Shared) -> Result<(), Errno> {
         let mut c = writes::lock(copy);
         if !c.is_dirty() {
+            return Ok(());
+        }
+        if self.keeping() {
+            // Journaled here, pushed once the sharer is back and the changes made before it are sent: a
+            // close or fsync offline completes at local speed.
+            self.say_keeping();
             return Ok(());
         }
         let path = self.path(INodeNo(ino))?;
@@ -860,7 +981,11 @@ impl<S: Source + Sink> Shared<S> {
                         ),
                     });
                 }
-                Err(errno_of(&e))
+                match e {
+                    // Kept and journaled: the content is safe here and goes when the sharer is back.
+                    SourceError::Offline(_) => Ok(()),
+                    e => Err(errno_of(&e)),
+                }
             }
         }
     }
@@ -885,6 +1010,10 @@ impl<S: Source + Sink> Shared<S> {
         let Ok(w) = self.writes() else {
             return;
         };
+        // Changes kept while the sharer was away go first: a copy may be pushed into a directory they make.
+        if !self.send_kept() {
+            return;
+        }
         if w.left_behind() > 0 {
             for r in w.push_left_behind(&*self.source) {
                 (self.notice)(&match r {
@@ -1001,14 +1130,6 @@ impl<S: Source + Sink> Shared<S> {
         );
     }
 
-    /// A name operation on the sharer; its failure as an errno.
-    fn remote(&self, r: Result<(), SourceError>) -> Result<(), Errno> {
-        r.map_err(|e| match e {
-            SourceError::Offline(why) => self.failed(why),
-            e => errno_of(&e),
-        })
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn setattr(
         &self,
@@ -1017,6 +1138,7 @@ impl<S: Source + Sink> Shared<S> {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
+        atime: Option<fuser::TimeOrNow>,
         mtime: Option<fuser::TimeOrNow>,
     ) -> Result<FileAttr, Errno> {
         self.writes()?;
@@ -1030,6 +1152,8 @@ impl<S: Source + Sink> Shared<S> {
             None => self.entry(ino.0, &path)?,
         };
         if let Some(size) = size {
+            // Refused before the copy is loaded.
+            writes::fits(size).map_err(io_errno)?;
             let copy = self.with_copy(ino.0, size == 0, |c| c.set_len(size))?;
             // What the sharer's version is streamed ahead for is not read through this inode any more.
             self.reader.changed(&path);
@@ -1051,13 +1175,21 @@ impl<S: Source + Sink> Shared<S> {
                 Err(_) => Time { secs: 0, nanos: 0 },
             }
         });
+        if let Some(t) = atime {
+            let t = match t {
+                fuser::TimeOrNow::SpecificTime(t) => t,
+                fuser::TimeOrNow::Now => SystemTime::now(),
+            };
+            let mut atimes = self.atimes.lock().unwrap_or_else(|e| e.into_inner());
+            atimes.insert(ino.0, t);
+        }
         let mode = mode.map(|m| m & 0o7777);
         if mode.is_some() || mtime.is_some() {
             // A file with unpushed writes takes them with its content (tar's fchmod and futimens before
             // close cost no round trip); otherwise they go to the sharer now.
             let copy = self.copy(ino.0);
             if !copy.as_ref().is_some_and(|c| writes::lock(c).is_dirty()) {
-                self.remote(self.source.set_attr(&path, mode, mtime))?;
+                self.change(Op::SetAttr(path.clone(), mode, mtime))?;
             }
             if let Some(c) = copy {
                 // The next push carries them too (else it would set the sharer's time).
@@ -1163,6 +1295,7 @@ impl<S: Source + Sink> Shared<S> {
     fn allocate(&self, ino: INodeNo, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
         self.writes()?;
         let end = offset.checked_add(length).ok_or(Errno::EFBIG)?;
+        writes::fits(end).map_err(io_errno)?;
         let flags = u32::try_from(mode)
             .ok()
             .and_then(FallocateFlags::from_bits)
@@ -1210,9 +1343,27 @@ impl<S: Source + Sink> Shared<S> {
         // The table's guard goes before the copy is let go, which takes the table again (an `if let` on
         // it would hold it through the block: a rename over a file open for writing hung the mount).
         let replaced = self.inodes().ino(&to);
-        self.gone_with(replaced, || {
-            self.remote(self.source.rename(&from, &to, replace))
-        })?;
+        // Whether each is a file the sharer does not have, looked at before `gone_with` locks the copy of
+        // the replaced one.
+        let fresh = (self.never_pushed(moved), self.never_pushed(replaced));
+        let rebase = if self.keeping() {
+            if !replace && replaced.is_some() {
+                return Err(Errno::EEXIST);
+            }
+            self.gone_with(replaced, || {
+                self.keep_rename(fresh, &from, replaced, &to, replace)
+            })?
+        } else {
+            self.gone_with(replaced, || match self.source.rename(&from, &to, replace) {
+                Err(SourceError::Offline(_)) => {
+                    self.keep_rename(fresh, &from, replaced, &to, replace)
+                }
+                r => r.map(|()| None).map_err(|e| errno_of(&e)),
+            })?
+        };
+        if let Some(copy) = rebase.and(moved.and_then(|i| self.copy(i))) {
+            writes::lock(&copy).rebase(rebase).map_err(io_errno)?;
+        }
         // Streaming ahead of readers of either name stops at once (not at the sharer's notification).
         self.reader.changed(&from);
         self.reader.changed(&to);
@@ -1222,6 +1373,50 @@ impl<S: Source + Sink> Shared<S> {
         self.inodes().renamed(&from, &to);
         self.writes()?.renamed(&from, &to);
         Ok(())
+    }
+
+    /// Whether `ino` is a file made in the mount and never pushed: the sharer does not have it (its copy
+    /// has no base).
+    fn never_pushed(&self, ino: Option<u64>) -> bool {
+        ino.and_then(|i| self.copy(i))
+            .is_some_and(|c| writes::lock(&c).base().is_none())
+    }
+
+    /// Keeps the rename of `from` (inode `moved`) to `to` (over `replaced`) for the sharer's return. A file
+    /// the sharer does not have (made here, never pushed) only moves its copy; its push then replaces what
+    /// it was renamed over if that is still the version the mount knew (else both are kept, the conflict
+    /// rule), or, that version unknown, after a removal kept before it (an editor's save: a temporary file
+    /// written, then renamed over the document).
+    /// `fresh`: whether the moved and the replaced file are files the sharer does not have. Returns the
+    /// base the moved file's copy takes (the replaced file's version), if it takes one.
+    fn keep_rename(
+        &self,
+        fresh: (bool, bool),
+        from: &SharePath,
+        replaced: Option<u64>,
+        to: &SharePath,
+        replace: bool,
+    ) -> Result<Option<Version>, Errno> {
+        if !fresh.0 {
+            return self
+                .keep(Op::Rename(from.clone(), to.clone(), replace))
+                .map(|()| None);
+        }
+        let Some(replaced) = replaced.filter(|_| !fresh.1) else {
+            return Ok(None);
+        };
+        let (version, kind) = {
+            let t = self.inodes();
+            (
+                t.version(replaced),
+                t.entry(replaced, false).map(|e| e.kind),
+            )
+        };
+        match (version, kind) {
+            (_, Some(Kind::Dir)) => Err(Errno::EISDIR),
+            (Some(v), _) => Ok(Some(v)),
+            (None, _) => self.keep(Op::Unlink(to.clone())).map(|()| None),
+        }
     }
 
     /// Runs `change` (the sharer's rename over, or unlink of, the file of `ino`) with `ino`'s working copy
@@ -1262,7 +1457,23 @@ impl<S: Source + Sink> Shared<S> {
             // Not empty in the mount while a file beneath it is written here, even if the sharer has none
             // of it yet (its rmdir would succeed, and the file's push then fail for want of a directory).
             true if self.writes()?.any_beneath(&path) => return Err(Errno::ENOTEMPTY),
-            true => self.remote(self.source.rmdir(&path))?,
+            // Offline, a directory is empty as the mount last saw it (with what it did since).
+            true if self.keeping()
+                && ino
+                    .and_then(|i| self.inodes().listing(i, false))
+                    .is_some_and(|l| !l.is_empty()) =>
+            {
+                return Err(Errno::ENOTEMPTY)
+            }
+            true => self.change(Op::Rmdir(path.clone()))?,
+            // A file made here and never pushed is not on the sharer: nothing to tell it.
+            false if self.keeping() => {
+                let fresh = self.never_pushed(ino);
+                self.gone_with(ino, || match fresh {
+                    true => Ok(()),
+                    false => self.keep(Op::Unlink(path.clone())),
+                })?
+            }
             false => self.gone_with(ino, || match self.source.unlink(&path) {
                 Ok(()) => Ok(()),
                 // Not on the sharer, but written here: made in the mount and not pushed yet (a temporary
@@ -1274,7 +1485,8 @@ impl<S: Source + Sink> Shared<S> {
                 {
                     Ok(())
                 }
-                Err(e) => self.remote(Err(e)),
+                Err(SourceError::Offline(_)) => self.keep(Op::Unlink(path.clone())),
+                Err(e) => Err(errno_of(&e)),
             })?,
         }
         self.reader.changed(&path);
@@ -1440,7 +1652,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        self.shared.inodes().forget(ino.0, nlookup);
+        let gone = {
+            let mut t = self.shared.inodes();
+            t.forget(ino.0, nlookup);
+            t.path(ino.0).is_none()
+        };
+        if gone {
+            let mut atimes = self.shared.atimes.lock().unwrap_or_else(|e| e.into_inner());
+            atimes.remove(&ino.0);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -1587,7 +1807,15 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.shared.push_ino(ino.0) {
+        // Pushed; or, the sharer away, kept on this disk until it is back.
+        let r = self
+            .shared
+            .push_ino(ino.0)
+            .and_then(|()| match self.shared.copy(ino.0) {
+                Some(c) if writes::lock(&c).is_dirty() => writes::lock(&c).sync().map_err(io_errno),
+                _ => Ok(()),
+            });
+        match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -1677,7 +1905,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         uid: Option<u32>,
         gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
+        atime: Option<fuser::TimeOrNow>,
         mtime: Option<fuser::TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
@@ -1687,7 +1915,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.shared.setattr(ino, mode, uid, gid, size, mtime) {
+        match self.shared.setattr(ino, mode, uid, gid, size, atime, mtime) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -1721,7 +1949,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     ) {
         let mode = mode & !umask & 0o7777;
         let r = self.shared.child_path(parent, name).and_then(|path| {
-            self.shared.remote(self.shared.source.mkdir(&path, mode))?;
+            self.shared.change(Op::Mkdir(path.clone(), mode))?;
             Ok(path)
         });
         match r {
@@ -1759,7 +1987,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         let target = target.as_os_str().as_bytes();
         let r = self.shared.child_path(parent, link_name).and_then(|path| {
             self.shared
-                .remote(self.shared.source.symlink(&path, target))?;
+                .change(Op::Symlink(path.clone(), target.to_vec()))?;
             Ok(path)
         });
         match r {
@@ -1818,6 +2046,10 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         // An append goes at the end of the copy, as it is under its lock: the kernel's offset is its own idea
         // of the size, which may be behind when several processes append to the file.
         let append = flags.0 & libc::O_APPEND != 0;
+        let end = offset.saturating_add(data.len() as u64);
+        if let Err(e) = writes::fits(end).map_err(io_errno) {
+            return reply.error(e);
+        }
         // A copy let go (pushed and closed by its last writer, or pushed as a conflict) is not written: the
         // write starts a new one on the sharer's version.
         let r = self.shared.with_copy(ino.0, false, |c| {

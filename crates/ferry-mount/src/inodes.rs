@@ -130,14 +130,24 @@ impl Inodes {
         self.by_path.get(path).copied()
     }
 
-    /// The inode for `path` (a new one if needed), with one more lookup counted, and `entry` remembered.
+    /// The inode for `path` (a new one if needed), with one more lookup counted, and `entry` remembered,
+    /// also in the parent's listing as last seen: offline, the directory lists what was learned of its
+    /// names since it was listed (a file made on the sharer and read here), not only the listing.
     pub fn looked_up(&mut self, path: SharePath, parent: u64, entry: Entry) -> u64 {
         let ino = self.ino_for(path, parent);
         let n = self.by_ino.get_mut(&ino).expect("just made");
         n.lookups += 1;
-        n.entry = Some((entry, Instant::now()));
+        n.entry = Some((entry.clone(), Instant::now()));
         n.stale = false;
+        self.listed(parent, &entry);
         ino
+    }
+
+    /// The sharer said `path` does not exist: it leaves its parent's listing as last seen (so that offline
+    /// the directory does not list a name that is gone).
+    pub fn missing(&mut self, path: &SharePath) {
+        self.unlisted(path);
+        self.remembered.remove(path);
     }
 
     /// The inode for `path` without counting a lookup (readdir names inodes the kernel does not hold).
@@ -344,7 +354,32 @@ impl Inodes {
         self.listed(parent, &entry);
     }
 
-    /// Puts `entry` into `dir`'s listing (replacing the same name) if the listing is known.
+    /// `path`'s entry in its parent's listing as last seen.
+    fn in_listing(&self, path: &SharePath) -> Option<Entry> {
+        let (parent, name) = split_parent(path);
+        let dir = *self.by_path.get(&parent)?;
+        self.listed_entry(dir, name, false).flatten()
+    }
+
+    /// Takes `path`'s name out of its parent's listing, if the listing is known (fresh or not: it is what
+    /// the mount shows offline).
+    fn unlisted(&mut self, path: &SharePath) {
+        if path.is_root() {
+            return;
+        }
+        let (parent, name) = split_parent(path);
+        let Some(&dir) = self.by_path.get(&parent) else {
+            return;
+        };
+        let Some((listing, _)) = self.by_ino.get_mut(&dir).and_then(|n| n.listing.as_mut()) else {
+            return;
+        };
+        if let Ok(i) = listing.binary_search_by(|e| e.name.as_slice().cmp(name)) {
+            Arc::make_mut(listing).remove(i);
+        }
+    }
+
+    /// Puts `entry` into `dir`'s listing (replacing the same name) if the listing is known, fresh or not.
     fn listed(&mut self, dir: u64, entry: &Entry) {
         let Some((listing, _)) = self.by_ino.get_mut(&dir).and_then(|n| n.listing.as_mut()) else {
             return;
@@ -360,6 +395,7 @@ impl Inodes {
     /// the kernel holds it (an open file); a new file there gets a new inode.
     pub fn removed(&mut self, path: &SharePath) {
         self.changed(path);
+        self.unlisted(path);
         self.by_path.remove(path);
         self.remembered.remove(path);
     }
@@ -367,10 +403,39 @@ impl Inodes {
     /// `from` was renamed to `to` (by this mount): its inode and those beneath it keep their numbers under
     /// the new paths; whatever was at `to` is removed.
     pub fn renamed(&mut self, from: &SharePath, to: &SharePath) {
+        // The entry moves between the listings as last seen too, so that offline they show the rename.
+        let moved_entry = self
+            .last_seen(from)
+            .or_else(|| self.in_listing(from))
+            .map(|mut e| {
+                e.name = split_parent(to).1.to_vec();
+                e
+            });
         self.changed(from);
+        self.unlisted(from);
         self.removed(to);
         let new_parent = split_parent(to).0;
         let new_parent = self.by_path.get(&new_parent).copied();
+        if let (Some(dir), Some(e)) = (new_parent, &moved_entry) {
+            self.listed(dir, e);
+        }
+        // What was remembered of forgotten paths moves too: offline, a file read before under the old
+        // name is found under the new one.
+        let prefix_len = from.as_bytes().len();
+        let remembered: Vec<SharePath> = self
+            .remembered
+            .keys()
+            .filter(|p| *p == from || is_beneath(from, p))
+            .cloned()
+            .collect();
+        for old in remembered {
+            let mut p = to.as_bytes().to_vec();
+            p.extend_from_slice(&old.as_bytes()[prefix_len..]);
+            let (Some(seen), Ok(new)) = (self.remembered.remove(&old), SharePath::new(&p)) else {
+                continue;
+            };
+            self.remembered.insert(new, seen);
+        }
         let prefix = from.as_bytes().to_vec();
         let moved: Vec<u64> = self
             .by_path
@@ -390,6 +455,9 @@ impl Inodes {
             if n.path == *from {
                 if let Some(parent) = new_parent {
                     n.parent = parent;
+                }
+                if let (Some((e, _)), Some(moved)) = (n.entry.as_mut(), &moved_entry) {
+                    e.name.clone_from(&moved.name);
                 }
             }
             n.path = path.clone();
@@ -462,6 +530,15 @@ impl Inodes {
         inv.inodes.sort_unstable();
         inv.inodes.dedup();
         inv
+    }
+}
+
+/// Whether `path` lies beneath `dir` (not `dir` itself).
+fn is_beneath(dir: &SharePath, path: &SharePath) -> bool {
+    let (d, p) = (dir.as_bytes(), path.as_bytes());
+    match dir.is_root() {
+        true => !path.is_root(),
+        false => p.len() > d.len() && p.starts_with(d) && p[d.len()] == b'/',
     }
 }
 
@@ -792,5 +869,42 @@ mod tests {
         t.changed(&p("f0001"));
         assert_eq!(t.listed_entry(ROOT, b"f0001", true), None);
         assert!(t.listed_entry(ROOT, b"f0001", false).unwrap().is_some());
+    }
+
+    #[test]
+    fn the_listing_as_last_seen_keeps_what_the_mount_did_and_learned_since() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        t.set_listing(ROOT, listing_of(vec![file("a.txt", 1)]));
+        let a = t.looked_up(p("a.txt"), ROOT, file("a.txt", 1));
+        // touch t; rm t; mv a.txt b.txt; and a file made on the sharer, then read here.
+        t.made(p("t"), ROOT, file("t", 0));
+        t.removed(&p("t"));
+        t.renamed(&p("a.txt"), &p("b.txt"));
+        t.changed(&SharePath::root());
+        t.looked_up(p("new"), ROOT, file("new", 3));
+        // Offline (the listing is stale): what the mount shows is what it did and learned.
+        assert_eq!(t.listing(ROOT, true), None);
+        let names: Vec<Vec<u8>> = t
+            .listing(ROOT, false)
+            .unwrap()
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
+        assert_eq!(names, [b"b.txt".to_vec(), b"new".to_vec()]);
+        assert_eq!(t.entry(a, false).unwrap().name, b"b.txt");
+        // A name the sharer says is gone leaves the listing too.
+        t.missing(&p("new"));
+        assert_eq!(t.listing(ROOT, false).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_forgotten_file_is_remembered_under_the_name_a_rename_of_its_directory_gave_it() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let d = t.looked_up(p("d"), ROOT, file("d", 0));
+        let x = t.looked_up(p("d/x"), d, file("x", 1));
+        t.forget(x, 1);
+        t.renamed(&p("d"), &p("d2"));
+        assert_eq!(t.last_seen(&p("d2/x")).unwrap().size, 1);
+        assert_eq!(t.last_seen(&p("d/x")), None);
     }
 }

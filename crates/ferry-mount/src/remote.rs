@@ -71,6 +71,10 @@ impl Sink for Remote {
         }
     }
 
+    fn reachable(&self) -> bool {
+        self.is_up()
+    }
+
     fn put(
         &self,
         path: &SharePath,

@@ -101,6 +101,11 @@ pub trait Sink: Send + Sync + 'static {
     fn writable(&self) -> Result<bool, SourceError> {
         Ok(false)
     }
+    /// Whether the sharer is reachable now: while it is not, the mount keeps its changes to send them later
+    /// instead of waiting for the link in each call.
+    fn reachable(&self) -> bool {
+        true
+    }
     /// Lands `file`'s content at `path` if the sharer's file is still `base` (`None`: absent), sending only
     /// `ranges` (with the base's other bytes copied on the sharer) when given; a changed file is kept and
     /// the content goes beside it ([`PutOutcome::Conflicted`]).

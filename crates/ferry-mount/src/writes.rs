@@ -25,6 +25,7 @@ use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, SharePath, Time};
 use rustix::fs::FallocateFlags;
 
+use crate::pending::Pending;
 use crate::source::{PutOutcome, Sink, SourceError};
 
 /// A file kept open and written is pushed once it has not been written for this long.
@@ -34,6 +35,20 @@ pub const DEBOUNCE: Duration = Duration::from_secs(1);
 /// take): the waits double from [`DEBOUNCE`] up to this, so a large file it keeps refusing is not sent
 /// again and again while the mount runs.
 pub const MAX_REFUSED_WAIT: Duration = Duration::from_secs(30);
+
+/// The largest file the mount writes: 16 TiB, ext4's limit (with 4 KiB blocks). A push hashes every byte of
+/// a file, holes too (a BLAKE3 root covers the whole content), so a file grown to any size the kernel allows
+/// (a petabyte by `truncate -s`) would cost hours of a core; beyond this a write, a truncate or an
+/// fallocate fails at once with EFBIG, as on such a local disk.
+pub const MAX_FILE: u64 = 1 << 44;
+
+/// `Ok` if a file may reach `end` bytes; EFBIG if not ([`MAX_FILE`]).
+pub fn fits(end: u64) -> io::Result<()> {
+    match end <= MAX_FILE {
+        true => Ok(()),
+        false => Err(io::Error::from_raw_os_error(libc::EFBIG)),
+    }
+}
 
 /// How a push ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,9 +155,24 @@ struct Journal {
     mtime: Option<Time>,
 }
 
+/// Bytes as lowercase hex, for the journals (names may hold any byte but `/` and NUL).
+pub(crate) fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The bytes of [`hex`]'s text, or `None` if it is not such text.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
 impl Journal {
     fn encode(&self) -> String {
-        let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
         let base = match self.base {
             Some(v) => format!("{} {}", hex(&v.root), v.size),
             None => "none".into(),
@@ -160,15 +190,6 @@ impl Journal {
 
     /// The journal in `text`, or `None` if it is not one (cut short by a crash, say).
     fn decode(text: &str) -> Option<Journal> {
-        fn unhex(s: &str) -> Option<Vec<u8>> {
-            if !s.len().is_multiple_of(2) {
-                return None;
-            }
-            (0..s.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-                .collect()
-        }
         let mut lines = text.lines();
         if lines.next()? != JOURNAL_MAGIC {
             return None;
@@ -276,27 +297,44 @@ impl WorkingCopy {
 
     /// Writes `bytes` at `offset` (growing the file as needed; a hole reads as zeros).
     pub fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let end = offset
+            .checked_add(bytes.len() as u64)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EFBIG))?;
+        fits(end)?;
         self.put(offset, bytes)?;
-        let end = offset + bytes.len() as u64;
-        // Bytes between the old end and the write are zeros now, whatever the base had there.
-        let from = {
+        // Bytes between the old end and the write are zeros now, whatever the base had there; past the
+        // base's end the sharer's copy of the base reads as zeros already.
+        let old = {
             let mut p = self.place();
-            let from = offset.min(p.size);
+            let old = p.size;
             p.size = p.size.max(end);
-            from
+            old
         };
-        self.mark(from..end)
+        if old < offset {
+            self.mark(old..offset.min(self.zeros_from().max(old)))?;
+        }
+        self.mark(offset..end)
+    }
+
+    /// Where the sharer's copy of the base reads as zeros (it is cut or zero-extended to the pushed size,
+    /// so a grown end of zeros need not be sent): the base's end, or 0 without a base (sent whole anyway).
+    fn zeros_from(&self) -> u64 {
+        self.base.map_or(0, |b| b.size)
     }
 
     /// Cuts or extends the file to `size`.
     pub fn set_len(&mut self, size: u64) -> io::Result<()> {
+        fits(size)?;
         self.file.set_len(size)?;
         let old = std::mem::replace(&mut self.place().size, size);
         for r in &mut self.changed {
             r.end = r.end.min(size);
         }
         self.changed.retain(|r| !r.is_empty());
-        self.mark(old.min(size)..size)
+        // A grown end is a hole here and zeros on the sharer (its base zero-extended): only what was the
+        // base's below it is a change. A size change is pushed however little it marks.
+        let from = old.min(size);
+        self.mark(from..size.min(self.zeros_from().max(from)))
     }
 
     /// Grows the file to `end` if it is shorter (fallocate's default mode: the new bytes read as zeros).
@@ -384,6 +422,27 @@ impl WorkingCopy {
         Room::retry(self.room.as_ref(), text.len() as u64, || {
             std::fs::write(journal_of(&self.path), &text)
         })
+    }
+
+    /// The copy now derives from `base` (a file the sharer does not have, renamed offline over one it
+    /// has): its push replaces that version, or is kept beside a file changed since. Every byte counts as
+    /// changed, since none of them came from the base.
+    pub fn rebase(&mut self, base: Option<Version>) -> io::Result<()> {
+        self.base = base;
+        let size = self.size();
+        self.changed.clear();
+        if size > 0 {
+            self.changed.push(0..size);
+        }
+        match self.dirty {
+            true => self.journal(),
+            false => Ok(()),
+        }
+    }
+
+    /// Writes the copy's content to its disk (an fsync while it cannot be pushed).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
     }
 
     /// The copy now goes to `path` on the sharer (a rename in the mount).
@@ -571,7 +630,12 @@ pub struct Writes {
     /// Dirty copies an earlier mount of the share left (a crash, or the sharer away when it stopped):
     /// their files and journals, pushed by [`Writes::push_left_behind`].
     left_behind: Mutex<Vec<LeftBehind>>,
+    /// The name and attribute changes made while the sharer was out of reach, sent before any push.
+    pending: Pending,
 }
+
+/// The pending changes' journal in the copies' directory (not a copy).
+const PENDING: &str = "pending-changes";
 
 /// A dirty copy an earlier mount left: its file, its journal's record, and whether its failure was said.
 #[derive(Debug)]
@@ -648,6 +712,9 @@ impl Writes {
         names.sort();
         for file in names {
             let name = file.file_name().unwrap_or_default().to_string_lossy();
+            if name.starts_with(PENDING) {
+                continue;
+            }
             if name.ends_with(JOURNAL_SUFFIX) {
                 let copy = file.with_file_name(name.trim_end_matches(JOURNAL_SUFFIX));
                 if !copy.exists() {
@@ -674,12 +741,18 @@ impl Writes {
             }
         }
         Ok(Writes {
+            pending: Pending::open(&dir.join(PENDING))?,
             dir: dir.to_path_buf(),
             room: None,
             copies: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             left_behind: Mutex::new(left),
         })
+    }
+
+    /// The name and attribute changes waiting for the sharer.
+    pub fn pending(&self) -> &Pending {
+        &self.pending
     }
 
     /// The same, asking `room` for room on the copies' disk when it refuses them.

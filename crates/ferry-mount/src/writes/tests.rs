@@ -233,9 +233,10 @@ fn holes_punched_and_ranges_zeroed_are_changes_and_reach_the_sharer() {
     want[95..].fill(0);
     want.resize(130, 0);
     assert_eq!(sharer.content("f"), want);
+    // The end grown past the zeroed range is the sharer's zero-extension of its base: not sent.
     assert_eq!(
         sharer.sent.lock().unwrap().last().unwrap(),
-        &Some(vec![10..20, 95..130])
+        &Some(vec![10..20, 95..120])
     );
 }
 
@@ -525,4 +526,42 @@ fn what_a_copy_shows_is_read_while_its_lock_is_held_by_a_push() {
     let mut e = file_entry(b"g", 3);
     assert!(!w.overlay(8, &mut e));
     assert_eq!(e.size, 3);
+}
+
+#[test]
+fn a_grown_end_is_not_sent_and_a_size_past_the_limit_is_efbig_at_once() {
+    let sharer = FakeSharer::default();
+    let base = sharer.set("f", &[7u8; 10]);
+    let (_d, w) = writes();
+    let mut c = copy_of(&w, &sharer, "f", base);
+    // truncate -s: zeros past the base's end are the sharer's own zero-extension, never sent.
+    c.set_len(1 << 20).unwrap();
+    assert!(c.is_dirty() && c.changed().is_empty());
+    // A write far past the end sends its bytes only.
+    c.write_at(2 << 20, b"x").unwrap();
+    assert_eq!(c.changed(), &[(2 << 20)..(2 << 20) + 1]);
+    c.push(&sharer, &p("f")).unwrap();
+    assert_eq!(
+        sharer.sent.lock().unwrap().last().unwrap().as_deref(),
+        Some(&[(2 << 20)..(2 << 20) + 1][..])
+    );
+    let mut want = vec![7u8; 10];
+    want.resize(2 << 20, 0);
+    want.push(b'x');
+    assert_eq!(sharer.content("f"), want);
+    // Cut below the base's end and grown again: the base's bytes there are changes (zeros now).
+    c.set_len(4).unwrap();
+    c.set_len(20).unwrap();
+    assert_eq!(c.changed(), &[4..20]);
+    for huge in [super::MAX_FILE + 1, 999_999_999_999_999] {
+        assert_eq!(
+            c.set_len(huge).unwrap_err().raw_os_error(),
+            Some(libc::EFBIG)
+        );
+        assert_eq!(
+            c.write_at(huge, b"x").unwrap_err().raw_os_error(),
+            Some(libc::EFBIG)
+        );
+    }
+    assert_eq!(c.size(), 20, "nothing of a refused size stays");
 }
