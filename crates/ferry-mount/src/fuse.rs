@@ -119,9 +119,6 @@ struct Shared<S: Source + Sink> {
     notice: Notice,
     /// That changes are kept for the sharer's return was said (once until they are sent).
     keeping_said: AtomicBool,
-    /// Access times set in the mount (utimensat), by inode: the share carries no access time, so the mount
-    /// keeps the ones set here and shows them (else a file's access time is its modification time).
-    atimes: Mutex<HashMap<u64, SystemTime>>,
 }
 
 /// The sharer's space figures as the mount last heard them.
@@ -178,7 +175,6 @@ impl<S: Source + Sink> ShareFs<S> {
                 gid,
                 notice,
                 keeping_said: AtomicBool::new(false),
-                atimes: Mutex::new(HashMap::new()),
             }),
             passthrough_wanted: true,
         }
@@ -290,19 +286,22 @@ impl<S: Source + Sink> Shared<S> {
         } else {
             UNIX_EPOCH
         };
+        let (unlinked, atime, subdirs) = {
+            let t = self.inodes();
+            // A file removed or renamed over in the mount, still open, has no name left (pjdfstest
+            // unlink/14.t); the access time is the one set here, if any (the share carries none).
+            let unlinked = ino != ROOT && t.current_path(ino).is_none();
+            (unlinked, t.atime(ino), t.subdirs(ino))
+        };
         let (kind, nlink) = match e.kind {
             Kind::File => (FileType::RegularFile, 1),
-            Kind::Dir => (FileType::Directory, 2),
+            // Its own name, its `.`, and each subdirectory's `..`, as far as its listing is known.
+            Kind::Dir => (
+                FileType::Directory,
+                2 + subdirs.map_or(0, |n| n.min(u32::MAX as usize - 2) as u32),
+            ),
             Kind::Symlink => (FileType::Symlink, 1),
         };
-        // A file removed or renamed over in the mount, still open, has no name left (pjdfstest unlink/14.t).
-        let unlinked = ino != ROOT && self.inodes().current_path(ino).is_none();
-        let atime = self
-            .atimes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&ino)
-            .copied();
         FileAttr {
             ino: INodeNo(ino),
             size: match e.kind {
@@ -332,6 +331,14 @@ impl<S: Source + Sink> Shared<S> {
         // would say it does not exist).
         if let Some(e) = self.copy(ino).and_then(|_| self.inodes().entry(ino, false)) {
             return Ok(e);
+        }
+        // Removed or renamed over in the mount while open: its name no longer leads to it.
+        let unlinked = {
+            let t = self.inodes();
+            (ino != ROOT && t.current_path(ino).is_none()).then(|| t.entry(ino, false))
+        };
+        if let Some(last) = unlinked {
+            return last.ok_or(Errno::ENOENT);
         }
         self.known_or_asked(
             |inodes, fresh| inodes.entry(ino, fresh),
@@ -1180,8 +1187,7 @@ impl<S: Source + Sink> Shared<S> {
                 fuser::TimeOrNow::SpecificTime(t) => t,
                 fuser::TimeOrNow::Now => SystemTime::now(),
             };
-            let mut atimes = self.atimes.lock().unwrap_or_else(|e| e.into_inner());
-            atimes.insert(ino.0, t);
+            self.inodes().set_atime(ino.0, t);
         }
         let mode = mode.map(|m| m & 0o7777);
         if mode.is_some() || mtime.is_some() {
@@ -1652,15 +1658,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let gone = {
-            let mut t = self.shared.inodes();
-            t.forget(ino.0, nlookup);
-            t.path(ino.0).is_none()
-        };
-        if gone {
-            let mut atimes = self.shared.atimes.lock().unwrap_or_else(|e| e.into_inner());
-            atimes.remove(&ino.0);
-        }
+        self.shared.inodes().forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, Kind, SharePath};
@@ -40,6 +40,8 @@ struct Node {
     version: Option<Version>,
     /// Set by a change notification: the next use asks the sharer again.
     stale: bool,
+    /// The access time set in the mount (utimensat): the share carries none.
+    atime: Option<SystemTime>,
     /// The same for the listing (a lookup of the directory itself refreshes its entry, not its listing).
     listing_stale: bool,
     /// Kept when the kernel forgets it (a file with local writes: they are pushed under its path).
@@ -71,7 +73,18 @@ pub struct Inodes {
     fresh_for: Duration,
     /// What was last seen of paths the kernel forgot (entry, version opened): offline, a file read before
     /// is found and opened from the cache again. Bounded by [`REMEMBERED`].
-    remembered: HashMap<SharePath, (Entry, Option<Version>)>,
+    remembered: HashMap<SharePath, Remembered>,
+}
+
+/// What is kept of a path the kernel forgot: its last entry, the version last opened, its inode number (a
+/// path looked up again gets it back, as on a local disk, unless another path took it) and the access time
+/// set in the mount.
+#[derive(Debug, Clone)]
+struct Remembered {
+    entry: Entry,
+    version: Option<Version>,
+    ino: u64,
+    atime: Option<SystemTime>,
 }
 
 /// Most forgotten paths remembered for offline use (about 100 bytes each); beyond, the oldest half goes.
@@ -155,15 +168,22 @@ impl Inodes {
         if let Some(&ino) = self.by_path.get(&path) {
             return ino;
         }
-        let ino = self.next;
-        self.next += 1;
+        let seen = self.remembered.remove(&path);
+        let ino = match seen.as_ref().map(|r| r.ino) {
+            Some(ino) if !self.by_ino.contains_key(&ino) => ino,
+            _ => {
+                self.next += 1;
+                self.next - 1
+            }
+        };
         self.by_path.insert(path.clone(), ino);
         let mut n = node(path, parent);
-        if let Some((entry, version)) = self.remembered.remove(&n.path) {
+        if let Some(r) = seen {
             // Old: asked again before any use online.
-            n.entry = Some((entry, Instant::now()));
+            n.entry = Some((r.entry, Instant::now()));
             n.stale = true;
-            n.version = version;
+            n.version = r.version;
+            n.atime = r.atime;
         }
         self.by_ino.insert(ino, n);
         ino
@@ -197,7 +217,13 @@ impl Inodes {
                         self.remembered.remove(&p);
                     }
                 }
-                self.remembered.insert(node.path, (entry, node.version));
+                let seen = Remembered {
+                    entry,
+                    version: node.version,
+                    ino,
+                    atime: node.atime,
+                };
+                self.remembered.insert(node.path, seen);
             }
         }
     }
@@ -263,6 +289,25 @@ impl Inodes {
         }
     }
 
+    /// The access time set at `ino` in the mount, if one was.
+    pub fn atime(&self, ino: u64) -> Option<SystemTime> {
+        self.by_ino.get(&ino)?.atime
+    }
+
+    /// Sets the access time shown at `ino` (the share carries none: kept here, with the path).
+    pub fn set_atime(&mut self, ino: u64, atime: SystemTime) {
+        if let Some(n) = self.by_ino.get_mut(&ino) {
+            n.atime = Some(atime);
+        }
+    }
+
+    /// How many directories the listing of `ino`, as last seen, holds (a directory's link count is two
+    /// more).
+    pub fn subdirs(&self, ino: u64) -> Option<usize> {
+        let (l, _) = self.by_ino.get(&ino)?.listing.as_ref()?;
+        Some(l.iter().filter(|e| e.kind == Kind::Dir).count())
+    }
+
     /// The version last opened at `ino`.
     pub fn version(&self, ino: u64) -> Option<Version> {
         self.by_ino.get(&ino)?.version
@@ -279,7 +324,7 @@ impl Inodes {
     pub fn last_seen(&self, path: &SharePath) -> Option<Entry> {
         match self.by_path.get(path) {
             Some(ino) => self.entry(*ino, false),
-            None => self.remembered.get(path).map(|(e, _)| e.clone()),
+            None => self.remembered.get(path).map(|r| r.entry.clone()),
         }
     }
 
@@ -556,6 +601,7 @@ fn node(path: SharePath, parent: u64) -> Node {
         listing: None,
         version: None,
         stale: false,
+        atime: None,
         listing_stale: false,
         held: false,
         classic_opens: 0,
@@ -895,6 +941,19 @@ mod tests {
         // A name the sharer says is gone leaves the listing too.
         t.missing(&p("new"));
         assert_eq!(t.listing(ROOT, false).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_path_looked_up_again_gets_its_inode_number_and_access_time_back() {
+        let mut t = Inodes::new(Duration::from_secs(60));
+        let f = t.looked_up(p("f"), ROOT, file("f", 1));
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000_000);
+        t.set_atime(f, at);
+        t.forget(f, 1);
+        assert_eq!(t.ino(&p("f")), None);
+        let again = t.looked_up(p("f"), ROOT, file("f", 1));
+        assert_eq!(again, f, "the same number, as on a local disk");
+        assert_eq!(t.atime(again), Some(at));
     }
 
     #[test]
