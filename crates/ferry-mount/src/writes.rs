@@ -782,11 +782,14 @@ impl Writes {
                 return true;
             }
             let j = &l.journal;
+            let failed = |e: io::Error| SourceError::Failed {
+                errno: e.raw_os_error().unwrap_or(libc::EIO),
+                message: e.to_string(),
+            };
+            // A copy grown past the limit by an earlier version of the mount is kept, never hashed whole.
             let pushed = File::open(&l.file)
-                .map_err(|e| SourceError::Failed {
-                    errno: e.raw_os_error().unwrap_or(libc::EIO),
-                    message: e.to_string(),
-                })
+                .and_then(|f| fits(f.metadata()?.len()).map(|()| f))
+                .map_err(failed)
                 .and_then(|f| sink.put(&j.path, j.base.map(|v| v.root), &f, None, j.mode, j.mtime));
             let done = match pushed {
                 Ok(PutOutcome::Written { .. }) => Recovered::Written(j.path.clone()),
