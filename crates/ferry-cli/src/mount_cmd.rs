@@ -147,8 +147,11 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     crate::share_cmd::check_share_name(share)?;
     let mountpoint = lifecycle::resolve(&args.mountpoint)
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
-    if lifecycle::is_stale(&mountpoint) {
-        // The mount of a process that died: gone before mounting again.
+    let stale_ferry_mount = lifecycle::is_stale(&mountpoint)
+        && lifecycle::mounted_on(&mountpoint).is_some_and(|m| m.is_ferry());
+    if stale_ferry_mount {
+        // The mount of a ferry process that died: gone before mounting again (another program's stale
+        // mount is refused below, as any mount there is).
         lifecycle::unmount(&mountpoint)
             .with_context(|| format!("{}: a stale mount is in the way", mountpoint.display()))?;
         ui.warn(&format!(
@@ -460,10 +463,21 @@ fn last_error(text: &str) -> Option<(Option<ErrorCode>, String)> {
 pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let mountpoint = lifecycle::resolve(&args.mountpoint)
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
-    if !lifecycle::is_mounted(&mountpoint) {
+    let Some(mounted) = lifecycle::mounted_on(&mountpoint) else {
         return Err(Usage(format!(
             "{}: nothing is mounted there",
             mountpoint.display()
+        ))
+        .into());
+    };
+    // Only what `ferry mount` mounted: unmounting someone's tmpfs or sshfs is not this command's job.
+    if !mounted.is_ferry() {
+        return Err(Usage(format!(
+            "{}: not a ferry mount (type {}, source {}): `ferry unmount` unmounts only what `ferry mount` \
+             mounted (umount(8) unmounts the rest)",
+            mountpoint.display(),
+            mounted.fstype,
+            escape(&mounted.source)
         ))
         .into());
     }

@@ -958,6 +958,87 @@ fn a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount() {
     );
 }
 
+/// Whether something is mounted on `dir`, per this process's mount table (a stat could wait on a mount).
+fn mounted_at(dir: &Path) -> bool {
+    let table = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    table
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(dir.to_str().unwrap()))
+}
+
+#[test]
+fn unmount_refuses_a_file_system_ferry_did_not_mount() {
+    let test = "unmount_refuses_a_file_system_ferry_did_not_mount";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let t = w.path("t");
+    let tmpfs = match Tmpfs::mount(&t, "1m") {
+        Ok(t) => t,
+        Err(why) => return skip(test, &why),
+    };
+    fs::write(t.join("kept"), b"mine").unwrap();
+    // Busy, as a shell inside it would make it: a detach would still have exited 0.
+    let inside = fs::File::open(t.join("kept")).unwrap();
+    let unmount = |dir: &Path, json: bool| {
+        let mut cmd = w.as_("b");
+        cmd.arg("unmount").arg(dir);
+        if json {
+            cmd.arg("--json");
+        }
+        finish(
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let out = unmount(&t, true);
+    assert_failure("ferry unmount of a tmpfs", &out, 2, "usage");
+    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .contains("not a ferry mount (type tmpfs, source tmpfs)"),
+        "{message}"
+    );
+    let out = unmount(&t, false);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("only what `ferry mount` mounted"), "{err}");
+    assert!(mounted_at(&t), "the tmpfs is still mounted");
+    assert_eq!(fs::read(t.join("kept")).unwrap(), b"mine");
+    drop(inside);
+    drop(tmpfs);
+
+    // A tmpfs mounted over a ferry mount: the one an unmount would take is not ferry's, so it is refused
+    // too; once it is gone, the ferry mount under it unmounts.
+    let _sharer = sharing(&w);
+    let mut m = Mounted::start(&w, &[]);
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
+    let over = Tmpfs::mount(&m.dir, "1m").unwrap();
+    assert_failure(
+        "ferry unmount of a tmpfs over a mount",
+        &unmount(&m.dir, true),
+        2,
+        "usage",
+    );
+    assert!(mounted_at(&m.dir));
+    drop(over);
+    assert_eq!(
+        fs::read(m.path("f")).unwrap(),
+        b"data",
+        "the mount is served still"
+    );
+    let out = unmount(&m.dir, true);
+    assert_success("ferry unmount of its mount", &out);
+    m.wait_for(|e| e["event"] == "unmounted");
+    assert!(!mounted_at(&m.dir));
+}
+
 #[test]
 fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
     if !fuse_usable("a_mount_by_a_peer_the_sharer_removed_is_refused_in_words") {
