@@ -128,6 +128,29 @@ fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The refusal of a second mount of the share named `fsname` (`ferry:PEER:SHARE`), whose cache `dir` another
+/// mount has open: where that mount is, when this user's mount table shows it.
+fn share_in_use(fsname: &str, dir: &Path) -> Usage {
+    let shown = fsname.strip_prefix("ferry:").unwrap_or(fsname);
+    let me = rustix::process::geteuid().as_raw();
+    let elsewhere: Vec<String> = lifecycle::mount_table()
+        .into_iter()
+        .filter(|m| m.is_ferry() && m.source == fsname && m.user_id.is_none_or(|u| u == me))
+        .map(|m| escape(&m.point.to_string_lossy()).into_owned())
+        .collect();
+    Usage(match elsewhere.last() {
+        Some(point) => format!(
+            "{shown} is mounted already on {point}, and a share mounts once at a time (its cache is one \
+             mount's): use that mount, or `ferry unmount {point}` first"
+        ),
+        None => format!(
+            "another `ferry mount` of {shown} is running (its cache {} is in use), and a share mounts once \
+             at a time: stop that one first",
+            escape(&dir.to_string_lossy())
+        ),
+    })
+}
+
 /// Set in the environment of the process `--daemon` starts: it serves the mount, its parent returns.
 const DAEMON_CHILD: &str = "FERRY_MOUNT_DAEMON_CHILD";
 
@@ -163,12 +186,32 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     if args.deadline.is_zero() {
         return Err(Usage("--deadline 0: a request needs some time to be answered".into()).into());
     }
-    if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
-        return daemonize(&mountpoint, ui);
-    }
     let opts = peer_options(&args.common, &args.relay)?;
     let me = Arc::new(Me::load()?);
     let peer = me.peer(name)?;
+    let dir = cache_dir()
+        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
+        .join("mounts")
+        .join(peer.name.as_str())
+        .join(share);
+    let fsname = format!("ferry:{}:{share}", peer.name);
+    // One mount of a share at a time (its cache and working copies are one process's): a second is
+    // refused here, before the peer is reached and before `--daemon` starts anything in the background.
+    if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
+        if ferry_cache::Cache::in_use(&dir).unwrap_or(false) {
+            return Err(share_in_use(&fsname, &dir).into());
+        }
+        return daemonize(&mountpoint, ui);
+    }
+    let cache: Arc<dyn Store> = match ferry_cache::Cache::open(&dir, args.cache_size) {
+        Ok(cache) => Arc::new(cache),
+        Err(ferry_cache::CacheError::Busy) => return Err(share_in_use(&fsname, &dir).into()),
+        Err(e) => {
+            return Err(
+                anyhow::Error::new(e).context(format!("cannot open the cache {}", dir.display()))
+            )
+        }
+    };
     let log = Log {
         json: args.common.json,
     };
@@ -224,15 +267,6 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     })?;
     paired::check_share(&peer, share, &remote.share())?;
 
-    let dir = cache_dir()
-        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
-        .join("mounts")
-        .join(peer.name.as_str())
-        .join(share);
-    let cache: Arc<dyn Store> = Arc::new(
-        ferry_cache::Cache::open(&dir, args.cache_size)
-            .with_context(|| format!("cannot open the cache {}", dir.display()))?,
-    );
     let stats = Arc::new(Stats::default());
     let source = Arc::new(remote);
     let reader = Reader::new(
@@ -262,7 +296,6 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .with_context(|| format!("cannot keep working copies in {}", writes.display()))?;
     }
     let _ = changes.set(fs.changes());
-    let fsname = format!("ferry:{}:{share}", peer.name);
     let mounted = lifecycle::mount(fs, &mountpoint, &fsname)
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     mounted.raise_readahead();

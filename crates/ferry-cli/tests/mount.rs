@@ -895,9 +895,8 @@ fn a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount() {
     let w = World::new();
     fs::write(w.src().join("f"), b"data").unwrap();
     let _sharer = sharing(&w);
-    let (one, two) = (w.path("mnt"), w.path("mnt2"));
+    let one = w.path("mnt");
     fs::create_dir_all(&one).unwrap();
-    fs::create_dir_all(&two).unwrap();
     let daemon = |dir: &Path, extra: &[&str]| {
         let mut cmd = w.as_("b");
         cmd.args(["mount", "--daemon", "--wait", "5s"])
@@ -917,29 +916,6 @@ fn a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount() {
     let pid = event(&evs, "mounted").unwrap()["pid"].as_u64().unwrap() as u32;
     let _guard = Detached(one.clone(), Some(pid));
     assert_eq!(fs::read(one.join("f")).unwrap(), b"data");
-    // The same share's cache is this mount's: a second one says so, in its own words, with its status.
-    let out = daemon(&two, &[]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("the cache directory is in use by another mount")
-            && err.contains("the background mount ended before mounting"),
-        "{err}"
-    );
-    let out = daemon(&two, &["--json"]);
-    assert_failure("a second mount, --json", &out, 1, "error");
-    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
-    assert!(
-        message
-            .as_str()
-            .unwrap()
-            .contains("in use by another mount"),
-        "{message}"
-    );
-    assert!(
-        fs::read_dir(&two).unwrap().next().is_none(),
-        "nothing mounted"
-    );
     // Unmounted, its process ends.
     let un = w.as_("b").arg("unmount").arg(&one).output().unwrap();
     assert_success("unmount", &un);
@@ -1037,6 +1013,76 @@ fn unmount_refuses_a_file_system_ferry_did_not_mount() {
     assert_success("ferry unmount of its mount", &out);
     m.wait_for(|e| e["event"] == "unmounted");
     assert!(!mounted_at(&m.dir));
+}
+
+#[test]
+fn a_second_mount_of_one_share_is_refused_before_the_peer_is_reached_or_it_daemonizes() {
+    let test = "a_second_mount_of_one_share_is_refused_before_the_peer_is_reached_or_it_daemonizes";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    let two = w.path("mnt2");
+    fs::create_dir_all(&two).unwrap();
+    // The background mount's log: nothing is started in the background, so nothing is written there.
+    let log = m
+        .cache
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("daemon.log");
+    let logged = || fs::metadata(&log).map_or(0, |m| m.len());
+    let before = logged();
+    let said = format!(
+        "a:default is mounted already on {}, and a share mounts once at a time",
+        m.dir.display()
+    );
+    for extra in [
+        &["--daemon", "--read-only"][..],
+        &["--daemon"],
+        &["--read-only"],
+        &[],
+    ] {
+        let mut cmd = w.as_("b");
+        cmd.args(["mount", "--json", "--wait", "5s"])
+            .args(extra)
+            .arg("a")
+            .arg(&two);
+        let out = finish(cmd.stdout(Stdio::piped()).spawn().unwrap());
+        assert_failure(&format!("a second mount {extra:?}"), &out, 2, "usage");
+        let evs = events(&out.stdout);
+        let message = event(&evs, "error").unwrap()["message"].as_str().unwrap();
+        assert!(message.contains(&said), "{message}");
+        assert!(
+            message.contains(&format!("`ferry unmount {}`", m.dir.display())),
+            "{message}"
+        );
+        assert!(
+            !evs.iter().any(|e| e["event"] == "connected"),
+            "refused before reaching the peer: {evs:?}"
+        );
+        assert!(!mounted_at(&two), "nothing mounted ({extra:?})");
+    }
+    // In words, as a person sees it.
+    let mut cmd = w.as_("b");
+    cmd.args(["mount", "--daemon", "a"]).arg(&two);
+    let out = finish(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&said), "{err}");
+    assert_eq!(logged(), before, "nothing ran in the background");
+    assert!(fs::read_dir(&two).unwrap().next().is_none());
+    // The first mount serves on.
+    assert_eq!(fs::read(m.path("f")).unwrap(), b"data");
 }
 
 #[test]
