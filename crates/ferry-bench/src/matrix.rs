@@ -1070,10 +1070,15 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(base: &FsPath) -> io::Result<Scratch> {
-        let dir = base.join(format!("ferry-bench-matrix-{}", std::process::id()));
+        let dir = Scratch::of_this_process(base);
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("src"))?;
         Ok(Scratch(dir))
+    }
+
+    /// Where this process's scratch under `base` is.
+    fn of_this_process(base: &FsPath) -> PathBuf {
+        base.join(format!("ferry-bench-matrix-{}", std::process::id()))
     }
 
     /// An empty directory `name` (emptied if it was there).

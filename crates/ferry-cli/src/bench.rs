@@ -126,6 +126,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
                 opts.rss_bytes = args.rss_size;
                 let base = std::path::Path::new("/dev/shm");
+                // Ended by a signal, the bench leaves no mount (sshfs's outlive it) and no scratch.
+                let _leftovers =
+                    crate::interrupt::keep_until_exit(matrix::mount::Leftovers::of(base));
                 matrix::mount::run(&opts, &std::env::current_exe()?, base, report)?;
             }
             other => {
