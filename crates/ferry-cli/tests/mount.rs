@@ -835,6 +835,49 @@ fn bench_mount_quick_gives_every_row_a_number() {
 }
 
 #[test]
+fn bench_mount_ended_by_a_signal_leaves_no_mount_and_no_scratch() {
+    let test = "bench_mount_ended_by_a_signal_leaves_no_mount_and_no_scratch";
+    if !fuse_usable(test) {
+        return;
+    }
+    let mounts_under = |dir: &str| {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(4).is_some_and(|p| p.starts_with(dir)))
+            .count()
+    };
+    // At its first mount, and a moment later, in another row.
+    for (signal, after) in [(libc::SIGTERM, 0), (libc::SIGINT, 1500)] {
+        let child = Command::new(env!("CARGO_BIN_EXE_ferry"))
+            .args(["bench", "mount", "--quick", "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run ferry bench mount");
+        let scratch = format!("/dev/shm/ferry-bench-matrix-{}/", child.id());
+        let bench = Watched::new(child);
+        eventually("the bench's first mount", || mounts_under(&scratch) > 0);
+        std::thread::sleep(Duration::from_millis(after));
+        bench.signal(signal);
+        let out = bench.finish();
+        assert_eq!(out.status.code(), Some(130), "{out:?}");
+        assert_eq!(mounts_under(&scratch), 0, "mounts left behind");
+        assert!(!Path::new(&scratch).exists(), "{scratch} left behind");
+        // Nor a process of it (its sharer, its mounts).
+        let of_it = || {
+            fs::read_dir("/proc")
+                .unwrap()
+                .filter_map(|e| fs::read(e.ok()?.path().join("cmdline")).ok())
+                .filter(|c| String::from_utf8_lossy(c).contains(&scratch))
+                .count()
+        };
+        eventually("the bench's processes' end", || of_it() == 0);
+    }
+}
+
+#[test]
 fn the_bench_s_sshfs_mounts_go_without_fusermount3_on_path_and_never_stack() {
     let test = "the_bench_s_sshfs_mounts_go_without_fusermount3_on_path_and_never_stack";
     if !fuse_usable(test) {

@@ -50,6 +50,7 @@ impl SshfsMount {
     /// `mnt` (an absolute path), and takes that mount. A mount point in use is refused: a second mount
     /// would cover the first, which then stays behind.
     pub fn by(mut mounter: Command, mnt: &FsPath) -> io::Result<SshfsMount> {
+        super::refuse_if_ending()?;
         let mnt = lifecycle::resolve(mnt)?;
         if let Some(there) = lifecycle::mounted_on(&mnt) {
             return Err(io::Error::other(format!(
