@@ -111,9 +111,15 @@ fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
         };
         return Err(Usage(format!("{shown}: {why}")).into());
     }
-    if lifecycle::is_mounted(mountpoint) {
+    if let Some(there) = lifecycle::mounted_on(mountpoint) {
+        // `ferry unmount` takes only ferry's own mounts: another one is named, not offered to it.
+        let how = if there.is_ferry() {
+            format!("`ferry unmount {shown}` first")
+        } else {
+            format!("{} from {}", there.fstype, escape(&there.source))
+        };
         return Err(Usage(format!(
-            "{shown}: something is mounted there already (`ferry unmount {shown}` first)"
+            "{shown}: something is mounted there already ({how})"
         ))
         .into());
     }

@@ -1101,6 +1101,19 @@ fn unmount_refuses_a_file_system_ferry_did_not_mount() {
     assert!(err.contains("only what `ferry mount` mounted"), "{err}");
     assert!(mounted_at(&t), "the tmpfs is still mounted");
     assert_eq!(fs::read(t.join("kept")).unwrap(), b"mine");
+    // Nor does `ferry mount` offer `ferry unmount` for it.
+    let mut cmd = w.as_("b");
+    cmd.args(["mount", "--json", "a"]).arg(&t);
+    let out = finish(cmd.stdout(Stdio::piped()).spawn().unwrap());
+    assert_failure("ferry mount on a tmpfs", &out, 2, "usage");
+    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
+    assert!(
+        message
+            .as_str()
+            .unwrap()
+            .ends_with("something is mounted there already (tmpfs from tmpfs)"),
+        "{message}"
+    );
     drop(inside);
     drop(tmpfs);
 
