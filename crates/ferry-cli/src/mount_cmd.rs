@@ -307,6 +307,8 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     mounted.raise_readahead();
 
     let reported = Arc::clone(&stats);
+    // This mount in the mount table: a signal unmounts it, never what was mounted over it since.
+    let own = lifecycle::mounted_on(&mountpoint).map(|m| m.id);
     let stopping = mountpoint.clone();
     let stops = Mutex::new(0u32);
     crate::interrupt::on_signals(
@@ -321,10 +323,12 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
             *n += 1;
             if *n > 1 {
                 // A second signal while the first one's unmount waits: leave now, detached.
-                let _ = lifecycle::unmount_lazily(&stopping);
+                if covering(&stopping, own).is_none() {
+                    let _ = lifecycle::unmount_lazily(&stopping);
+                }
                 std::process::exit(130);
             }
-            stop(&stopping, log);
+            stop(&stopping, own, log);
         },
     )?;
     log.event(
@@ -345,10 +349,30 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     served.with_context(|| format!("serving {}", mountpoint.display()))
 }
 
+/// What was mounted over this mount (ID `own`) on `mountpoint`: an unmount there would take that instead.
+fn covering(mountpoint: &Path, own: Option<u64>) -> Option<lifecycle::MountEntry> {
+    let top = lifecycle::mounted_on(mountpoint)?;
+    own.is_some_and(|id| id != top.id).then_some(top)
+}
+
 /// Unmounts on a signal: at once, or lazily (with a message) when something still uses the mount. A
 /// lazily detached mount would be served until its last user leaves: the process ends now instead (what
-/// is still open there fails with ENOTCONN).
-fn stop(mountpoint: &Path, log: Log) {
+/// is still open there fails with ENOTCONN). A mount covered by another cannot be unmounted without
+/// taking that one: the process ends and leaves it, stale, under the other.
+fn stop(mountpoint: &Path, own: Option<u64>, log: Log) {
+    if let Some(over) = covering(mountpoint, own) {
+        let shown = escape(&mountpoint.to_string_lossy()).into_owned();
+        let message = format!(
+            "{shown} has another mount over this one ({} from {}), not ferry's to unmount: this mount \
+             ends under it (`ferry unmount {shown}` once that one is gone)",
+            over.fstype,
+            escape(&over.source)
+        );
+        log.event("warning", json!({ "message": message }), || {
+            format!("warning: {message}")
+        });
+        std::process::exit(1);
+    }
     match lifecycle::unmount(mountpoint) {
         Ok(Unmounted::Clean) => {}
         Ok(Unmounted::Lazily) => {

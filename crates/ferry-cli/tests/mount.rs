@@ -1140,6 +1140,38 @@ fn unmount_refuses_a_file_system_ferry_did_not_mount() {
     assert_success("ferry unmount of its mount", &out);
     m.wait_for(|e| e["event"] == "unmounted");
     assert!(!mounted_at(&m.dir));
+    drop(m);
+
+    // Nor does the mount's own stop (SIGTERM) take a tmpfs mounted over it: it ends, leaving its mount
+    // under the tmpfs, which `ferry unmount` takes once the tmpfs is gone.
+    let mut m = Mounted::start(&w, &[]);
+    let over = Tmpfs::mount(&m.dir, "1m").unwrap();
+    fs::write(m.dir.join("kept"), b"mine").unwrap();
+    let dir = m.dir.clone();
+    // Stopped by hand: `Mounted::stop` would also detach whatever is on top (the tmpfs) as it ends.
+    let process = m.process.take().unwrap();
+    process.signal(libc::SIGTERM);
+    let out = process.finish();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let evs = events(&out.stdout);
+    let warning = event(&evs, "warning").unwrap()["message"].clone();
+    assert!(
+        warning
+            .as_str()
+            .unwrap()
+            .contains("has another mount over this one (tmpfs from tmpfs)"),
+        "{warning}"
+    );
+    assert!(event(&evs, "unmounted").is_none(), "{evs:?}");
+    assert_eq!(
+        fs::read(dir.join("kept")).unwrap(),
+        b"mine",
+        "the tmpfs stays"
+    );
+    drop(over);
+    assert!(mounted_at(&dir), "the ferry mount under it");
+    assert_success("ferry unmount of the mount left", &unmount(&dir, true));
+    assert!(!mounted_at(&dir));
 }
 
 #[test]
