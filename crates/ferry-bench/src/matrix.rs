@@ -1068,16 +1068,43 @@ fn digests(root: &FsPath) -> io::Result<BTreeMap<PathBuf, [u8; 32]>> {
 /// The matrix's scratch directory on tmpfs, removed on drop.
 struct Scratch(PathBuf);
 
+/// Set when a signal is ending the process (`mount::Leftovers`): from then on no scratch directory or
+/// mount is made, so none is made after the clean-up.
+static ENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn end() {
+    ENDING.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether a signal is ending the process: a step that failed since failed because of it.
+pub fn is_ending() -> bool {
+    ENDING.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// The error of a step begun while a signal ends the process.
+fn refuse_if_ending() -> io::Result<()> {
+    if is_ending() {
+        return Err(io::Error::other("the bench is ending on a signal"));
+    }
+    Ok(())
+}
+
 impl Scratch {
     fn new(base: &FsPath) -> io::Result<Scratch> {
-        let dir = base.join(format!("ferry-bench-matrix-{}", std::process::id()));
+        let dir = Scratch::of_this_process(base);
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(dir.join("src"))?;
         Ok(Scratch(dir))
     }
 
+    /// Where this process's scratch under `base` is.
+    fn of_this_process(base: &FsPath) -> PathBuf {
+        base.join(format!("ferry-bench-matrix-{}", std::process::id()))
+    }
+
     /// An empty directory `name` (emptied if it was there).
     fn fresh(&self, name: &str) -> io::Result<PathBuf> {
+        refuse_if_ending()?;
         let d = self.0.join(name);
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d)?;

@@ -185,6 +185,25 @@ pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
 }
 
 impl Cache {
+    /// Whether another process (or another `Cache` in this one) has the cache in `dir` open: what
+    /// [`Cache::open`] would refuse with [`CacheError::Busy`], asked without opening it (a missing
+    /// directory is not in use).
+    pub fn in_use(dir: &Path) -> io::Result<bool> {
+        let dir_lock = match fs::File::open(dir) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            opened => opened?,
+        };
+        // Taken and let go at once (with the file): only whether it could be taken matters.
+        match rustix::fs::flock(
+            &dir_lock,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        ) {
+            Ok(()) => Ok(false),
+            Err(rustix::io::Errno::WOULDBLOCK) => Ok(true),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Opens (creating 0700 directories) the cache in `dir`, bounded to `limit` bytes of present data;
     /// [`CacheError::Busy`] while another process uses it.
     /// Entries left by an earlier process are found with their present ranges (checked on first use);

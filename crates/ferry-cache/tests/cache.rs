@@ -583,6 +583,8 @@ fn a_large_entry_checked_again_on_every_core_loses_exactly_its_altered_groups() 
 #[test]
 fn one_cache_directory_serves_one_mount_at_a_time() {
     let t = ferry_testkit::temp_dir("ferry-cache-");
+    assert!(!Cache::in_use(&t.path().join("not-yet")).unwrap());
+    assert!(!Cache::in_use(t.path()).unwrap());
     let cache = Cache::open(t.path(), 1 << 30).unwrap();
     let (data, v) = file(G, 80);
     let e = cache.entry(v).unwrap();
@@ -590,14 +592,18 @@ fn one_cache_directory_serves_one_mount_at_a_time() {
         Cache::open(t.path(), 1 << 30),
         Err(CacheError::Busy)
     ));
+    assert!(Cache::in_use(t.path()).unwrap());
     // Its entries keep the directory until they are gone too.
     drop(cache);
     assert!(matches!(
         Cache::open(t.path(), 1 << 30),
         Err(CacheError::Busy)
     ));
+    assert!(Cache::in_use(t.path()).unwrap());
     assert!(put(&e, &data, 0..1));
     drop(e);
+    // Asking takes nothing: it opens after.
+    assert!(!Cache::in_use(t.path()).unwrap());
     let cache = Cache::open(t.path(), 1 << 30).unwrap();
     assert!(cache.entry(v).unwrap().is_complete());
 }

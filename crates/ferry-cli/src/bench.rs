@@ -126,7 +126,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 }
                 opts.rss_bytes = args.rss_size;
                 let base = std::path::Path::new("/dev/shm");
-                matrix::mount::run(&opts, &std::env::current_exe()?, base, report)?;
+                // Ended by a signal, the bench leaves no mount (sshfs's outlive it) and no scratch.
+                let leftovers = matrix::mount::Leftovers::of(base);
+                let _kept = crate::interrupt::keep_until_exit(leftovers);
+                let ran = matrix::mount::run(&opts, &std::env::current_exe()?, base, report);
+                if ran.is_err() && matrix::is_ending() {
+                    // The signal's handler took the run's files away and is ending the process with its
+                    // own message: the error that caused is not one to print.
+                    loop {
+                        std::thread::park();
+                    }
+                }
+                ran?;
             }
             other => {
                 bail!("unknown benchmark layer {other:?} (known: channel, transfer, relay, share, matrix, mount)")

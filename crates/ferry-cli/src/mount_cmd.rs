@@ -111,9 +111,15 @@ fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
         };
         return Err(Usage(format!("{shown}: {why}")).into());
     }
-    if lifecycle::is_mounted(mountpoint) {
+    if let Some(there) = lifecycle::mounted_on(mountpoint) {
+        // `ferry unmount` takes only ferry's own mounts: another one is named, not offered to it.
+        let how = if there.is_ferry() {
+            format!("`ferry unmount {shown}` first")
+        } else {
+            format!("{} from {}", there.fstype, escape(&there.source))
+        };
         return Err(Usage(format!(
-            "{shown}: something is mounted there already (`ferry unmount {shown}` first)"
+            "{shown}: something is mounted there already ({how})"
         ))
         .into());
     }
@@ -126,6 +132,29 @@ fn check_mountpoint(mountpoint: &Path) -> anyhow::Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// The refusal of a second mount of the share named `fsname` (`ferry:PEER:SHARE`), whose cache `dir` another
+/// mount has open: where that mount is, when this user's mount table shows it.
+fn share_in_use(fsname: &str, dir: &Path) -> Usage {
+    let shown = fsname.strip_prefix("ferry:").unwrap_or(fsname);
+    let me = rustix::process::geteuid().as_raw();
+    let elsewhere: Vec<String> = lifecycle::mount_table()
+        .into_iter()
+        .filter(|m| m.is_ferry() && m.source == fsname && m.user_id.is_none_or(|u| u == me))
+        .map(|m| escape(&m.point.to_string_lossy()).into_owned())
+        .collect();
+    Usage(match elsewhere.last() {
+        Some(point) => format!(
+            "{shown} is mounted already on {point}, and a share mounts once at a time (its cache is one \
+             mount's): use that mount, or `ferry unmount {point}` first"
+        ),
+        None => format!(
+            "another `ferry mount` of {shown} is running (its cache {} is in use), and a share mounts once \
+             at a time: stop that one first",
+            escape(&dir.to_string_lossy())
+        ),
+    })
 }
 
 /// Set in the environment of the process `--daemon` starts: it serves the mount, its parent returns.
@@ -147,8 +176,11 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     crate::share_cmd::check_share_name(share)?;
     let mountpoint = lifecycle::resolve(&args.mountpoint)
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
-    if lifecycle::is_stale(&mountpoint) {
-        // The mount of a process that died: gone before mounting again.
+    let stale_ferry_mount = lifecycle::is_stale(&mountpoint)
+        && lifecycle::mounted_on(&mountpoint).is_some_and(|m| m.is_ferry());
+    if stale_ferry_mount {
+        // The mount of a ferry process that died: gone before mounting again (another program's stale
+        // mount is refused below, as any mount there is).
         lifecycle::unmount(&mountpoint)
             .with_context(|| format!("{}: a stale mount is in the way", mountpoint.display()))?;
         ui.warn(&format!(
@@ -160,12 +192,32 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     if args.deadline.is_zero() {
         return Err(Usage("--deadline 0: a request needs some time to be answered".into()).into());
     }
-    if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
-        return daemonize(&mountpoint, ui);
-    }
     let opts = peer_options(&args.common, &args.relay)?;
     let me = Arc::new(Me::load()?);
     let peer = me.peer(name)?;
+    let dir = cache_dir()
+        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
+        .join("mounts")
+        .join(peer.name.as_str())
+        .join(share);
+    let fsname = format!("ferry:{}:{share}", peer.name);
+    // One mount of a share at a time (its cache and working copies are one process's): a second is
+    // refused here, before the peer is reached and before `--daemon` starts anything in the background.
+    if args.daemon && std::env::var_os(DAEMON_CHILD).is_none() {
+        if ferry_cache::Cache::in_use(&dir).unwrap_or(false) {
+            return Err(share_in_use(&fsname, &dir).into());
+        }
+        return daemonize(&mountpoint, ui);
+    }
+    let cache: Arc<dyn Store> = match ferry_cache::Cache::open(&dir, args.cache_size) {
+        Ok(cache) => Arc::new(cache),
+        Err(ferry_cache::CacheError::Busy) => return Err(share_in_use(&fsname, &dir).into()),
+        Err(e) => {
+            return Err(
+                anyhow::Error::new(e).context(format!("cannot open the cache {}", dir.display()))
+            )
+        }
+    };
     let log = Log {
         json: args.common.json,
     };
@@ -221,15 +273,6 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     })?;
     paired::check_share(&peer, share, &remote.share())?;
 
-    let dir = cache_dir()
-        .context("no cache directory: set HOME or XDG_CACHE_HOME")?
-        .join("mounts")
-        .join(peer.name.as_str())
-        .join(share);
-    let cache: Arc<dyn Store> = Arc::new(
-        ferry_cache::Cache::open(&dir, args.cache_size)
-            .with_context(|| format!("cannot open the cache {}", dir.display()))?,
-    );
     let stats = Arc::new(Stats::default());
     let source = Arc::new(remote);
     let reader = Reader::new(
@@ -259,12 +302,13 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .with_context(|| format!("cannot keep working copies in {}", writes.display()))?;
     }
     let _ = changes.set(fs.changes());
-    let fsname = format!("ferry:{}:{share}", peer.name);
     let mounted = lifecycle::mount(fs, &mountpoint, &fsname)
         .with_context(|| format!("cannot mount on {}", mountpoint.display()))?;
     mounted.raise_readahead();
 
     let reported = Arc::clone(&stats);
+    // This mount in the mount table: a signal unmounts it, never what was mounted over it since.
+    let own = lifecycle::mounted_on(&mountpoint).map(|m| m.id);
     let stopping = mountpoint.clone();
     let stops = Mutex::new(0u32);
     crate::interrupt::on_signals(
@@ -279,10 +323,12 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
             *n += 1;
             if *n > 1 {
                 // A second signal while the first one's unmount waits: leave now, detached.
-                let _ = lifecycle::unmount_lazily(&stopping);
+                if covering(&stopping, own).is_none() {
+                    let _ = lifecycle::unmount_lazily(&stopping);
+                }
                 std::process::exit(130);
             }
-            stop(&stopping, log);
+            stop(&stopping, own, log);
         },
     )?;
     log.event(
@@ -303,10 +349,30 @@ pub fn run(args: MountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     served.with_context(|| format!("serving {}", mountpoint.display()))
 }
 
+/// What was mounted over this mount (ID `own`) on `mountpoint`: an unmount there would take that instead.
+fn covering(mountpoint: &Path, own: Option<u64>) -> Option<lifecycle::MountEntry> {
+    let top = lifecycle::mounted_on(mountpoint)?;
+    own.is_some_and(|id| id != top.id).then_some(top)
+}
+
 /// Unmounts on a signal: at once, or lazily (with a message) when something still uses the mount. A
 /// lazily detached mount would be served until its last user leaves: the process ends now instead (what
-/// is still open there fails with ENOTCONN).
-fn stop(mountpoint: &Path, log: Log) {
+/// is still open there fails with ENOTCONN). A mount covered by another cannot be unmounted without
+/// taking that one: the process ends and leaves it, stale, under the other.
+fn stop(mountpoint: &Path, own: Option<u64>, log: Log) {
+    if let Some(over) = covering(mountpoint, own) {
+        let shown = escape(&mountpoint.to_string_lossy()).into_owned();
+        let message = format!(
+            "{shown} has another mount over this one ({} from {}), not ferry's to unmount: this mount \
+             ends under it (`ferry unmount {shown}` once that one is gone)",
+            over.fstype,
+            escape(&over.source)
+        );
+        log.event("warning", json!({ "message": message }), || {
+            format!("warning: {message}")
+        });
+        std::process::exit(1);
+    }
     match lifecycle::unmount(mountpoint) {
         Ok(Unmounted::Clean) => {}
         Ok(Unmounted::Lazily) => {
@@ -460,10 +526,21 @@ fn last_error(text: &str) -> Option<(Option<ErrorCode>, String)> {
 pub fn unmount(args: UnmountArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let mountpoint = lifecycle::resolve(&args.mountpoint)
         .with_context(|| format!("{}: no such directory", args.mountpoint.display()))?;
-    if !lifecycle::is_mounted(&mountpoint) {
+    let Some(mounted) = lifecycle::mounted_on(&mountpoint) else {
         return Err(Usage(format!(
             "{}: nothing is mounted there",
             mountpoint.display()
+        ))
+        .into());
+    };
+    // Only what `ferry mount` mounted: unmounting someone's tmpfs or sshfs is not this command's job.
+    if !mounted.is_ferry() {
+        return Err(Usage(format!(
+            "{}: not a ferry mount (type {}, source {}): `ferry unmount` unmounts only what `ferry mount` \
+             mounted (umount(8) unmounts the rest)",
+            mountpoint.display(),
+            mounted.fstype,
+            escape(&mounted.source)
         ))
         .into());
     }

@@ -3,6 +3,7 @@
 //! leaves it).
 
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -138,23 +139,73 @@ pub fn resolve(mountpoint: &Path) -> io::Result<PathBuf> {
 
 /// Whether something is mounted on `mountpoint` (an absolute path), per `/proc/self/mountinfo`.
 pub fn is_mounted(mountpoint: &Path) -> bool {
-    mounted_device(mountpoint).is_some()
+    mounted_on(mountpoint).is_some()
 }
 
-/// The device (`MAJOR:MINOR`) of the last mount on `mountpoint` (absolute, not canonicalized: that
-/// would stat a mount not served yet), per `/proc/self/mountinfo`.
-fn mounted_device(mountpoint: &Path) -> Option<String> {
-    let table = std::fs::read("/proc/self/mountinfo").ok()?;
-    let wanted = std::os::unix::ffi::OsStrExt::as_bytes(mountpoint.as_os_str());
+/// One mount of `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Its mount ID: no other mount present has it (a device does not tell a bind mount from its source).
+    pub id: u64,
+    /// Where it is mounted.
+    pub point: PathBuf,
+    /// Its device, `MAJOR:MINOR`.
+    pub device: String,
+    /// Its file system type (`tmpfs`, `fuse`, `fuse.ferry`).
+    pub fstype: String,
+    /// Its source (a ferry mount's is `ferry:PEER:SHARE`).
+    pub source: String,
+    /// The user a FUSE mount is for (its `user_id` option).
+    pub user_id: Option<u32>,
+}
+
+impl MountEntry {
+    /// Whether [`mount`] made it: FUSE, named `ferry:PEER:SHARE`. (Its type is `fuse` when mounted with
+    /// mount(2), which has no subtype, and `fuse.ferry` when fusermount3 mounted it.)
+    pub fn is_ferry(&self) -> bool {
+        matches!(self.fstype.as_str(), "fuse" | "fuse.ferry") && self.source.starts_with("ferry:")
+    }
+}
+
+/// The mounts of `/proc/self/mountinfo`, in its order (a later mount on one point covers an earlier).
+pub fn mount_table() -> Vec<MountEntry> {
+    let Ok(table) = std::fs::read("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
     table
         .split(|&b| b == b'\n')
-        .filter_map(|line| {
-            let mut fields = line.split(|&b| b == b' ');
-            let device = fields.nth(2)?;
-            let point = fields.nth(1)?;
-            (unescape(point) == wanted).then(|| String::from_utf8_lossy(device).into_owned())
-        })
-        .next_back()
+        .filter_map(parse_mountinfo_line)
+        .collect()
+}
+
+/// `ID PARENT MAJOR:MINOR ROOT POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER-OPTIONS`.
+fn parse_mountinfo_line(line: &[u8]) -> Option<MountEntry> {
+    let text = |b: &[u8]| String::from_utf8_lossy(&unescape(b)).into_owned();
+    let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+    let dash = 6 + fields.get(6..)?.iter().position(|f| *f == b"-")?;
+    let super_options = text(fields.get(dash + 3)?);
+    let user_id = super_options
+        .split(',')
+        .find_map(|o| o.strip_prefix("user_id=")?.parse().ok());
+    Some(MountEntry {
+        id: text(fields.first()?).parse().ok()?,
+        point: PathBuf::from(std::ffi::OsString::from_vec(unescape(fields.get(4)?))),
+        device: text(fields.get(2)?),
+        fstype: text(fields.get(dash + 1)?),
+        source: text(fields.get(dash + 2)?),
+        user_id,
+    })
+}
+
+/// The last mount on `mountpoint` (absolute, not canonicalized: that would stat a mount not served yet):
+/// the one an unmount there would unmount.
+pub fn mounted_on(mountpoint: &Path) -> Option<MountEntry> {
+    mount_table().into_iter().rfind(|m| m.point == mountpoint)
+}
+
+/// The device (`MAJOR:MINOR`) of the last mount on `mountpoint`.
+fn mounted_device(mountpoint: &Path) -> Option<String> {
+    mounted_on(mountpoint).map(|m| m.device)
 }
 
 /// A mountinfo field with its octal escapes (`\040` for a space) undone.
@@ -209,6 +260,28 @@ mod tests {
     fn mountinfo_escapes_are_undone() {
         assert_eq!(super::unescape(b"/mnt/a\\040b\\134c"), b"/mnt/a b\\c");
         assert_eq!(super::unescape(b"/x\\0"), b"/x\\0");
+    }
+
+    #[test]
+    fn a_mountinfo_line_gives_its_point_type_source_and_user() {
+        let line = b"41 30 0:52 / /mnt/my\\040share rw,nosuid,nodev - fuse ferry:desk:default rw,user_id=1000,group_id=1000";
+        let m = super::parse_mountinfo_line(line).unwrap();
+        assert_eq!(m.id, 41);
+        assert_eq!(m.point, std::path::Path::new("/mnt/my share"));
+        assert_eq!((m.device.as_str(), m.fstype.as_str()), ("0:52", "fuse"));
+        assert_eq!(
+            (m.source.as_str(), m.user_id),
+            ("ferry:desk:default", Some(1000))
+        );
+        assert!(m.is_ferry());
+        // Optional fields before the separator; a tmpfs, even one named like a ferry mount, is not one.
+        let tmpfs = b"50 30 0:60 / /t rw,relatime shared:7 master:1 - tmpfs ferry:x rw,size=1024k";
+        let m = super::parse_mountinfo_line(tmpfs).unwrap();
+        assert_eq!((m.fstype.as_str(), m.user_id), ("tmpfs", None));
+        assert!(!m.is_ferry());
+        let sshfs = b"51 30 0:61 / /s rw - fuse.sshfs me@host:/x rw,user_id=0,group_id=0";
+        assert!(!super::parse_mountinfo_line(sshfs).unwrap().is_ferry());
+        assert_eq!(super::parse_mountinfo_line(b""), None);
     }
 
     #[test]

@@ -120,6 +120,37 @@ pub fn unavailable() -> Option<String> {
     None
 }
 
+/// What a run under `base` would leave if it ended before its own clean-up (a signal runs no destructor):
+/// dropped, it stops the run from making scratch directories and mounts ([`super::is_ending`]), detaches
+/// every mount under the run's scratch directory (sshfs's and the FUSE floor's would outlive the process)
+/// and removes the directory. After [`run`] returns there is nothing left to find.
+pub struct Leftovers(PathBuf);
+
+impl Leftovers {
+    /// Those of this process's run under `base`.
+    pub fn of(base: &FsPath) -> Leftovers {
+        Leftovers(Scratch::of_this_process(base))
+    }
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        super::end();
+        // Twice: a step already past its check when the signal came may still mount or make a directory.
+        for pass in 0..2 {
+            if pass > 0 {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            // Last mounted first: a mount inside another goes before it.
+            let table = ferry_mount::lifecycle::mount_table();
+            for m in table.iter().rev().filter(|m| m.point.starts_with(&self.0)) {
+                let _ = ferry_mount::lifecycle::unmount_lazily(&m.point);
+            }
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 /// Runs the rows into `report`, with `ferry` the binary to run and data under `base` (tmpfs).
 pub fn run(opts: &Options, ferry: &FsPath, base: &FsPath, report: &mut Report) -> io::Result<()> {
     let scratch = Scratch::new(base)?;
@@ -520,6 +551,7 @@ impl Mount {
         ferry: &FsPath,
         flags: &[&str],
     ) -> io::Result<Mount> {
+        super::refuse_if_ending()?;
         let mut cmd = ferry_cmd(ferry, ns, paired.pull_home());
         cmd.args(["mount", "--json"])
             .args(reach)

@@ -11,6 +11,8 @@ use std::path::{Path as FsPath, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use ferry_mount::lifecycle;
+
 use crate::sftp::Sshd;
 
 const SSHFS: &str = "/usr/bin/sshfs";
@@ -21,31 +23,60 @@ pub fn sshfs_unavailable() -> Option<String> {
         .then(|| format!("{SSHFS} is not installed (apt-get install sshfs)"))
 }
 
-/// An sshfs mount of `remote` (a directory of this machine, through the sshd) on `mnt`; unmounted on drop.
+/// An sshfs mount of `remote` (a directory of this machine, through the sshd) on `mnt`: unmounted by
+/// [`SshfsMount::unmount`], or on drop when a row fails first.
 pub struct SshfsMount {
     mnt: PathBuf,
+    /// The mount's ID in the mount table: what is unmounted is this mount, never what covers it.
+    id: u64,
+    unmounted: bool,
 }
 
 impl SshfsMount {
     /// Mounts `remote` on `mnt` through `sshd`.
     pub fn new(sshd: &Sshd, remote: &FsPath, mnt: &FsPath) -> io::Result<SshfsMount> {
         let ssh = format!("ssh {}", sshd.client_options().join(" "));
-        let out = Command::new(SSHFS)
+        let mut sshfs = Command::new(SSHFS);
+        sshfs
             .arg(format!("{}:{}", sshd.login()?, remote.display()))
             .arg(mnt)
             .args(["-p", &sshd.addr().port().to_string()])
             .args(["-o", &format!("ssh_command={ssh}")])
-            .args(["-o", "kernel_cache"])
-            .stdin(Stdio::null())
-            .output()?;
+            .args(["-o", "kernel_cache"]);
+        SshfsMount::by(sshfs, mnt)
+    }
+
+    /// Runs `mounter` (sshfs, or a stand-in in a test), which returns once it has mounted a file system on
+    /// `mnt` (an absolute path), and takes that mount. A mount point in use is refused: a second mount
+    /// would cover the first, which then stays behind.
+    pub fn by(mut mounter: Command, mnt: &FsPath) -> io::Result<SshfsMount> {
+        super::refuse_if_ending()?;
+        let mnt = lifecycle::resolve(mnt)?;
+        if let Some(there) = lifecycle::mounted_on(&mnt) {
+            return Err(io::Error::other(format!(
+                "{} has a mount already ({} {})",
+                mnt.display(),
+                there.fstype,
+                there.source
+            )));
+        }
+        let out = mounter.stdin(Stdio::null()).output()?;
         if !out.status.success() {
             return Err(io::Error::other(format!(
                 "sshfs failed: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
+        let Some(mounted) = lifecycle::mounted_on(&mnt) else {
+            return Err(io::Error::other(format!(
+                "sshfs succeeded but nothing is mounted on {}",
+                mnt.display()
+            )));
+        };
         Ok(SshfsMount {
-            mnt: mnt.to_path_buf(),
+            mnt,
+            id: mounted.id,
+            unmounted: false,
         })
     }
 
@@ -53,15 +84,50 @@ impl SshfsMount {
     pub fn path(&self) -> &FsPath {
         &self.mnt
     }
+
+    /// Unmounts it (lazily if busy) and checks that it is gone from the mount table.
+    pub fn unmount(mut self) -> io::Result<()> {
+        self.take_down()
+    }
+
+    fn take_down(&mut self) -> io::Result<()> {
+        if std::mem::replace(&mut self.unmounted, true) {
+            return Ok(());
+        }
+        let ours = |m: &lifecycle::MountEntry| m.id == self.id;
+        match lifecycle::mounted_on(&self.mnt) {
+            Some(top) if ours(&top) => {}
+            // Gone already (its sshfs died and someone unmounted it): nothing of it is left.
+            None if !lifecycle::mount_table().iter().any(ours) => return Ok(()),
+            _ => {
+                return Err(io::Error::other(format!(
+                    "the sshfs mount on {} is covered by another mount: not unmounted",
+                    self.mnt.display()
+                )))
+            }
+        }
+        // umount(2) itself, as ferry's mount does: not a `fusermount3` that PATH may lack.
+        lifecycle::unmount(&self.mnt).map_err(|e| {
+            io::Error::other(format!(
+                "cannot unmount sshfs on {}: {e}",
+                self.mnt.display()
+            ))
+        })?;
+        if lifecycle::mount_table().iter().any(ours) {
+            return Err(io::Error::other(format!(
+                "sshfs on {} is still mounted after its unmount",
+                self.mnt.display()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Drop for SshfsMount {
     fn drop(&mut self) {
-        let _ = Command::new("fusermount3")
-            .arg("-u")
-            .arg(&self.mnt)
-            .stderr(Stdio::null())
-            .status();
+        if let Err(e) = self.take_down() {
+            eprintln!("ferry bench: {e}");
+        }
     }
 }
 
@@ -218,16 +284,17 @@ pub fn sshfs_figures(
         uncached.push(gb / (readers.whole)(&file)?);
         cached.push(gb / (readers.whole)(&file)?);
         (readers.check)(&file)?;
-        drop(m);
+        m.unmount()?;
         let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
         let file = m.path().join(name);
         cold.push((readers.random)(&file, run as u64)?);
         (readers.whole)(&file)?;
         warm.push((readers.random)(&file, run as u64 + 100)?);
-        drop(m);
+        m.unmount()?;
         let m = SshfsMount::new(&sshd, src_dir, &mnt)?;
         tar_cold.push((readers.tar_c)(m.path())?);
         tar_warm.push((readers.tar_c)(m.path())?);
+        m.unmount()?;
     }
     // Small files into the sharer's side through the mount: a scratch directory of its own.
     let tar_dir = base.join("sshfs-tar");
@@ -238,7 +305,7 @@ pub fn sshfs_figures(
     fs::create_dir_all(&target)?;
     let m = SshfsMount::new(&sshd, &target, &mnt)?;
     let secs = tar_x_seconds(&tar, &m.path().join("x"), tar_files)?;
-    drop(m);
+    m.unmount()?;
     let _ = fs::remove_dir_all(&tar_dir);
     let median = |v: &mut Vec<f64>| crate::report::median(v);
     Ok(SshfsFigures {

@@ -222,3 +222,28 @@ pub fn statvfs(path: &Path) -> Result<(u64, u64, u64, u64, u64), i32> {
         st.f_files as u64,
     ))
 }
+
+/// A directory to give as PATH: a symbolic link to each program of this PATH but `without`, as on a machine
+/// where those are not installed.
+pub fn path_without(without: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("ferry-path-")
+        .tempdir()
+        .unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for from in std::env::split_paths(&path) {
+        let Ok(entries) = fs::read_dir(&from) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let link = dir.path().join(&name);
+            // The first of a name on PATH wins, as it does for a shell.
+            if without.iter().any(|w| name == *w) || link.symlink_metadata().is_ok() {
+                continue;
+            }
+            let _ = std::os::unix::fs::symlink(e.path(), link);
+        }
+    }
+    dir
+}
