@@ -418,6 +418,56 @@ fn the_relay_can_come_from_the_config_file() {
     );
 }
 
+/// Issue 45: on Ctrl-C a relay with paired sessions says that it waits for them, and a second Ctrl-C ends
+/// them at once.
+#[test]
+fn a_second_ctrl_c_stops_the_relay_at_once() {
+    let w = World::new();
+    let mut relay = w
+        .cmd()
+        .args(["relay", "--listen", "127.0.0.1:0", "--stats-interval", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(relay.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+    let addr: SocketAddr = line.trim().rsplit(' ').next().unwrap().parse().unwrap();
+    let hash = [3u8; 32];
+    let receiver = std::thread::spawn(move || raw_hello(addr, 2, hash));
+    let (mut s, status) = raw_hello(addr, 1, hash);
+    let (_r, _) = receiver.join().unwrap();
+    if status == 0 {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+    }
+    // The relay counts the session as active a moment after it says PAIRED.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let signal = |sig| {
+        // SAFETY: kill(2) on our own child, not waited for yet.
+        assert_eq!(unsafe { libc::kill(relay.id() as libc::pid_t, sig) }, 0);
+    };
+    signal(libc::SIGINT);
+    let mut said = String::new();
+    while !said.contains("Ctrl-C again") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        assert!(n > 0, "the relay said nothing: {said:?}");
+        said.push_str(&line);
+    }
+    assert!(said.contains("1 paired session"), "{said}");
+    let second = std::time::Instant::now();
+    signal(libc::SIGINT);
+    let status = finish_status(&mut relay);
+    assert!(
+        second.elapsed() < std::time::Duration::from_secs(3),
+        "the relay took {:?} after the second Ctrl-C (its grace is 5 s)",
+        second.elapsed()
+    );
+    assert_eq!(status, Some(0));
+}
+
 /// `BLAKE3-derive_key("ferry 2026 nameplate v1", "57")`: the rendezvous hash of every code with
 /// nameplate 57 before issue 9, computable by anyone who knows (or enumerates) the nameplate.
 const NAMEPLATE_57_ONLY: &str = "f99346d23a69605712e49a76c111413634ac68c2da8d77cd371dbc9adff9a99e";
