@@ -81,6 +81,12 @@ fn a_wrong_code_pairs_nobody() {
     let a = a.finish();
     assert_failure("joiner with a wrong code", &b, 3, "wrong-code");
     assert_failure("code holder", &a, 3, "wrong-code");
+    // Issue 45: the code holder ran `ferry pair`, and that is what it must run again.
+    let holder = String::from_utf8_lossy(&a.stdout);
+    assert!(
+        holder.contains("start a new `ferry pair`") && !holder.contains("ferry send"),
+        "{holder}"
+    );
     assert!(peers_of(&w, "a").is_empty());
     assert!(peers_of(&w, "b").is_empty());
 }
@@ -122,4 +128,21 @@ fn a_name_taken_on_one_side_stops_both() {
         "nothing stored on the other side"
     );
     assert_eq!(peers_of(&w, "b").len(), 1, "the existing peer is untouched");
+}
+
+/// Issue 45: a pairing that finds nobody names `ferry pair`, not `ferry send`.
+#[test]
+fn a_pairing_that_finds_nobody_names_ferry_pair() {
+    let w = World::new();
+    let out = w
+        .as_("b")
+        .args(["pair", "31-apple-orbit-violin", "--json", "--wait", "0"])
+        .output()
+        .unwrap();
+    assert_failure("pair with nobody there", &out, 4, "peer-not-found");
+    let message = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        message.contains("is `ferry pair` running?") && !message.contains("ferry send"),
+        "{message}"
+    );
 }
