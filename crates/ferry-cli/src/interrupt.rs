@@ -66,6 +66,8 @@ pub enum Answer {
     Line(Option<String>),
     /// Ctrl-C (or SIGTERM, SIGHUP) while asking.
     Interrupted,
+    /// The peer closed the connection while asking: nobody is left to answer.
+    PeerGone,
 }
 
 /// Routes the next signal to `tx` as [`Answer::Interrupted`] instead of ending the process, until
@@ -80,8 +82,9 @@ pub fn question_answered() {
 }
 
 /// Installs the handler: at the question, a signal answers it; otherwise the process ends with status
-/// 130 after dropping what [`keep_until_exit`] holds.
-pub fn install(json: bool) {
+/// 130 after dropping what [`keep_until_exit`] holds, saying `interrupted` and then `left` (what is kept and
+/// how to go on, for this command).
+pub fn install(json: bool, left: &'static str) {
     let _ = ctrlc::set_handler(move || {
         let asked = question().take();
         if let Some(tx) = asked {
@@ -90,7 +93,7 @@ pub fn install(json: bool) {
             }
         }
         release_kept();
-        let e = failure::Interrupted;
+        let e = failure::Interrupted(left);
         let code = ferry_wire::ErrorCode::Interrupted;
         if json {
             ui::stdout_line(

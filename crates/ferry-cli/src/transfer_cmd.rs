@@ -5,9 +5,10 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{BufRead, IsTerminal};
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use ferry_session::{Connected, Meeting, PathKind, Rendezvous};
 use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
-use crate::failure::{InterruptedAtQuestion, Usage};
+use crate::failure::{self, GoneAtQuestion, InterruptedAtQuestion, Usage};
 use crate::interrupt;
 use crate::paired;
 use crate::prompt;
@@ -350,7 +351,14 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             text: args.text.is_some(),
         },
         ui,
-    )?;
+    )
+    .map_err(|e| {
+        peer_gone_says(
+            e.into(),
+            "the receiver is gone (it stopped, or the connection broke); it keeps what arrived: \
+             send the same paths again (and receive them) to resume",
+        )
+    })?;
     // The receiver confirmed every file (Done) before this: it may close its ends first, and a lane's
     // closing packets then meet a reset; that fails nothing that was sent.
     let started = sending.lanes();
@@ -547,6 +555,8 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
     }
     let (mut reader, writer) = halves;
+    // Watched while the offer's question waits for a person, to notice a sender that went away meanwhile.
+    let connection = reader.get_ref().try_clone()?;
     let announced = read_lanes_announcement(&mut reader)?;
     let mut receiving = match announced {
         1 => Receiving::One(Box::new(ChannelSource(reader))),
@@ -571,10 +581,12 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.output = output;
     let (yes, json, list) = (args.yes, ui.is_json(), args.list);
     let mut interrupted = false;
+    let mut gone = false;
     let mut accepted = false;
     // A text message shown on stdout writes nothing to disk: it is accepted without a question.
-    let mut accept =
-        |offer: &Offer<'_>| match accept_offer(offer, yes || offer.text && !on_disk, json, list) {
+    let mut accept = |offer: &Offer<'_>| {
+        let yes = yes || offer.text && !on_disk;
+        match accept_offer(offer, yes, json, list, &connection) {
             Answer::Yes => {
                 accepted = true;
                 true
@@ -584,12 +596,20 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 interrupted = true;
                 false
             }
-        };
+            Answer::Gone => {
+                gone = true;
+                false
+            }
+        }
+    };
     let received =
         ferry_transfer::receive(&mut receiving.source(), &mut sink, &ropts, &mut accept, ui);
     if interrupted {
         // The engine told the sender it was declined; nothing was written.
         return Err(InterruptedAtQuestion.into());
+    }
+    if gone {
+        return Err(GoneAtQuestion.into());
     }
     let report = received.map_err(|e| match e {
         TransferError::Conflict { .. } => anyhow::Error::new(e).context(
@@ -600,13 +620,30 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         _ if stream && accepted => {
             anyhow::Error::new(e).context("what was written to standard output is incomplete")
         }
-        _ => e.into(),
+        _ if accepted => peer_gone_says(
+            e.into(),
+            "the sender is gone (it stopped, or the connection broke); what arrived is kept: \
+             receive again from a new send of the same paths to resume",
+        ),
+        _ => peer_gone_says(
+            e.into(),
+            "the sender is gone (it stopped, or the connection broke)",
+        ),
     })?;
     sink.0.close()?;
     if let Some(text) = report.text {
         show_text(ui, &text);
     }
     partial(report.skipped)
+}
+
+/// `e` with `what` before it when it means the peer is gone (`peer-gone`): the cause alone ("Connection reset
+/// by peer", "connection truncated") says what broke, not what happened nor what to do.
+fn peer_gone_says(e: anyhow::Error, what: &'static str) -> anyhow::Error {
+    match failure::classify(&e).code {
+        "peer-gone" => e.context(what),
+        _ => e,
+    }
 }
 
 /// Success, or exit status 9 (`partial`) when `skipped` entries were not sent.
@@ -652,11 +689,20 @@ enum Answer {
     No,
     /// Ctrl-C (or SIGTERM, SIGHUP) at the question: declined, and the command ends as interrupted.
     Interrupted,
+    /// The sender's connection closed while asking: the command ends as `peer-gone`.
+    Gone,
 }
 
 /// Shows the offer and asks, unless `--yes`. A resumed offer asks like any other: the sender can
-/// cut a transfer itself, so an earlier acceptance says nothing about this run.
-fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer {
+/// cut a transfer itself, so an earlier acceptance says nothing about this run. While a person
+/// decides, `connection` (the sender's) is watched: a sender that went away ends the question.
+fn accept_offer(
+    offer: &Offer<'_>,
+    yes: bool,
+    json: bool,
+    list: bool,
+    connection: &TcpStream,
+) -> Answer {
     let summary = show_offer(offer, json, list);
     if yes {
         if !json {
@@ -675,6 +721,18 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
     let (tx, rx) = mpsc::channel();
     interrupt::asking(tx.clone());
     stderr_text(&format!("{summary}\nAccept? [y/N] "));
+    let asking = Arc::new(AtomicBool::new(true));
+    if let Ok(connection) = connection.try_clone() {
+        let (tx, asking) = (tx.clone(), Arc::clone(&asking));
+        std::thread::spawn(move || {
+            while asking.load(Ordering::Relaxed) {
+                if hung_up(&connection, Duration::from_millis(200)) {
+                    let _ = tx.send(interrupt::Answer::PeerGone);
+                    return;
+                }
+            }
+        });
+    }
     std::thread::spawn(move || {
         let mut line = String::new();
         let read = std::io::stdin().lock().read_line(&mut line);
@@ -684,6 +742,7 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
         }));
     });
     let answer = rx.recv();
+    asking.store(false, Ordering::Relaxed);
     interrupt::question_answered();
     match answer {
         Ok(interrupt::Answer::Line(Some(line))) => {
@@ -698,8 +757,31 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
             stderr_line("");
             Answer::No
         }
-        Ok(interrupt::Answer::Interrupted) | Err(_) => Answer::Interrupted,
+        Ok(interrupt::Answer::PeerGone) => {
+            // The cursor is still after the question.
+            stderr_line("");
+            Answer::Gone
+        }
+        Ok(interrupt::Answer::Interrupted) | Err(_) => {
+            // The terminal echoed `^C` after the question: the error goes on a line of its own.
+            stderr_line("");
+            Answer::Interrupted
+        }
     }
+}
+
+/// Whether the peer closed `connection` (or it broke), waiting at most `timeout`: its data may still be unread
+/// (the sender sends the first data with the offer), so only the hang-up counts, not readability.
+fn hung_up(connection: &TcpStream, timeout: Duration) -> bool {
+    let mut fd = libc::pollfd {
+        fd: connection.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: poll(2) on one pollfd that lives for the call, naming a socket `connection` keeps open.
+    let ready = unsafe { libc::poll(&mut fd, 1, millis) };
+    ready > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Rejects wrong uses before anything else happens, with a clear message: a path that is not there

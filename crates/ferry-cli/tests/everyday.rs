@@ -414,6 +414,11 @@ fn ctrl_c_at_the_question_declines_and_keeps_nothing() {
         !after.contains("partial data") && !after.contains("ETA"),
         "{after:?}"
     );
+    // The terminal echoed ^C after the question: the message starts a line of its own.
+    assert!(
+        after.contains("\nferry: interrupted at the question"),
+        "{after:?}"
+    );
     assert_failure(
         "sender when the receiver pressed Ctrl-C",
         &send,
@@ -534,4 +539,26 @@ fn the_receiver_says_how_it_is_connected_before_the_offer() {
         matches!((connected, offer), (Some(c), Some(o)) if c < o) && text.contains("aes-256-gcm"),
         "{text}"
     );
+}
+
+/// Issue 45: a receiver at the question notices that the sender went away, says so and ends as `peer-gone`
+/// (exit 4) without waiting for an answer nobody can use.
+#[test]
+fn a_sender_gone_at_the_question_ends_it() {
+    let w = World::new();
+    let (send, recv) = sender_and_asking_receiver(&w, "78-apple-orbit-violin", 12);
+    send.signal(libc::SIGKILL);
+    let _ = send.finish();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !recv.text().contains("the sender is gone") {
+        assert!(
+            Instant::now() < deadline,
+            "the receiver still asks: {:?}",
+            recv.text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, text) = recv.finish();
+    assert_eq!(status, Some(4), "{text}");
+    assert!(list_all(&w.out()).is_empty(), "{:?}", list_all(&w.out()));
 }

@@ -154,6 +154,23 @@ fn interrupt_and_resume(interrupt_receiver: bool, nameplate: u32) {
         4,
         "peer-gone",
     );
+    // Issue 45: both sides say what happened and how to go on, in words; a sender keeps no data.
+    let message = |out: &Output| {
+        event(&events(&out.stdout), "error").unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (said, heard) = (message(&target), message(&other));
+    assert!(
+        (said.contains("kept") || said.contains("keeps")) && said.contains("resume"),
+        "{said}"
+    );
+    assert!(!said.contains("partial data"), "{said}");
+    assert!(
+        heard.starts_with(&format!("the {who} is gone")) && heard.contains("resume"),
+        "{heard}"
+    );
     assert!(!w.out().join("big.bin").exists(), "no final name when cut");
     assert_eq!(partial_files(&w.out()).len(), 1, "partial data kept");
 

@@ -416,6 +416,22 @@ fn the_relay_can_come_from_the_config_file() {
         err["message"].as_str().unwrap().contains("config.toml"),
         "{err}"
     );
+    // Issue 45: on a terminal's line, the error is one line with where the mistake is, not TOML's drawing
+    // of it with `\x0a` for its line breaks.
+    let out = finish(
+        w.cmd()
+            .args(["receive", "--yes", "--force-relay", code, "--out"])
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("config.toml, line 1, column 9: ") && !text.contains("\\x0a"),
+        "{text}"
+    );
 }
 
 /// Issue 45: on Ctrl-C a relay with paired sessions says that it waits for them, and a second Ctrl-C ends
