@@ -22,6 +22,7 @@ use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
 use crate::failure::{self, GoneAtQuestion, InterruptedAtQuestion, Usage};
+use crate::hint::{listen_hint, OtherSide};
 use crate::interrupt;
 use crate::paired;
 use crate::prompt;
@@ -254,11 +255,6 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.warn(&w.to_string());
     }
     ui.skipped_before = walked.warnings.len() as u64;
-    // The receiver needs the relay's address too (it may be on another network, without the config).
-    let relay = match &opts.relay {
-        Some(r) => format!("--relay {r} "),
-        None => String::new(),
-    };
     let what = if args.text.is_some() {
         format!("a text message ({})", human_bytes(totals.bytes))
     } else {
@@ -269,24 +265,38 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             count(totals.dirs, "directory", "directories"),
         )
     };
+    let reachable = rendezvous.direct_candidates();
+    let other_side = OtherSide::of(
+        &opts,
+        rendezvous.listen,
+        args.listen.listen.is_some(),
+        &reachable,
+    );
+    let flags = &other_side.flags;
     if let Some(code) = &code {
-        let command = format!("ferry receive {relay}{code}");
+        let command = format!("ferry receive {flags}{code}");
         ui.info(&format!(
-            "Sending {what}.\nCode: {code}\nOn the other side run:  {command}"
+            "Sending {what}.\nCode: {code}\n{}",
+            other_side.lines("the other side", &command, "ferry send")
         ));
         if args.qr {
             // Asked for: shown also with --json (on stderr, which carries no events).
             stderr_text(&qr_code(&command));
         }
         if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
-            ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), code));
+            ui.info(&listen_hint(
+                addr,
+                &reachable,
+                &format!("ferry receive {code}"),
+            ));
         }
     }
     if let Some((_, peer)) = &paired {
+        let name = escape(peer.name.as_str());
+        let command = format!("ferry receive {flags}--from NAME (NAME: this machine's name there)");
         ui.info(&format!(
-            "Sending {what} to {}.\nOn {} run:  ferry receive {relay}--from NAME (this machine's name there)",
-            escape(peer.name.as_str()),
-            escape(peer.name.as_str()),
+            "Sending {what} to {name}.\n{}",
+            other_side.lines(&name, &command, "ferry send --to")
         ));
     }
 
@@ -464,38 +474,6 @@ fn receive_on_lanes(
         }
     });
     source
-}
-
-/// What `--listen ADDR` means for a receiver: the addresses to give `--peer`. An unspecified address
-/// (`0.0.0.0`, `::`) is no address to dial: the interfaces' addresses are (`reachable`); a loopback
-/// address reaches this machine only.
-fn listen_hint(addr: SocketAddr, reachable: &[SocketAddr], code: &Code) -> String {
-    if addr.ip().is_loopback() {
-        return format!(
-            "Listening on {addr}, this machine only (ferry receive --peer {addr} {code})"
-        );
-    }
-    if !addr.ip().is_unspecified() {
-        return format!(
-            "Listening on {addr} (from another machine: ferry receive --peer {addr} {code})"
-        );
-    }
-    match reachable {
-        [] => format!(
-            "Listening on {addr}: every interface, but this machine has no address other machines can dial"
-        ),
-        [first, rest @ ..] => {
-            let others: Vec<String> = rest.iter().map(|a| format!(" or --peer {a}")).collect();
-            format!(
-                "Listening on {addr} (from another machine: ferry receive --peer {first} {code}{})",
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; also{}", others.concat())
-                }
-            )
-        }
-    }
 }
 
 /// Runs `ferry receive`.

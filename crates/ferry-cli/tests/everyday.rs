@@ -541,6 +541,43 @@ fn the_receiver_says_how_it_is_connected_before_the_offer() {
     );
 }
 
+/// Issue 45: without discovery and without a relay only this machine can reach the sender, so its hint
+/// says so and what another machine would need, instead of a command that waits there for nothing.
+#[test]
+fn without_discovery_or_a_relay_the_hint_names_this_machine() {
+    let w = World::new();
+    let args = ["--code", "75-apple-orbit-violin"];
+    let hints = sender_hints(&w, &args, "run:");
+    assert!(
+        hints.contains("On this machine run:  ferry receive 75-apple-orbit-violin\n"),
+        "{hints}"
+    );
+    let hints = sender_hints(&w, &args, "Only this");
+    let note = hints.lines().last().unwrap();
+    assert!(
+        note.contains("discovery is off") && note.contains("--relay") && note.contains("--listen"),
+        "{note}"
+    );
+}
+
+/// Issue 45: with `--listen` on loopback the hint is for this machine, and the `--peer` command is printed.
+#[test]
+fn with_a_loopback_listen_address_the_hint_is_for_this_machine() {
+    let w = World::new();
+    let hints = sender_hints(
+        &w,
+        &["--code", "76-apple-orbit-violin", "--listen", "127.0.0.1:0"],
+        "Listening on",
+    );
+    let peer = hints
+        .lines()
+        .find_map(|l| l.split_once("(ferry receive --peer "))
+        .map(|(_, rest)| rest.split(' ').next().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no --peer command: {hints}"));
+    assert!(peer.starts_with("127.0.0.1:"), "{hints}");
+    assert!(hints.contains("On this machine run:"), "{hints}");
+}
+
 /// Issue 45: a receiver at the question notices that the sender went away, says so and ends as `peer-gone`
 /// (exit 4) without waiting for an answer nobody can use.
 #[test]

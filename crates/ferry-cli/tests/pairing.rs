@@ -4,7 +4,7 @@ mod common;
 
 use std::fs;
 
-use common::{assert_failure, event, events, World};
+use common::{assert_failure, assert_success, event, events, finish, World};
 use serde_json::Value;
 
 fn peers_of(w: &World, who: &str) -> Vec<Value> {
@@ -145,4 +145,53 @@ fn a_pairing_that_finds_nobody_names_ferry_pair() {
         message.contains("is `ferry pair` running?") && !message.contains("ferry send"),
         "{message}"
     );
+}
+
+/// Issue 45: `pair --listen` prints the `--peer` command as `send --listen` does, and that line, pasted,
+/// pairs.
+#[test]
+fn pair_listen_prints_a_peer_command_that_works() {
+    let w = World::new();
+    let mut a = w
+        .as_("a")
+        .args(["pair", "--listen", "127.0.0.1:0", "--name", "b"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on a thread, so that a side that never prints the line fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = a.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let command = loop {
+        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(10)) else {
+            let _ = a.kill();
+            panic!("no --peer command: {seen}");
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some((_, rest)) = line.split_once("(ferry pair --peer ") {
+            break format!("--peer {}", rest.trim_end().trim_end_matches(')'));
+        }
+    };
+    let args: Vec<&str> = command.split(' ').collect();
+    let b = w
+        .as_("b")
+        .arg("pair")
+        .args(&args)
+        .args(["--json", "--name", "a"])
+        .output()
+        .unwrap();
+    assert_success(&format!("ferry pair {command}"), &b);
+    let a = finish(a);
+    assert!(a.status.success(), "{seen}");
+    assert_eq!(peers_of(&w, "a").len(), 1);
 }

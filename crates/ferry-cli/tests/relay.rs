@@ -484,6 +484,51 @@ fn a_second_ctrl_c_stops_the_relay_at_once() {
     assert_eq!(status, Some(0));
 }
 
+/// Issue 45: a share that is only at a relay (`--force-relay`) tells the peer to use that relay, and that
+/// command, pasted on the peer (which has no relay configured), lists the share.
+#[test]
+fn a_share_at_a_relay_names_the_relay_in_its_hint() {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::write(w.src().join("hello.txt"), b"hi").unwrap();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let relay_flag = format!("--relay {}", relay.addr);
+    let mut sharer = w
+        .as_("a")
+        .args(["share", "--force-relay", "--relay", &relay.addr.to_string()])
+        .arg(w.src())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(sharer.stderr.take().unwrap());
+    let mut seen = String::new();
+    let command = loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        assert!(n > 0, "no hint: {seen}");
+        seen.push_str(&line);
+        if let Some((_, rest)) = line.split_once("run:  ferry ls ") {
+            break rest.split("  ").next().unwrap().to_string();
+        }
+    };
+    assert!(seen.contains("On a peer run:"), "{seen}");
+    assert!(command.starts_with(&relay_flag), "{seen}");
+    let args: Vec<&str> = command
+        .split(' ')
+        .map(|a| if a == "NAME[:PATH]" { "a" } else { a })
+        .collect();
+    let listed = w.as_("b").arg("ls").args(&args).output().unwrap();
+    let _ = sharer.kill();
+    let _ = sharer.wait();
+    assert_success(&format!("ferry ls {command}"), &listed);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("hello.txt"),
+        "{}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
+}
+
 /// `BLAKE3-derive_key("ferry 2026 nameplate v1", "57")`: the rendezvous hash of every code with
 /// nameplate 57 before issue 9, computable by anyone who knows (or enumerates) the nameplate.
 const NAMEPLATE_57_ONLY: &str = "f99346d23a69605712e49a76c111413634ac68c2da8d77cd371dbc9adff9a99e";
