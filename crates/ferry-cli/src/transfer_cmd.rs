@@ -31,7 +31,8 @@ use crate::reach_args::{
 };
 use crate::spool;
 use crate::ui::{
-    count, escape, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui,
+    count, dirs_and_symlinks, escape, human_bytes, qr_code, show_offer, show_text, stderr_line,
+    stderr_text, Ui,
 };
 use ferry_channel::blocking::SecureReader;
 use ferry_channel::lanes::{LaneKeys, LANE_HEADER, MAX_LANES};
@@ -262,7 +263,7 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             "{}, {} ({})",
             count(totals.files, "file", "files"),
             human_bytes(totals.bytes),
-            count(totals.dirs, "directory", "directories"),
+            dirs_and_symlinks(&totals),
         )
     };
     let reachable = rendezvous.direct_candidates();

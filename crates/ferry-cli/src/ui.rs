@@ -71,6 +71,15 @@ pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// "3 directories", and ", 1 symlink" after it when there are any (most offers hold none).
+pub fn dirs_and_symlinks(t: &Totals) -> String {
+    let dirs = count(t.dirs, "directory", "directories");
+    match t.symlinks {
+        0 => dirs,
+        n => format!("{dirs}, {}", count(n, "symlink", "symlinks")),
+    }
+}
+
 /// Whether `c` must not reach a terminal as it is: C0 controls (newline included: a peer's
 /// newline could start a fake line), DEL, C1 controls (U+0080-U+009F, CSI among them), the
 /// bidirectional controls that reorder what is shown (U+061C, U+200E/F, U+202A-U+202E,
@@ -235,7 +244,7 @@ pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     let mut text = format!(
         "Offer: {}, {}, {}{resumable}\n  {}{more}",
         count(t.files, "file", "files"),
-        count(t.dirs, "directory", "directories"),
+        dirs_and_symlinks(&t),
         human_bytes(t.bytes),
         shown.join(", "),
     );

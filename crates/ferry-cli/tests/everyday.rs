@@ -578,6 +578,41 @@ fn with_a_loopback_listen_address_the_hint_is_for_this_machine() {
     assert!(hints.contains("On this machine run:"), "{hints}");
 }
 
+/// Issue 45: the offer counts the symlinks it holds, as its JSON does, on both sides.
+#[test]
+fn the_offer_counts_symlinks() {
+    let w = World::new();
+    let tree = w.src().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("a.txt"), b"a").unwrap();
+    fs::write(tree.join("sub/b.txt"), b"b").unwrap();
+    std::os::unix::fs::symlink("a.txt", tree.join("link")).unwrap();
+    let code = "77-apple-orbit-violin";
+    let send = w
+        .cmd()
+        .args(["send", "--code", code])
+        .arg(&tree)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let send = finish_in_background(send);
+    let recv = finish(w.spawn_receive_with(&["--yes"], code, &w.out()));
+    let send = send.join().unwrap();
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    let sent = String::from_utf8_lossy(&send.stderr);
+    assert!(
+        sent.contains("Sending 2 files, 2 B (2 directories, 1 symlink)."),
+        "{sent}"
+    );
+    let received = String::from_utf8_lossy(&recv.stderr);
+    assert!(
+        received.contains("Offer: 2 files, 2 directories, 1 symlink, 2 B"),
+        "{received}"
+    );
+}
+
 /// Issue 45: a receiver at the question notices that the sender went away, says so and ends as `peer-gone`
 /// (exit 4) without waiting for an answer nobody can use.
 #[test]
