@@ -178,7 +178,9 @@ pub(crate) fn report_path(ui: &Ui, c: &Connected) {
         PathKind::Lan => format!("directly on the LAN ({})", c.peer),
         PathKind::Direct => format!("directly ({})", c.peer),
     };
-    ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
+    if ui.show_path {
+        ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
+    }
     ui.event(
         "connected",
         json!({ "path": c.path.as_str(), "peer": c.peer, "suite": c.established.suite.name() }),

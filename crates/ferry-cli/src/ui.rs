@@ -35,6 +35,9 @@ pub struct Ui {
     last_rate: Option<Instant>,
     /// Entries the walk skipped before the offer (counted in the summary with those skipped later).
     pub skipped_before: u64,
+    /// Whether the text line saying how the peer was reached is shown (`ferry ls` shows it with `-v` only:
+    /// its output is the listing).
+    pub show_path: bool,
 }
 
 /// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one, nor
@@ -305,6 +308,7 @@ impl Ui {
             started: Instant::now(),
             last_rate: None,
             skipped_before: 0,
+            show_path: true,
         }
     }
 
