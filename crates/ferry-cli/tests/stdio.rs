@@ -113,7 +113,9 @@ fn text_over_the_limit_says_its_size_in_the_limits_unit() {
     assert_failure("send --text - of 2 MiB", &out, 8, "text-too-large");
     let msg = String::from_utf8_lossy(&out.stdout);
     assert!(
-        msg.contains("the text message has 2.00 MiB, more than the limit of 1.00 MiB"),
+        msg.contains(
+            "the text message has 2.00 MiB (2097152 bytes), more than the limit of 1.00 MiB (1048576 bytes)"
+        ),
         "{msg}"
     );
 }

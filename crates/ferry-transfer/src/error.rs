@@ -89,7 +89,7 @@ pub enum TransferError {
     },
     /// A text offer is larger than the receiver takes ([`crate::wire::MAX_TEXT`]).
     #[error(
-        "the text message has {}, more than the limit of {} (send it as a file)",
+        "the text message has {} ({size} bytes), more than the limit of {} ({limit} bytes); send it as a file",
         mib(*size),
         mib(*limit)
     )]
@@ -258,7 +258,8 @@ impl From<ferry_wire::WireError> for TransferError {
     }
 }
 
-/// `bytes` in MiB with two decimals, as a text message's size and its limit are both shown.
+/// `bytes` in MiB with two decimals, as a text message's size and its limit are both shown (with their exact
+/// bytes beside: a size just over the limit rounds to the limit).
 fn mib(bytes: u64) -> String {
     format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
