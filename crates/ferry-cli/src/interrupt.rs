@@ -20,6 +20,8 @@ static KEPT: Mutex<Kept> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Set while the receiver asks its question: Ctrl-C then answers it (a decline the sender hears of).
 static QUESTION: Mutex<Option<mpsc::Sender<Answer>>> = Mutex::new(None);
+/// What an interruption leaves and how to go on, said after "interrupted" (see [`leaves`]).
+static LEFT: Mutex<&str> = Mutex::new("");
 
 fn kept() -> MutexGuard<'static, Kept> {
     // A panic while the list was held cannot leave it inconsistent: each change is one push or remove.
@@ -81,10 +83,15 @@ pub fn question_answered() {
     *question() = None;
 }
 
+/// From now on an interruption leaves `left` ("; what arrived is kept: ..."): set once data may have moved, so
+/// that a command stopped while it still looks for its peer does not speak of data it never had.
+pub fn leaves(left: &'static str) {
+    *LEFT.lock().unwrap_or_else(|e| e.into_inner()) = left;
+}
+
 /// Installs the handler: at the question, a signal answers it; otherwise the process ends with status
-/// 130 after dropping what [`keep_until_exit`] holds, saying `interrupted` and then `left` (what is kept and
-/// how to go on, for this command).
-pub fn install(json: bool, left: &'static str) {
+/// 130 after dropping what [`keep_until_exit`] holds, saying `interrupted` and what [`leaves`] set.
+pub fn install(json: bool) {
     let _ = ctrlc::set_handler(move || {
         let asked = question().take();
         if let Some(tx) = asked {
@@ -93,7 +100,7 @@ pub fn install(json: bool, left: &'static str) {
             }
         }
         release_kept();
-        let e = failure::Interrupted(left);
+        let e = failure::Interrupted(*LEFT.lock().unwrap_or_else(|e| e.into_inner()));
         let code = ferry_wire::ErrorCode::Interrupted;
         if json {
             ui::stdout_line(

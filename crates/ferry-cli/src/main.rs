@@ -94,17 +94,7 @@ fn main() -> ExitCode {
         Command::Relay(_) | Command::Share(_) | Command::Mount(_)
     ) {
         // The relay, the share and the mount handle SIGINT/SIGTERM themselves, to shut down cleanly.
-        let left = match &cli.command {
-            Command::Send(_) => {
-                "; the receiver keeps what arrived: send the same paths again (and receive them) to resume"
-            }
-            Command::Receive(_) => {
-                "; what arrived is kept: receive again from a new send of the same paths to resume"
-            }
-            Command::Pull(_) => "; what arrived is kept: run the same command again to resume",
-            _ => "",
-        };
-        interrupt::install(json, left);
+        interrupt::install(json);
     }
     let result = match cli.command {
         Command::Send(args) => args.check().and_then(|_| transfer_cmd::send(args, &mut ui)),

@@ -201,6 +201,10 @@ pub fn run(args: PullArgs, ui: &mut Ui) -> anyhow::Result<()> {
         Some(name) => Output::Named(name.as_bytes().to_vec()),
     };
     let stream = matches!(opts.output, Output::Stream(_));
+    if !stream {
+        // A range keeps nothing (written under a temporary name, removed on failure), and neither does `-o -`.
+        crate::interrupt::leaves("; what arrived is kept: run the same command again to resume");
+    }
     let report = ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(|e| {
         // Refusals come before a byte is written; anything later may have left part of the file on stdout.
         let before_data = matches!(

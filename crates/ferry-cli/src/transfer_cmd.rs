@@ -304,6 +304,9 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     }
 
     let connected = rendezvous.accept(ui)?;
+    interrupt::leaves(
+        "; the receiver keeps what arrived: send the same paths again (and receive them) to resume",
+    );
     report_path(ui, &connected);
     if let Some((me, peer)) = &paired {
         if let Err(w) = me.seen(&peer.key, &connected.peer) {
@@ -570,6 +573,12 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         match accept_offer(offer, yes, json, list, &connection) {
             Answer::Yes => {
                 accepted = true;
+                if !stream {
+                    // What goes to standard output is not kept for a resume.
+                    interrupt::leaves(
+                        "; what arrived is kept: receive again from a new send of the same paths to resume",
+                    );
+                }
                 true
             }
             Answer::No => false,

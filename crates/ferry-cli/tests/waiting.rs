@@ -171,3 +171,17 @@ fn with_wait_0_an_unreachable_peer_is_not_tried_again() {
     );
     assert!(!said.iter().any(|w| w.contains("trying again")), "{said:?}");
 }
+
+/// Issue 45: a receiver stopped while it still looks for its sender says it was interrupted, and nothing of
+/// partial data it never had.
+#[test]
+fn ctrl_c_while_waiting_speaks_of_no_data() {
+    let w = World::new();
+    let recv = Watched::new(waiting_receiver(&w, "86-apple-orbit-violin", "1m", &[]));
+    std::thread::sleep(Duration::from_millis(500));
+    recv.signal(libc::SIGINT);
+    let out = recv.finish();
+    assert_failure("receiver stopped while waiting", &out, 130, "interrupted");
+    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
+    assert_eq!(message, "interrupted", "{message}");
+}
