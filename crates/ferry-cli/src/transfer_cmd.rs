@@ -304,9 +304,12 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
     }
 
     let connected = rendezvous.accept(ui)?;
-    interrupt::leaves(
-        "; the receiver keeps what arrived: send the same paths again (and receive them) to resume",
-    );
+    if spooled.is_none() {
+        // Standard input and a text message are not resumed: sent again, they are another offer.
+        interrupt::leaves(
+            "; the receiver keeps what arrived: send the same paths again (and receive them) to resume",
+        );
+    }
     report_path(ui, &connected);
     if let Some((me, peer)) = &paired {
         if let Err(w) = me.seen(&peer.key, &connected.peer) {
@@ -573,8 +576,8 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         match accept_offer(offer, yes, json, list, &connection) {
             Answer::Yes => {
                 accepted = true;
-                if !stream {
-                    // What goes to standard output is not kept for a resume.
+                if !stream && !offer.text {
+                    // What goes to standard output, and a text message, are not kept for a resume.
                     interrupt::leaves(
                         "; what arrived is kept: receive again from a new send of the same paths to resume",
                     );
