@@ -99,12 +99,50 @@ pub struct Report {
     rows: Vec<Row>,
 }
 
+/// Width of the table's case column; a longer case name gets a line of its own.
+const CASE_WIDTH: usize = 52;
+
+/// A figure as the table shows it: three decimals, or nothing for one that is not a number (a row that only
+/// heads a group of rows has no value).
+fn table_num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.3}")
+    } else {
+        String::new()
+    }
+}
+
+/// The table's lines for `row`: one, or two when its case name is wider than its column (the name alone,
+/// then the figures under their headings), so that the columns stay aligned.
+fn table_lines(row: &Row) -> Vec<String> {
+    let base = row.baseline.map(table_num).unwrap_or_default();
+    let ratio = row.ratio.map(table_num).unwrap_or_default();
+    let figures = |bench: &str, case: &str| {
+        format!(
+            "{bench:<10} {case:<CASE_WIDTH$} {:>12} {:<9} {base:>12} {ratio:>7}",
+            table_num(row.value),
+            row.unit
+        )
+        .trim_end()
+        .to_string()
+    };
+    if row.case.chars().count() <= CASE_WIDTH {
+        return vec![figures(&row.bench, &row.case)];
+    }
+    let name = format!("{:<10} {}", row.bench, row.case);
+    match figures("", "") {
+        // A note (no figure at all) is its name alone.
+        none if none.is_empty() => vec![name],
+        some => vec![name, some],
+    }
+}
+
 impl Report {
     /// A report printing JSON lines (`json`) or a table.
     pub fn new(json: bool) -> Self {
         if !json {
             out_line(format_args!(
-                "{:<10} {:<52} {:>12} {:<9} {:>12} {:>7}",
+                "{:<10} {:<CASE_WIDTH$} {:>12} {:<9} {:>12} {:>7}",
                 "bench", "case", "value", "unit", "baseline", "ratio"
             ));
         }
@@ -119,12 +157,9 @@ impl Report {
         if self.json {
             out_line(format_args!("{}", row.to_json()));
         } else {
-            let base = row.baseline.map(|b| format!("{b:.3}")).unwrap_or_default();
-            let ratio = row.ratio.map(|r| format!("{r:.3}")).unwrap_or_default();
-            out_line(format_args!(
-                "{:<10} {:<52} {:>12.3} {:<9} {:>12} {:>7}",
-                row.bench, row.case, row.value, row.unit, base, ratio
-            ));
+            for line in table_lines(&row) {
+                out_line(format_args!("{line}"));
+            }
         }
         self.rows.push(row);
     }
@@ -241,6 +276,21 @@ mod tests {
             row.to_json(),
             "{\"bench\":\"channel\",\"case\":\"a \\\"b\\\"\",\"value\":2.000000,\"unit\":\"GB/s\",\"baseline\":4.000000,\"ratio\":0.500000}"
         );
+    }
+
+    #[test]
+    fn the_table_shows_no_nan_and_keeps_its_columns_for_long_case_names() {
+        let heading = Row::new("mount", "uncached reads", f64::NAN, "");
+        assert_eq!(table_lines(&heading), vec!["mount      uncached reads"]);
+        let short = Row::new("mount", "pull", 1.5, "GB/s").with_baseline(3.0);
+        let long = Row::new("mount", "x".repeat(70), 1.5, "GB/s").with_baseline(3.0);
+        let lines = table_lines(&long);
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0], format!("mount      {}", "x".repeat(70)));
+        // The figures sit in the same columns as a short row's.
+        let short = &table_lines(&short)[0];
+        assert_eq!(lines[1].len(), short.len());
+        assert_eq!(lines[1][10..], short[10..].replace("pull", "    "));
     }
 
     #[test]

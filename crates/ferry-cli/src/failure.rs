@@ -33,6 +33,11 @@ pub struct Usage(pub String);
 #[error("interrupted at the question; the offer was declined and nothing was received")]
 pub struct InterruptedAtQuestion;
 
+/// The sender (or the relay between) closed the connection while the offer's question was asked.
+#[derive(Debug, thiserror::Error)]
+#[error("the sender is gone (it stopped, or the relay closed the connection) while the offer was asked; nothing was received")]
+pub struct GoneAtQuestion;
+
 /// Ctrl-C at the code prompt: nothing was sought or received.
 #[derive(Debug, thiserror::Error)]
 #[error("interrupted at the code prompt; nothing was received")]
@@ -49,10 +54,11 @@ pub struct Background {
     pub log: String,
 }
 
-/// The user interrupted the transfer.
+/// The user interrupted the command (Ctrl-C, SIGTERM, SIGHUP); it holds what is left of it and how to go on,
+/// which depends on the command ("" when nothing is left).
 #[derive(Debug, thiserror::Error)]
-#[error("interrupted; partial data is kept, run the same command again to resume")]
-pub struct Interrupted;
+#[error("interrupted{0}")]
+pub struct Interrupted(pub &'static str);
 
 fn channel_failure(e: &ChannelError) -> Failure {
     match e {
@@ -167,6 +173,9 @@ pub fn classify(err: &anyhow::Error) -> Failure {
                 exit: b.exit,
             };
         }
+        if cause.downcast_ref::<GoneAtQuestion>().is_some() {
+            return ErrorCode::PeerGone.into();
+        }
         if cause.downcast_ref::<Interrupted>().is_some()
             || cause.downcast_ref::<InterruptedAtQuestion>().is_some()
             || cause.downcast_ref::<InterruptedAtPrompt>().is_some()
@@ -274,7 +283,7 @@ mod tests {
             }
         );
         assert_eq!(
-            of(Interrupted),
+            of(Interrupted("")),
             Failure {
                 code: "interrupted",
                 exit: 130

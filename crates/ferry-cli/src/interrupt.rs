@@ -20,6 +20,8 @@ static KEPT: Mutex<Kept> = Mutex::new(Vec::new());
 static NEXT_ID: AtomicU64 = AtomicU64::new(0);
 /// Set while the receiver asks its question: Ctrl-C then answers it (a decline the sender hears of).
 static QUESTION: Mutex<Option<mpsc::Sender<Answer>>> = Mutex::new(None);
+/// What an interruption leaves and how to go on, said after "interrupted" (see [`leaves`]).
+static LEFT: Mutex<&str> = Mutex::new("");
 
 fn kept() -> MutexGuard<'static, Kept> {
     // A panic while the list was held cannot leave it inconsistent: each change is one push or remove.
@@ -66,6 +68,8 @@ pub enum Answer {
     Line(Option<String>),
     /// Ctrl-C (or SIGTERM, SIGHUP) while asking.
     Interrupted,
+    /// The peer closed the connection while asking: nobody is left to answer.
+    PeerGone,
 }
 
 /// Routes the next signal to `tx` as [`Answer::Interrupted`] instead of ending the process, until
@@ -79,8 +83,14 @@ pub fn question_answered() {
     *question() = None;
 }
 
+/// From now on an interruption leaves `left` ("; what arrived is kept: ..."): set once data may have moved, so
+/// that a command stopped while it still looks for its peer does not speak of data it never had.
+pub fn leaves(left: &'static str) {
+    *LEFT.lock().unwrap_or_else(|e| e.into_inner()) = left;
+}
+
 /// Installs the handler: at the question, a signal answers it; otherwise the process ends with status
-/// 130 after dropping what [`keep_until_exit`] holds.
+/// 130 after dropping what [`keep_until_exit`] holds, saying `interrupted` and what [`leaves`] set.
 pub fn install(json: bool) {
     let _ = ctrlc::set_handler(move || {
         let asked = question().take();
@@ -90,7 +100,7 @@ pub fn install(json: bool) {
             }
         }
         release_kept();
-        let e = failure::Interrupted;
+        let e = failure::Interrupted(*LEFT.lock().unwrap_or_else(|e| e.into_inner()));
         let code = ferry_wire::ErrorCode::Interrupted;
         if json {
             ui::stdout_line(

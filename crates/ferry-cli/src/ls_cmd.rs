@@ -1,6 +1,7 @@
 //! `ferry ls NAME[:PATH]`: lists a directory of a paired peer's share (or shows one file's entry).
 
 use std::ffi::{OsStr, OsString};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -11,7 +12,7 @@ use serde_json::json;
 use crate::failure::Usage;
 use crate::paired;
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
-use crate::ui::{escape_bytes, print_event, stdout_line, Ui};
+use crate::ui::{escape_bytes, human_bytes, print_event, stdout_line, Ui};
 
 /// Requests in flight at once: `ls` asks one thing at a time.
 const IN_FLIGHT: u32 = 4;
@@ -42,6 +43,12 @@ pub struct LsArgs {
     peer: PeerArg,
     #[command(flatten)]
     relay: RelayArgs,
+    /// Sizes in bytes, exactly (the default where standard output is not a terminal, and with --json).
+    #[arg(long)]
+    bytes: bool,
+    /// Also say how the sharer was reached (on stderr).
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 impl LsArgs {
@@ -84,6 +91,7 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
         peer: args.peer.peer,
         wait: args.wait,
     };
+    ui.show_path = args.verbose;
     let (mut session, peer) = paired::open_share(name, &args.share, &reach, IN_FLIGHT, ui)?;
     let shown = escape_bytes(path.as_bytes()).into_owned();
     let entry = session
@@ -95,8 +103,10 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
             .with_context(|| format!("{}:{shown}", peer.name))?,
         _ => vec![entry],
     };
+    // A person reads sizes in KiB, MiB, GiB; a script reading a pipe gets exact bytes, as with --json.
+    let human = !args.bytes && std::io::stdout().is_terminal();
     for e in &entries {
-        show(e, ui.is_json());
+        show(e, ui.is_json(), human);
     }
     Ok(())
 }
@@ -109,8 +119,9 @@ fn kind_str(kind: Kind) -> &'static str {
     }
 }
 
-/// One entry: a JSON `entry` event, or a line `KIND MODE SIZE MTIME NAME[ -> TARGET]`.
-fn show(e: &Entry, json: bool) {
+/// One entry: a JSON `entry` event, or a line `KIND MODE SIZE MTIME NAME[ -> TARGET]` (the size in bytes, or
+/// in binary units when `human`).
+fn show(e: &Entry, json: bool, human: bool) {
     if json {
         let mut fields = json!({
             "name": String::from_utf8_lossy(&e.name), "kind": kind_str(e.kind), "size": e.size, "mode": e.mode,
@@ -132,10 +143,13 @@ fn show(e: &Entry, json: bool) {
         _ => String::new(),
     };
     let suffix = if e.kind == Kind::Dir { "/" } else { "" };
+    let size = match human {
+        true => format!("{:>10}", human_bytes(e.size)),
+        false => format!("{:>14}", e.size),
+    };
     stdout_line(&format!(
-        "{kind} {:04o} {:>14} {} {}{suffix}{link}",
+        "{kind} {:04o} {size} {} {}{suffix}{link}",
         e.mode & 0o7777,
-        e.size,
         utc(e.mtime),
         escape_bytes(&e.name)
     ));

@@ -7,6 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod bench;
 mod failure;
+mod hint;
 mod interrupt;
 mod ls_cmd;
 mod mount_cmd;

@@ -11,9 +11,11 @@ use ferry_peers::pairing::{Pairing, PairingMessage, MAX_MESSAGE};
 use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore, PeersError};
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{Code, CodePurpose};
+use ferry_session::upgrade::DirectPaths;
 use ferry_session::{Meeting, Rendezvous, SessionError};
 use serde_json::json;
 
+use crate::hint::{listen_hint, OtherSide};
 use crate::peers_cmd::{config, hex, unix_now};
 use crate::reach_args::{peer_options, CommonArgs, ListenArg, PeerArg, RelayArgs, WaitArg};
 use crate::transfer_cmd::{look_for, report_path};
@@ -88,13 +90,25 @@ pub fn pair(args: PairArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 "code",
                 json!({ "code": code.to_string(), "listen": rendezvous.listen.map(|a| a.to_string()), "relay": opts.relay }),
             );
-            let relay = match &opts.relay {
-                Some(r) => format!("--relay {r} "),
-                None => String::new(),
-            };
+            let reachable = rendezvous.direct_candidates();
+            let other_side = OtherSide::of(
+                &opts,
+                rendezvous.listen,
+                args.listen.listen.is_some(),
+                &reachable,
+            );
+            let command = format!("ferry pair {}{code}", other_side.flags);
             ui.info(&format!(
-                "Pairing code: {code}\nOn the other machine run:  ferry pair {relay}{code}"
+                "Pairing code: {code}\n{}",
+                other_side.lines("the other machine", &command, "ferry pair")
             ));
+            if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
+                ui.info(&listen_hint(
+                    addr,
+                    &reachable,
+                    &format!("ferry pair {code}"),
+                ));
+            }
             rendezvous.accept(ui)?
         }
         Some(typed) => {

@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::failure::Usage;
 use crate::paired;
 use crate::reach_args::{peer_options, CommonArgs, PeerArg, RelayArgs};
-use crate::ui::{escape, escape_bytes, Ui};
+use crate::ui::{escape, escape_bytes, human_bytes, Ui};
 
 /// `ferry pull`'s command line.
 #[derive(Args, Debug)]
@@ -201,6 +201,10 @@ pub fn run(args: PullArgs, ui: &mut Ui) -> anyhow::Result<()> {
         Some(name) => Output::Named(name.as_bytes().to_vec()),
     };
     let stream = matches!(opts.output, Output::Stream(_));
+    if !stream {
+        // A range keeps nothing (written under a temporary name, removed on failure), and neither does `-o -`.
+        crate::interrupt::leaves("; what arrived is kept: run the same command again to resume");
+    }
     let report = ferry_share::pull::pull_session(session, &remote, &opts, ui).map_err(|e| {
         // Refusals come before a byte is written; anything later may have left part of the file on stdout.
         let before_data = matches!(
@@ -238,6 +242,7 @@ fn range(
     args: &PullArgs,
     ui: &mut Ui,
 ) -> anyhow::Result<()> {
+    let mut written_to = None;
     let version = if args.output.as_deref() == Some("-".as_ref()) {
         let mut out = Counted {
             inner: std::io::BufWriter::with_capacity(1 << 20, args.stdout()?),
@@ -272,6 +277,7 @@ fn range(
         if written.is_err() {
             let _ = std::fs::remove_file(&temp);
         }
+        written_to = Some(target);
         written?
     };
     let root: String = version.root.iter().map(|b| format!("{b:02x}")).collect();
@@ -280,6 +286,16 @@ fn range(
         json!({ "path": String::from_utf8_lossy(remote.as_bytes()), "offset": offset, "len": len,
                 "size": version.size, "root": root }),
     );
+    // As a whole pull ends with its "done" line: what came, from where, to where.
+    let to = written_to.map_or("standard output".to_string(), |t| {
+        escape_bytes(t.as_os_str().as_bytes()).into_owned()
+    });
+    ui.info(&format!(
+        "done: pulled {} at offset {offset} of {} ({}) into {to}, verified",
+        human_bytes(len),
+        escape_bytes(remote.as_bytes()),
+        human_bytes(version.size),
+    ));
     Ok(())
 }
 

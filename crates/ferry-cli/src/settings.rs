@@ -55,6 +55,44 @@ impl Settings {
         }
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+        toml::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "invalid config file {}{}",
+                path.display(),
+                one_line_toml_error(&text, &e)
+            )
+        })
+    }
+}
+
+/// A TOML error on one line, `, line L, column C: WHAT`: its own rendering spans several lines (the line
+/// quoted, a caret under it), which an error line would show as `\x0a` escapes.
+fn one_line_toml_error(text: &str, e: &toml::de::Error) -> String {
+    let at = e.span().map_or(String::new(), |span| {
+        let before = &text.as_bytes()[..span.start.min(text.len())];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+        format!(", line {line}, column {column}")
+    });
+    let what: Vec<&str> = e
+        .message()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    format!("{at}: {}", what.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{one_line_toml_error, Settings};
+
+    #[test]
+    fn a_toml_error_is_one_line_with_its_position() {
+        let text = "relay = \"r.example:7440\"\nno_discovery = maybe\n";
+        let e = toml::from_str::<Settings>(text).unwrap_err();
+        let line = one_line_toml_error(text, &e);
+        assert!(line.starts_with(", line 2, column 16: "), "{line}");
+        assert!(!line.contains('\n'), "{line}");
     }
 }

@@ -24,6 +24,7 @@ use ferry_share::watch::WatchNotice;
 use serde_json::{json, Value};
 
 use crate::failure::Usage;
+use crate::hint::{dialable, OtherSide};
 use crate::paired::{self, Allowed, Me};
 use crate::reach_args::{peer_options, CommonArgs, ListenArg, RelayArgs};
 use crate::settings::cache_dir;
@@ -265,18 +266,29 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 .unwrap_or_default();
             let share = match args.name.as_str() {
                 "default" => String::new(),
-                name => format!(" --share {name}"),
+                name => format!("--share {name} "),
             };
             let writable = match args.writable {
                 true => " (writable)",
                 false => "",
             };
+            let reachable = standing.listen.map(dialable).unwrap_or_default();
+            let other_side = OtherSide::of(
+                &opts,
+                standing.listen,
+                args.listen.listen.is_some(),
+                &reachable,
+            );
+            let command = format!(
+                "ferry ls {}{share}NAME[:PATH]  (NAME: this machine's name there)",
+                other_side.flags
+            );
             format!(
-                "Sharing {}{writable} as {:?} with {}{listen}{relay}.\nOn a peer run:  ferry ls{share} NAME[:PATH]  \
-                 (NAME: this machine's name there). Ctrl-C stops.",
+                "Sharing {}{writable} as {:?} with {}{listen}{relay}. Ctrl-C stops.\n{}",
                 args.dir.display(),
                 args.name,
                 count(peers as u64, "paired peer", "paired peers"),
+                other_side.lines("a peer", &command, "ferry share"),
             )
         },
     );

@@ -93,6 +93,9 @@ pub fn stdin(name: Option<&OsStr>, quiet: bool) -> anyhow::Result<Spooled> {
     spool(&mut io::stdin().lock(), name, None, quiet)
 }
 
+/// How much of a text message over the limit is read to say its size.
+const MEASURED_MOST: u64 = 1 << 30;
+
 /// A text message (`-`: read from standard input) as one file of at most [`MAX_TEXT`] bytes.
 pub fn text(text: &str, quiet: bool) -> anyhow::Result<Spooled> {
     let name = OsStr::new(TEXT_NAME);
@@ -140,6 +143,14 @@ fn spool(
         size += n as u64;
         if let Some(limit) = limit.filter(|&l| size > l) {
             bar.finish_and_clear();
+            // The whole size, not the part read when the limit was passed; an endless input is not
+            // read for ever.
+            while size < MEASURED_MOST {
+                match input.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => size += n as u64,
+                }
+            }
             return Err(TransferError::TextTooLarge { size, limit }.into());
         }
         file.write_all(&buf[..n]).map_err(|e| {

@@ -5,9 +5,10 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{BufRead, IsTerminal};
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ use ferry_session::{Connected, Meeting, PathKind, Rendezvous};
 use ferry_transfer::{Offer, Output, ReceiveOptions, SendOptions, TransferError};
 use serde_json::json;
 
-use crate::failure::{InterruptedAtQuestion, Usage};
+use crate::failure::{self, GoneAtQuestion, InterruptedAtQuestion, Usage};
+use crate::hint::{listen_hint, OtherSide};
 use crate::interrupt;
 use crate::paired;
 use crate::prompt;
@@ -29,7 +31,8 @@ use crate::reach_args::{
 };
 use crate::spool;
 use crate::ui::{
-    count, escape, human_bytes, qr_code, show_offer, show_text, stderr_line, stderr_text, Ui,
+    count, dirs_and_symlinks, escape, human_bytes, qr_code, show_offer, show_text, stderr_line,
+    stderr_text, Ui,
 };
 use ferry_channel::blocking::SecureReader;
 use ferry_channel::lanes::{LaneKeys, LANE_HEADER, MAX_LANES};
@@ -175,7 +178,9 @@ pub(crate) fn report_path(ui: &Ui, c: &Connected) {
         PathKind::Lan => format!("directly on the LAN ({})", c.peer),
         PathKind::Direct => format!("directly ({})", c.peer),
     };
-    ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
+    if ui.show_path {
+        ui.info(&format!("Connected {how}, {}", c.established.suite.name()));
+    }
     ui.event(
         "connected",
         json!({ "path": c.path.as_str(), "peer": c.peer, "suite": c.established.suite.name() }),
@@ -253,11 +258,6 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ui.warn(&w.to_string());
     }
     ui.skipped_before = walked.warnings.len() as u64;
-    // The receiver needs the relay's address too (it may be on another network, without the config).
-    let relay = match &opts.relay {
-        Some(r) => format!("--relay {r} "),
-        None => String::new(),
-    };
     let what = if args.text.is_some() {
         format!("a text message ({})", human_bytes(totals.bytes))
     } else {
@@ -265,31 +265,51 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             "{}, {} ({})",
             count(totals.files, "file", "files"),
             human_bytes(totals.bytes),
-            count(totals.dirs, "directory", "directories"),
+            dirs_and_symlinks(&totals),
         )
     };
+    let reachable = rendezvous.direct_candidates();
+    let other_side = OtherSide::of(
+        &opts,
+        rendezvous.listen,
+        args.listen.listen.is_some(),
+        &reachable,
+    );
+    let flags = &other_side.flags;
     if let Some(code) = &code {
-        let command = format!("ferry receive {relay}{code}");
+        let command = format!("ferry receive {flags}{code}");
         ui.info(&format!(
-            "Sending {what}.\nCode: {code}\nOn the other side run:  {command}"
+            "Sending {what}.\nCode: {code}\n{}",
+            other_side.lines("the other side", &command, "ferry send")
         ));
         if args.qr {
             // Asked for: shown also with --json (on stderr, which carries no events).
             stderr_text(&qr_code(&command));
         }
         if let (Some(addr), Some(_)) = (rendezvous.listen, args.listen.listen) {
-            ui.info(&listen_hint(addr, &rendezvous.direct_candidates(), code));
+            ui.info(&listen_hint(
+                addr,
+                &reachable,
+                &format!("ferry receive {code}"),
+            ));
         }
     }
     if let Some((_, peer)) = &paired {
+        let name = escape(peer.name.as_str());
+        let command = format!("ferry receive {flags}--from NAME (NAME: this machine's name there)");
         ui.info(&format!(
-            "Sending {what} to {}.\nOn {} run:  ferry receive {relay}--from NAME (this machine's name there)",
-            escape(peer.name.as_str()),
-            escape(peer.name.as_str()),
+            "Sending {what} to {name}.\n{}",
+            other_side.lines(&name, &command, "ferry send --to")
         ));
     }
 
     let connected = rendezvous.accept(ui)?;
+    if spooled.is_none() {
+        // Standard input and a text message are not resumed: sent again, they are another offer.
+        interrupt::leaves(
+            "; the receiver keeps what arrived: send the same paths again (and receive them) to resume",
+        );
+    }
     report_path(ui, &connected);
     if let Some((me, peer)) = &paired {
         if let Err(w) = me.seen(&peer.key, &connected.peer) {
@@ -350,7 +370,14 @@ pub fn send(args: SendArgs, ui: &mut Ui) -> anyhow::Result<()> {
             text: args.text.is_some(),
         },
         ui,
-    )?;
+    )
+    .map_err(|e| {
+        peer_gone_says(
+            e.into(),
+            "the receiver is gone (it stopped, or the connection broke); it keeps what arrived: \
+             send the same paths again (and receive them) to resume",
+        )
+    })?;
     // The receiver confirmed every file (Done) before this: it may close its ends first, and a lane's
     // closing packets then meet a reset; that fails nothing that was sent.
     let started = sending.lanes();
@@ -458,38 +485,6 @@ fn receive_on_lanes(
     source
 }
 
-/// What `--listen ADDR` means for a receiver: the addresses to give `--peer`. An unspecified address
-/// (`0.0.0.0`, `::`) is no address to dial: the interfaces' addresses are (`reachable`); a loopback
-/// address reaches this machine only.
-fn listen_hint(addr: SocketAddr, reachable: &[SocketAddr], code: &Code) -> String {
-    if addr.ip().is_loopback() {
-        return format!(
-            "Listening on {addr}, this machine only (ferry receive --peer {addr} {code})"
-        );
-    }
-    if !addr.ip().is_unspecified() {
-        return format!(
-            "Listening on {addr} (from another machine: ferry receive --peer {addr} {code})"
-        );
-    }
-    match reachable {
-        [] => format!(
-            "Listening on {addr}: every interface, but this machine has no address other machines can dial"
-        ),
-        [first, rest @ ..] => {
-            let others: Vec<String> = rest.iter().map(|a| format!(" or --peer {a}")).collect();
-            format!(
-                "Listening on {addr} (from another machine: ferry receive --peer {first} {code}{})",
-                if others.is_empty() {
-                    String::new()
-                } else {
-                    format!("; also{}", others.concat())
-                }
-            )
-        }
-    }
-}
-
 /// Runs `ferry receive`.
 pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let opts = peer_options(&args.common, &args.relay)?;
@@ -547,6 +542,8 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         }
     }
     let (mut reader, writer) = halves;
+    // Watched while the offer's question waits for a person, to notice a sender that went away meanwhile.
+    let connection = reader.get_ref().try_clone()?;
     let announced = read_lanes_announcement(&mut reader)?;
     let mut receiving = match announced {
         1 => Receiving::One(Box::new(ChannelSource(reader))),
@@ -571,12 +568,20 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
     ropts.output = output;
     let (yes, json, list) = (args.yes, ui.is_json(), args.list);
     let mut interrupted = false;
+    let mut gone = false;
     let mut accepted = false;
     // A text message shown on stdout writes nothing to disk: it is accepted without a question.
-    let mut accept =
-        |offer: &Offer<'_>| match accept_offer(offer, yes || offer.text && !on_disk, json, list) {
+    let mut accept = |offer: &Offer<'_>| {
+        let yes = yes || offer.text && !on_disk;
+        match accept_offer(offer, yes, json, list, &connection) {
             Answer::Yes => {
                 accepted = true;
+                if !stream && !offer.text {
+                    // What goes to standard output, and a text message, are not kept for a resume.
+                    interrupt::leaves(
+                        "; what arrived is kept: receive again from a new send of the same paths to resume",
+                    );
+                }
                 true
             }
             Answer::No => false,
@@ -584,12 +589,20 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
                 interrupted = true;
                 false
             }
-        };
+            Answer::Gone => {
+                gone = true;
+                false
+            }
+        }
+    };
     let received =
         ferry_transfer::receive(&mut receiving.source(), &mut sink, &ropts, &mut accept, ui);
     if interrupted {
         // The engine told the sender it was declined; nothing was written.
         return Err(InterruptedAtQuestion.into());
+    }
+    if gone {
+        return Err(GoneAtQuestion.into());
     }
     let report = received.map_err(|e| match e {
         TransferError::Conflict { .. } => anyhow::Error::new(e).context(
@@ -600,13 +613,30 @@ pub fn receive(args: ReceiveArgs, ui: &mut Ui) -> anyhow::Result<()> {
         _ if stream && accepted => {
             anyhow::Error::new(e).context("what was written to standard output is incomplete")
         }
-        _ => e.into(),
+        _ if accepted => peer_gone_says(
+            e.into(),
+            "the sender is gone (it stopped, or the connection broke); what arrived is kept: \
+             receive again from a new send of the same paths to resume",
+        ),
+        _ => peer_gone_says(
+            e.into(),
+            "the sender is gone (it stopped, or the connection broke)",
+        ),
     })?;
     sink.0.close()?;
     if let Some(text) = report.text {
         show_text(ui, &text);
     }
     partial(report.skipped)
+}
+
+/// `e` with `what` before it when it means the peer is gone (`peer-gone`): the cause alone ("Connection reset
+/// by peer", "connection truncated") says what broke, not what happened nor what to do.
+fn peer_gone_says(e: anyhow::Error, what: &'static str) -> anyhow::Error {
+    match failure::classify(&e).code {
+        "peer-gone" => e.context(what),
+        _ => e,
+    }
 }
 
 /// Success, or exit status 9 (`partial`) when `skipped` entries were not sent.
@@ -652,11 +682,20 @@ enum Answer {
     No,
     /// Ctrl-C (or SIGTERM, SIGHUP) at the question: declined, and the command ends as interrupted.
     Interrupted,
+    /// The sender's connection closed while asking: the command ends as `peer-gone`.
+    Gone,
 }
 
 /// Shows the offer and asks, unless `--yes`. A resumed offer asks like any other: the sender can
-/// cut a transfer itself, so an earlier acceptance says nothing about this run.
-fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer {
+/// cut a transfer itself, so an earlier acceptance says nothing about this run. While a person
+/// decides, `connection` (the sender's) is watched: a sender that went away ends the question.
+fn accept_offer(
+    offer: &Offer<'_>,
+    yes: bool,
+    json: bool,
+    list: bool,
+    connection: &TcpStream,
+) -> Answer {
     let summary = show_offer(offer, json, list);
     if yes {
         if !json {
@@ -675,6 +714,18 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
     let (tx, rx) = mpsc::channel();
     interrupt::asking(tx.clone());
     stderr_text(&format!("{summary}\nAccept? [y/N] "));
+    let asking = Arc::new(AtomicBool::new(true));
+    if let Ok(connection) = connection.try_clone() {
+        let (tx, asking) = (tx.clone(), Arc::clone(&asking));
+        std::thread::spawn(move || {
+            while asking.load(Ordering::Relaxed) {
+                if hung_up(&connection, Duration::from_millis(200)) {
+                    let _ = tx.send(interrupt::Answer::PeerGone);
+                    return;
+                }
+            }
+        });
+    }
     std::thread::spawn(move || {
         let mut line = String::new();
         let read = std::io::stdin().lock().read_line(&mut line);
@@ -684,6 +735,7 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
         }));
     });
     let answer = rx.recv();
+    asking.store(false, Ordering::Relaxed);
     interrupt::question_answered();
     match answer {
         Ok(interrupt::Answer::Line(Some(line))) => {
@@ -698,8 +750,31 @@ fn accept_offer(offer: &Offer<'_>, yes: bool, json: bool, list: bool) -> Answer 
             stderr_line("");
             Answer::No
         }
-        Ok(interrupt::Answer::Interrupted) | Err(_) => Answer::Interrupted,
+        Ok(interrupt::Answer::PeerGone) => {
+            // The cursor is still after the question.
+            stderr_line("");
+            Answer::Gone
+        }
+        Ok(interrupt::Answer::Interrupted) | Err(_) => {
+            // The terminal echoed `^C` after the question: the error goes on a line of its own.
+            stderr_line("");
+            Answer::Interrupted
+        }
     }
+}
+
+/// Whether the peer closed `connection` (or it broke), waiting at most `timeout`: its data may still be unread
+/// (the sender sends the first data with the offer), so only the hang-up counts, not readability.
+fn hung_up(connection: &TcpStream, timeout: Duration) -> bool {
+    let mut fd = libc::pollfd {
+        fd: connection.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: poll(2) on one pollfd that lives for the call, naming a socket `connection` keeps open.
+    let ready = unsafe { libc::poll(&mut fd, 1, millis) };
+    ready > 0 && fd.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
 /// Rejects wrong uses before anything else happens, with a clear message: a path that is not there

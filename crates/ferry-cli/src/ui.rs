@@ -35,6 +35,9 @@ pub struct Ui {
     last_rate: Option<Instant>,
     /// Entries the walk skipped before the offer (counted in the summary with those skipped later).
     pub skipped_before: u64,
+    /// Whether the text line saying how the peer was reached is shown (`ferry ls` shows it with `-v` only:
+    /// its output is the listing).
+    pub show_path: bool,
 }
 
 /// Bytes per second, counting only bytes moved in this run (not those kept from an earlier one, nor
@@ -69,6 +72,15 @@ fn bar_message(state: &ProgressState, secs: f64) -> String {
 /// `n` and the noun, plural unless `n` is 1: "1 file", "0 files", "2 directories".
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// "3 directories", and ", 1 symlink" after it when there are any (most offers hold none).
+pub fn dirs_and_symlinks(t: &Totals) -> String {
+    let dirs = count(t.dirs, "directory", "directories");
+    match t.symlinks {
+        0 => dirs,
+        n => format!("{dirs}, {}", count(n, "symlink", "symlinks")),
+    }
 }
 
 /// Whether `c` must not reach a terminal as it is: C0 controls (newline included: a peer's
@@ -235,7 +247,7 @@ pub fn show_offer(offer: &Offer<'_>, json: bool, list: bool) -> String {
     let mut text = format!(
         "Offer: {}, {}, {}{resumable}\n  {}{more}",
         count(t.files, "file", "files"),
-        count(t.dirs, "directory", "directories"),
+        dirs_and_symlinks(&t),
         human_bytes(t.bytes),
         shown.join(", "),
     );
@@ -296,6 +308,7 @@ impl Ui {
             started: Instant::now(),
             last_rate: None,
             skipped_before: 0,
+            show_path: true,
         }
     }
 
@@ -522,44 +535,70 @@ impl Progress for Ui {
                     "files": state.totals.files,
                     "bytes": state.totals.bytes,
                     "bytes_resumed": state.bytes_resumed,
+                    "files_resumed": state.files_resumed,
                     "files_skipped": state.files_skipped,
                     "bytes_skipped": state.bytes_skipped,
                     "seconds": secs,
                     "skipped": skipped,
                 }),
             );
+        } else if state.text {
+            // The receiver's output is the text itself ("Text message, 28 B" came before it).
+            if self.verb == "sent" {
+                stderr_line(&format!(
+                    "done: sent the text message ({}), verified",
+                    human_bytes(state.totals.bytes)
+                ));
+            }
         } else {
-            let resumed = if state.bytes_resumed > 0 {
-                format!(" ({} kept from before)", human_bytes(state.bytes_resumed))
-            } else {
-                String::new()
-            };
-            let mut tail = String::new();
-            if state.files_skipped > 0 {
-                tail += &format!(
-                    "; {} skipped ({})",
-                    count(state.files_skipped, "identical file", "identical files"),
-                    human_bytes(state.bytes_skipped)
-                );
-            }
-            if skipped > 0 {
-                tail += &format!("; {skipped} not sent (see the warnings)");
-            }
-            let skipped = tail;
-            stderr_line(&format!(
-                "done: {} {}, {}{resumed} in {secs:.2} s ({}/s), verified{skipped}",
-                self.verb,
-                count(state.totals.files - state.files_skipped, "file", "files"),
-                human_bytes(state.totals.bytes - state.bytes_skipped),
-                human_bytes(rate as u64),
-            ));
+            stderr_line(&summary(self.verb, state, secs, rate, skipped));
         }
     }
 }
 
+/// The text summary: what moved in this run, then what was kept from an earlier one and what was already
+/// there, so that the three add up to the offer (`not_sent`: files the sender left out).
+fn summary(verb: &str, state: &ProgressState, secs: f64, rate: f64, not_sent: u64) -> String {
+    let moved_files = state
+        .totals
+        .files
+        .saturating_sub(state.files_skipped + state.files_resumed);
+    let moved_bytes = state
+        .totals
+        .bytes
+        .saturating_sub(state.bytes_skipped + state.bytes_resumed);
+    let mut tail = String::new();
+    if state.bytes_resumed > 0 {
+        let whole = match state.files_resumed {
+            0 => String::new(),
+            n => format!(": {}", count(n, "whole file", "whole files")),
+        };
+        tail += &format!(
+            "; {} kept from before{whole}",
+            human_bytes(state.bytes_resumed)
+        );
+    }
+    if state.files_skipped > 0 {
+        tail += &format!(
+            "; {} skipped ({})",
+            count(state.files_skipped, "identical file", "identical files"),
+            human_bytes(state.bytes_skipped)
+        );
+    }
+    if not_sent > 0 {
+        tail += &format!("; {not_sent} not sent (see the warnings)");
+    }
+    format!(
+        "done: {verb} {}, {} in {secs:.2} s ({}/s), verified{tail}",
+        count(moved_files, "file", "files"),
+        human_bytes(moved_bytes),
+        human_bytes(rate as u64),
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{bar_message, count, escape, escape_bytes, rate, show_offer};
+    use super::{bar_message, count, escape, escape_bytes, rate, show_offer, summary};
     use ferry_transfer::{Entry, EntryKind, Offer, ProgressState, Totals};
 
     #[test]
@@ -633,6 +672,27 @@ mod tests {
         // 100 MiB kept from before, 100 MiB moved in 4 s: 25 MiB/s, and 100 MiB left take 4 s more.
         assert_eq!(rate(&state, 4.0), (25 << 20) as f64);
         assert_eq!(bar_message(&state, 4.0), "25.00 MiB/s ETA 4s 0/1 files");
+    }
+
+    #[test]
+    fn a_resumed_summary_adds_up_to_the_offer() {
+        let state = ProgressState {
+            totals: Totals {
+                files: 20_000,
+                bytes: 100 << 20,
+                ..Default::default()
+            },
+            bytes_resumed: 40 << 20,
+            files_resumed: 9_138,
+            files_skipped: 161,
+            bytes_skipped: 10 << 20,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary("received", &state, 2.0, (25 << 20) as f64, 0),
+            "done: received 10701 files, 50.00 MiB in 2.00 s (25.00 MiB/s), verified; \
+             40.00 MiB kept from before: 9138 whole files; 161 identical files skipped (10.00 MiB)"
+        );
     }
 
     #[test]

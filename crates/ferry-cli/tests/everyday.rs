@@ -414,6 +414,11 @@ fn ctrl_c_at_the_question_declines_and_keeps_nothing() {
         !after.contains("partial data") && !after.contains("ETA"),
         "{after:?}"
     );
+    // The terminal echoed ^C after the question: the message starts a line of its own.
+    assert!(
+        after.contains("\nferry: interrupted at the question"),
+        "{after:?}"
+    );
     assert_failure(
         "sender when the receiver pressed Ctrl-C",
         &send,
@@ -534,4 +539,98 @@ fn the_receiver_says_how_it_is_connected_before_the_offer() {
         matches!((connected, offer), (Some(c), Some(o)) if c < o) && text.contains("aes-256-gcm"),
         "{text}"
     );
+}
+
+/// Issue 45: without discovery and without a relay only this machine can reach the sender, so its hint
+/// says so and what another machine would need, instead of a command that waits there for nothing.
+#[test]
+fn without_discovery_or_a_relay_the_hint_names_this_machine() {
+    let w = World::new();
+    let args = ["--code", "75-apple-orbit-violin"];
+    let hints = sender_hints(&w, &args, "run:");
+    assert!(
+        hints.contains("On this machine run:  ferry receive 75-apple-orbit-violin\n"),
+        "{hints}"
+    );
+    let hints = sender_hints(&w, &args, "Only this");
+    let note = hints.lines().last().unwrap();
+    assert!(
+        note.contains("discovery is off") && note.contains("--relay") && note.contains("--listen"),
+        "{note}"
+    );
+}
+
+/// Issue 45: with `--listen` on loopback the hint is for this machine, and the `--peer` command is printed.
+#[test]
+fn with_a_loopback_listen_address_the_hint_is_for_this_machine() {
+    let w = World::new();
+    let hints = sender_hints(
+        &w,
+        &["--code", "76-apple-orbit-violin", "--listen", "127.0.0.1:0"],
+        "Listening on",
+    );
+    let peer = hints
+        .lines()
+        .find_map(|l| l.split_once("(ferry receive --peer "))
+        .map(|(_, rest)| rest.split(' ').next().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no --peer command: {hints}"));
+    assert!(peer.starts_with("127.0.0.1:"), "{hints}");
+    assert!(hints.contains("On this machine run:"), "{hints}");
+}
+
+/// Issue 45: the offer counts the symlinks it holds, as its JSON does, on both sides.
+#[test]
+fn the_offer_counts_symlinks() {
+    let w = World::new();
+    let tree = w.src().join("tree");
+    fs::create_dir_all(tree.join("sub")).unwrap();
+    fs::write(tree.join("a.txt"), b"a").unwrap();
+    fs::write(tree.join("sub/b.txt"), b"b").unwrap();
+    std::os::unix::fs::symlink("a.txt", tree.join("link")).unwrap();
+    let code = "77-apple-orbit-violin";
+    let send = w
+        .cmd()
+        .args(["send", "--code", code])
+        .arg(&tree)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let send = finish_in_background(send);
+    let recv = finish(w.spawn_receive_with(&["--yes"], code, &w.out()));
+    let send = send.join().unwrap();
+    assert_success("send", &send);
+    assert_success("receive", &recv);
+    let sent = String::from_utf8_lossy(&send.stderr);
+    assert!(
+        sent.contains("Sending 2 files, 2 B (2 directories, 1 symlink)."),
+        "{sent}"
+    );
+    let received = String::from_utf8_lossy(&recv.stderr);
+    assert!(
+        received.contains("Offer: 2 files, 2 directories, 1 symlink, 2 B"),
+        "{received}"
+    );
+}
+
+/// Issue 45: a receiver at the question notices that the sender went away, says so and ends as `peer-gone`
+/// (exit 4) without waiting for an answer nobody can use.
+#[test]
+fn a_sender_gone_at_the_question_ends_it() {
+    let w = World::new();
+    let (send, recv) = sender_and_asking_receiver(&w, "78-apple-orbit-violin", 12);
+    send.signal(libc::SIGKILL);
+    let _ = send.finish();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !recv.text().contains("the sender is gone") {
+        assert!(
+            Instant::now() < deadline,
+            "the receiver still asks: {:?}",
+            recv.text()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (status, text) = recv.finish();
+    assert_eq!(status, Some(4), "{text}");
+    assert!(list_all(&w.out()).is_empty(), "{:?}", list_all(&w.out()));
 }

@@ -154,6 +154,23 @@ fn interrupt_and_resume(interrupt_receiver: bool, nameplate: u32) {
         4,
         "peer-gone",
     );
+    // Issue 45: both sides say what happened and how to go on, in words; a sender keeps no data.
+    let message = |out: &Output| {
+        event(&events(&out.stdout), "error").unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (said, heard) = (message(&target), message(&other));
+    assert!(
+        (said.contains("kept") || said.contains("keeps")) && said.contains("resume"),
+        "{said}"
+    );
+    assert!(!said.contains("partial data"), "{said}");
+    assert!(
+        heard.starts_with(&format!("the {who} is gone")) && heard.contains("resume"),
+        "{heard}"
+    );
     assert!(!w.out().join("big.bin").exists(), "no final name when cut");
     assert_eq!(partial_files(&w.out()).len(), 1, "partial data kept");
 
@@ -281,4 +298,42 @@ fn json_events_of_a_tree_report_every_file_once() {
     let mut want: Vec<String> = files.iter().map(|f| format!("tree/{f}")).collect();
     want.sort();
     assert_eq!(done, want, "one file-done per file");
+}
+
+/// Issue 45: a resumed tree's summary counts the files kept whole from the cut run apart from those that
+/// moved, so that moved, kept and identical add up to the offer.
+#[test]
+fn a_resumed_summary_counts_what_was_kept() {
+    let w = World::new();
+    let tree = w.src().join("tree");
+    fs::create_dir_all(&tree).unwrap();
+    for i in 0..5 {
+        fs::write(tree.join(format!("a{i}.bin")), pseudo_random(3 << 20, i)).unwrap();
+    }
+    let size = 256u64 << 20;
+    fs::write(tree.join("big.bin"), pseudo_random(size as usize, 7)).unwrap();
+    let code = "63-apple-orbit-violin";
+    let send = Watched::new(w.spawn_send(code, &[&tree]));
+    let mut recv = Watched::new(w.spawn_receive(code, &w.out()));
+    let send = std::thread::spawn(move || send.finish());
+    recv.wait_for(|e| {
+        e["event"] == "progress" && e["bytes_done"].as_u64().unwrap_or(0) * 10 >= size * 3
+    });
+    recv.signal(libc::SIGINT);
+    let _ = (recv.finish(), send.join().unwrap());
+
+    let send = finish_in_background(w.spawn_send(code, &[&tree]));
+    let recv = finish(w.spawn_receive_with(&["--yes"], code, &w.out()));
+    assert_success("resumed send", &send.join().unwrap());
+    assert_success("resumed receive", &recv);
+    assert_same_tree(&tree, &w.out().join("tree"));
+    let text = String::from_utf8_lossy(&recv.stderr);
+    let done = text
+        .lines()
+        .find(|l| l.contains("done: received"))
+        .unwrap_or_else(|| panic!("no summary: {text}"));
+    assert!(
+        done.contains("done: received 1 file,") && done.contains("kept from before: 5 whole files"),
+        "{done}"
+    );
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::fs;
 
-use common::{assert_failure, event, events, World};
+use common::{assert_failure, assert_success, event, events, finish, World};
 use serde_json::Value;
 
 fn peers_of(w: &World, who: &str) -> Vec<Value> {
@@ -81,6 +81,12 @@ fn a_wrong_code_pairs_nobody() {
     let a = a.finish();
     assert_failure("joiner with a wrong code", &b, 3, "wrong-code");
     assert_failure("code holder", &a, 3, "wrong-code");
+    // Issue 45: the code holder ran `ferry pair`, and that is what it must run again.
+    let holder = String::from_utf8_lossy(&a.stdout);
+    assert!(
+        holder.contains("start a new `ferry pair`") && !holder.contains("ferry send"),
+        "{holder}"
+    );
     assert!(peers_of(&w, "a").is_empty());
     assert!(peers_of(&w, "b").is_empty());
 }
@@ -122,4 +128,70 @@ fn a_name_taken_on_one_side_stops_both() {
         "nothing stored on the other side"
     );
     assert_eq!(peers_of(&w, "b").len(), 1, "the existing peer is untouched");
+}
+
+/// Issue 45: a pairing that finds nobody names `ferry pair`, not `ferry send`.
+#[test]
+fn a_pairing_that_finds_nobody_names_ferry_pair() {
+    let w = World::new();
+    let out = w
+        .as_("b")
+        .args(["pair", "31-apple-orbit-violin", "--json", "--wait", "0"])
+        .output()
+        .unwrap();
+    assert_failure("pair with nobody there", &out, 4, "peer-not-found");
+    let message = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        message.contains("is `ferry pair` running?") && !message.contains("ferry send"),
+        "{message}"
+    );
+}
+
+/// Issue 45: `pair --listen` prints the `--peer` command as `send --listen` does, and that line, pasted,
+/// pairs.
+#[test]
+fn pair_listen_prints_a_peer_command_that_works() {
+    let w = World::new();
+    let mut a = w
+        .as_("a")
+        .args(["pair", "--listen", "127.0.0.1:0", "--name", "b"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read on a thread, so that a side that never prints the line fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = a.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let command = loop {
+        let Ok(line) = rx.recv_timeout(std::time::Duration::from_secs(10)) else {
+            let _ = a.kill();
+            panic!("no --peer command: {seen}");
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some((_, rest)) = line.split_once("(ferry pair --peer ") {
+            break format!("--peer {}", rest.trim_end().trim_end_matches(')'));
+        }
+    };
+    let args: Vec<&str> = command.split(' ').collect();
+    let b = w
+        .as_("b")
+        .arg("pair")
+        .args(&args)
+        .args(["--json", "--name", "a"])
+        .output()
+        .unwrap();
+    assert_success(&format!("ferry pair {command}"), &b);
+    let a = finish(a);
+    assert!(a.status.success(), "{seen}");
+    assert_eq!(peers_of(&w, "a").len(), 1);
 }

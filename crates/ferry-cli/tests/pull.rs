@@ -451,6 +451,14 @@ fn ranges_are_the_source_bytes_and_a_range_past_the_end_writes_nothing() {
             out.stdout.len()
         );
     }
+    // Issue 45: a range ends with a summary line, as a whole pull does.
+    let said = String::from_utf8_lossy(&range(100, 5000).stderr).into_owned();
+    assert!(
+        said.contains(
+            "done: pulled 4.88 KiB at offset 100 of r.bin (5.00 MiB) into standard output, verified"
+        ),
+        "{said}"
+    );
     // A whole file to stdout; a directory cannot go there, and nothing is written.
     let whole = w
         .as_("b")

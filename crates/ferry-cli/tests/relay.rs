@@ -416,6 +416,117 @@ fn the_relay_can_come_from_the_config_file() {
         err["message"].as_str().unwrap().contains("config.toml"),
         "{err}"
     );
+    // Issue 45: on a terminal's line, the error is one line with where the mistake is, not TOML's drawing
+    // of it with `\x0a` for its line breaks.
+    let out = finish(
+        w.cmd()
+            .args(["receive", "--yes", "--force-relay", code, "--out"])
+            .arg(w.out())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("config.toml, line 1, column 9: ") && !text.contains("\\x0a"),
+        "{text}"
+    );
+}
+
+/// Issue 45: on Ctrl-C a relay with paired sessions says that it waits for them, and a second Ctrl-C ends
+/// them at once.
+#[test]
+fn a_second_ctrl_c_stops_the_relay_at_once() {
+    let w = World::new();
+    let mut relay = w
+        .cmd()
+        .args(["relay", "--listen", "127.0.0.1:0", "--stats-interval", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(relay.stderr.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+    let addr: SocketAddr = line.trim().rsplit(' ').next().unwrap().parse().unwrap();
+    let hash = [3u8; 32];
+    let receiver = std::thread::spawn(move || raw_hello(addr, 2, hash));
+    let (mut s, status) = raw_hello(addr, 1, hash);
+    let (_r, _) = receiver.join().unwrap();
+    if status == 0 {
+        let mut b = [0u8; 1];
+        s.read_exact(&mut b).unwrap();
+    }
+    // The relay counts the session as active a moment after it says PAIRED.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let signal = |sig| {
+        // SAFETY: kill(2) on our own child, not waited for yet.
+        assert_eq!(unsafe { libc::kill(relay.id() as libc::pid_t, sig) }, 0);
+    };
+    signal(libc::SIGINT);
+    let mut said = String::new();
+    while !said.contains("Ctrl-C again") {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        assert!(n > 0, "the relay said nothing: {said:?}");
+        said.push_str(&line);
+    }
+    assert!(said.contains("1 paired session"), "{said}");
+    let second = std::time::Instant::now();
+    signal(libc::SIGINT);
+    let status = finish_status(&mut relay);
+    assert!(
+        second.elapsed() < std::time::Duration::from_secs(3),
+        "the relay took {:?} after the second Ctrl-C (its grace is 5 s)",
+        second.elapsed()
+    );
+    assert_eq!(status, Some(0));
+}
+
+/// Issue 45: a share that is only at a relay (`--force-relay`) tells the peer to use that relay, and that
+/// command, pasted on the peer (which has no relay configured), lists the share.
+#[test]
+fn a_share_at_a_relay_names_the_relay_in_its_hint() {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::write(w.src().join("hello.txt"), b"hi").unwrap();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let relay_flag = format!("--relay {}", relay.addr);
+    let mut sharer = w
+        .as_("a")
+        .args(["share", "--force-relay", "--relay", &relay.addr.to_string()])
+        .arg(w.src())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(sharer.stderr.take().unwrap());
+    let mut seen = String::new();
+    let command = loop {
+        let mut line = String::new();
+        let n = std::io::BufRead::read_line(&mut lines, &mut line).unwrap();
+        assert!(n > 0, "no hint: {seen}");
+        seen.push_str(&line);
+        if let Some((_, rest)) = line.split_once("run:  ferry ls ") {
+            break rest.split("  ").next().unwrap().to_string();
+        }
+    };
+    assert!(seen.contains("On a peer run:"), "{seen}");
+    assert!(command.starts_with(&relay_flag), "{seen}");
+    let args: Vec<&str> = command
+        .split(' ')
+        .map(|a| if a == "NAME[:PATH]" { "a" } else { a })
+        .collect();
+    let listed = w.as_("b").arg("ls").args(&args).output().unwrap();
+    let _ = sharer.kill();
+    let _ = sharer.wait();
+    assert_success(&format!("ferry ls {command}"), &listed);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains("hello.txt"),
+        "{}",
+        String::from_utf8_lossy(&listed.stdout)
+    );
 }
 
 /// `BLAKE3-derive_key("ferry 2026 nameplate v1", "57")`: the rendezvous hash of every code with

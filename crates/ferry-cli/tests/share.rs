@@ -521,3 +521,49 @@ fn a_sharer_whose_directory_is_removed_stops_and_says_why() {
         "peer-not-found",
     );
 }
+
+/// Issue 45: `ferry ls` prints the listing only (how the sharer was reached with `-v`), sizes in binary
+/// units on a terminal, and exact bytes to a pipe or with `--bytes`.
+#[test]
+fn ls_shows_human_sizes_on_a_terminal_and_the_path_with_v() {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::File::create(w.src().join("big.img"))
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let (sharer, _) = w.share("a", &[]);
+    let ls = |extra: &[&str]| {
+        let out = w.as_("b").arg("ls").arg("a").args(extra).output().unwrap();
+        assert_success("ls", &out);
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (listing, said) = ls(&[]);
+    assert!(listing.contains(" 2147483648 "), "{listing}");
+    assert!(!said.contains("Connected"), "{said}");
+    let (_, said) = ls(&["-v"]);
+    assert!(said.contains("Connected directly"), "{said}");
+
+    let on_terminal = |extra: &str| {
+        let b = |dir: &str| shell_quote(&w.path(&format!("{dir}-b")).display().to_string());
+        let line = format!(
+            "XDG_CONFIG_HOME={} XDG_CACHE_HOME={} {} ls a{extra}",
+            b("config"),
+            b("cache"),
+            shell_quote(&ferry().display().to_string())
+        );
+        let (status, text) = Pty::spawn_line(&w, &line).finish();
+        assert_eq!(status, Some(0), "{text}");
+        text
+    };
+    let text = on_terminal("");
+    assert!(
+        text.contains("2.00 GiB") && !text.contains("2147483648") && !text.contains("Connected"),
+        "{text}"
+    );
+    assert!(on_terminal(" --bytes").contains(" 2147483648 "));
+    stop_share(sharer);
+}

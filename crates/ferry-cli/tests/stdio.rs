@@ -64,6 +64,8 @@ fn text_is_printed_exactly_to_a_pipe_without_a_question() {
     );
     let stderr = String::from_utf8_lossy(&recv.stderr);
     assert!(stderr.contains("Text message, 20 B"), "{stderr}");
+    // Issue 45: as README shows it, the text is what the receiver prints; no "received 1 file".
+    assert!(!stderr.contains("done:"), "{stderr}");
 }
 
 #[test]
@@ -94,7 +96,28 @@ fn text_from_stdin_over_the_limit_is_refused_before_a_code() {
         "no code is printed"
     );
     let msg = String::from_utf8_lossy(&out.stdout);
-    assert!(msg.contains("more than the limit of 1048576"), "{msg}");
+    assert!(msg.contains("more than the limit of 1.00 MiB"), "{msg}");
+}
+
+/// Issue 45: the size of a text over the limit is its whole size, in the limit's unit.
+#[test]
+fn text_over_the_limit_says_its_size_in_the_limits_unit() {
+    let w = World::new();
+    let mut send = spawn_send_with(&w, &["--text", "-"]);
+    let mut stdin = send.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&vec![b'x'; 2 << 20]);
+    });
+    let out = finish(send);
+    writer.join().unwrap();
+    assert_failure("send --text - of 2 MiB", &out, 8, "text-too-large");
+    let msg = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        msg.contains(
+            "the text message has 2.00 MiB (2097152 bytes), more than the limit of 1.00 MiB (1048576 bytes)"
+        ),
+        "{msg}"
+    );
 }
 
 #[test]

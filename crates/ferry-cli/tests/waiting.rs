@@ -150,3 +150,38 @@ fn a_bad_wait_is_a_usage_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown unit"), "{stderr}");
 }
+
+/// Issue 45: `--wait 0` looks once, so an address it cannot reach is not "tried again".
+#[test]
+fn with_wait_0_an_unreachable_peer_is_not_tried_again() {
+    let w = World::new();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let out = finish(waiting_receiver(
+        &w,
+        "85-apple-orbit-violin",
+        "0",
+        &["--peer", &addr],
+    ));
+    assert_failure("receiver with --wait 0", &out, 4, "peer-not-found");
+    let said = warnings(&out);
+    assert!(
+        said.iter()
+            .any(|w| w.contains(&format!("cannot reach {addr}"))),
+        "{said:?}"
+    );
+    assert!(!said.iter().any(|w| w.contains("trying again")), "{said:?}");
+}
+
+/// Issue 45: a receiver stopped while it still looks for its sender says it was interrupted, and nothing of
+/// partial data it never had.
+#[test]
+fn ctrl_c_while_waiting_speaks_of_no_data() {
+    let w = World::new();
+    let recv = Watched::new(waiting_receiver(&w, "86-apple-orbit-violin", "1m", &[]));
+    std::thread::sleep(Duration::from_millis(500));
+    recv.signal(libc::SIGINT);
+    let out = recv.finish();
+    assert_failure("receiver stopped while waiting", &out, 130, "interrupted");
+    let message = event(&events(&out.stdout), "error").unwrap()["message"].clone();
+    assert_eq!(message, "interrupted", "{message}");
+}

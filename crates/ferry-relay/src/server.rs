@@ -64,8 +64,9 @@ impl RelayHandle {
         self.shared.local_addr
     }
 
-    /// Waits for SIGINT or SIGTERM, then calls [`shutdown`](Self::shutdown). Spawn it next to
-    /// [`Relay::run`] on the same runtime.
+    /// Waits for SIGINT or SIGTERM, then calls [`shutdown`](Self::shutdown), saying on stderr (with
+    /// [`RelayConfig::print_stats`]) how long paired sessions may still take; a second signal closes them at
+    /// once. Spawn it next to [`Relay::run`] on the same runtime.
     pub async fn shutdown_on_signal(self) -> io::Result<()> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate())?;
@@ -74,7 +75,22 @@ impl RelayHandle {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        let active = self.stats().active;
+        if active > 0 && self.shared.config.print_stats {
+            // Without a word the relay would seem to hang for the grace period.
+            eprintln!(
+                "\nferry relay: stopping; {active} paired session{} may take up to {}s to finish \
+                 (Ctrl-C again closes them now)",
+                if active == 1 { "" } else { "s" },
+                self.shared.config.shutdown_grace.as_secs_f64()
+            );
+        }
         self.shutdown();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        self.shared.hard_stop.send_replace(true);
         Ok(())
     }
 }

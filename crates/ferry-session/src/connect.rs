@@ -205,9 +205,11 @@ pub fn connect(
             let stream = match TcpStream::connect_timeout(&addr, timeout) {
                 Ok(s) => s,
                 Err(e) => {
-                    // Maybe not listening yet: dialled again next round; said once.
+                    // Maybe not listening yet: dialled again next round, if there is one; said once.
                     if unreachable.insert(addr, e.to_string()).is_none() {
-                        events.warn(&format!("cannot reach {addr}: {e}; trying again"));
+                        let again = Instant::now() < deadline || opts.relay.is_some();
+                        let again = if again { "; trying again" } else { "" };
+                        events.warn(&format!("cannot reach {addr}: {e}{again}"));
                     }
                     continue;
                 }

@@ -33,7 +33,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 
 use ferry_channel::{Auth, Established};
-use ferry_rendezvous::{Code, NameplateHash};
+use ferry_rendezvous::{Code, CodePurpose, NameplateHash};
 
 pub mod congestion;
 mod connect;
@@ -119,21 +119,27 @@ pub struct Meeting {
     pub label: String,
     /// Who the looking side waits for, in its message when nobody came: `sender` (a code's), `sharer`.
     pub waited_for: String,
-    /// What runs on the other side, for that message: e.g. `` `ferry send` ``.
+    /// What runs on the other side, for that message: e.g. `` `ferry send` ``. For a code's meeting it is the
+    /// waiting side's command, which that side's own messages name too ("start a new `ferry send`").
     pub other_side: String,
     /// How each handshake authenticates.
     pub auth: MeetingAuth,
 }
 
 impl Meeting {
-    /// The meeting of a code: its nameplate hash, authenticated by SPAKE2 on the whole code.
+    /// The meeting of a code: its nameplate hash, authenticated by SPAKE2 on the whole code. A pairing code's
+    /// messages name `ferry pair`, a transfer code's `ferry send`.
     pub fn code(code: &Code) -> Self {
+        let (waited_for, other_side) = match code.purpose() {
+            CodePurpose::Transfer => ("sender", "`ferry send`"),
+            CodePurpose::Pairing => ("machine to pair with", "`ferry pair`"),
+        };
         Meeting {
             hash: code.nameplate_hash(),
             also: Vec::new(),
             label: format!("nameplate {}", code.nameplate()),
-            waited_for: "sender".into(),
-            other_side: "`ferry send`".into(),
+            waited_for: waited_for.into(),
+            other_side: other_side.into(),
             auth: MeetingAuth::Code(code.password()),
         }
     }

@@ -195,7 +195,8 @@ impl Rendezvous {
         };
         SessionError::WrongCode {
             message: format!(
-                "{why}; the code is spent (one guess per code), start a new `ferry send`"
+                "{why}; the code is spent (one guess per code), start a new {}",
+                self.meeting.other_side
             ),
             source: ChannelError::WrongCode,
         }

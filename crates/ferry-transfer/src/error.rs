@@ -89,7 +89,9 @@ pub enum TransferError {
     },
     /// A text offer is larger than the receiver takes ([`crate::wire::MAX_TEXT`]).
     #[error(
-        "the text message has {size} bytes, more than the limit of {limit} (send it as a file)"
+        "the text message has {} ({size} bytes), more than the limit of {} ({limit} bytes); send it as a file",
+        mib(*size),
+        mib(*limit)
     )]
     TextTooLarge {
         /// Bytes the offer announces.
@@ -254,4 +256,10 @@ impl From<ferry_wire::WireError> for TransferError {
     fn from(e: ferry_wire::WireError) -> Self {
         TransferError::Protocol(e.to_string())
     }
+}
+
+/// `bytes` in MiB with two decimals, as a text message's size and its limit are both shown (with their exact
+/// bytes beside: a size just over the limit rounds to the limit).
+fn mib(bytes: u64) -> String {
+    format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
 }

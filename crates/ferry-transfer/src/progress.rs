@@ -11,6 +11,11 @@ pub struct ProgressState {
     pub bytes_done: u64,
     /// Of `bytes_done`, bytes kept from an earlier transfer instead of being sent.
     pub bytes_resumed: u64,
+    /// Files kept whole from an earlier transfer (their bytes are in `bytes_resumed`): none of their data
+    /// moved in this one.
+    pub files_resumed: u64,
+    /// The offer is a text message.
+    pub text: bool,
     /// Files finished (verified and renamed, on the receiving side), skipped ones included.
     pub files_done: u64,
     /// Files the receiver already had, identical (same size and BLAKE3): left as they were, not

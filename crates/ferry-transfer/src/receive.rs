@@ -118,6 +118,8 @@ pub struct ReceiveReport {
     pub bytes_received: u64,
     /// File bytes kept from an earlier run instead.
     pub bytes_resumed: u64,
+    /// Files kept whole from an earlier run (their bytes are in `bytes_resumed`).
+    pub files_resumed: u64,
     /// A text offer received with [`Output::Offered`]: its bytes, verified (raw peer bytes:
     /// escape before showing them).
     pub text: Option<Vec<u8>>,
@@ -494,6 +496,7 @@ fn offer_of<'a>(
     };
     let pstate = ProgressState {
         totals: header.totals,
+        text: header.text,
         ..Default::default()
     };
     (offer, pstate)
@@ -919,6 +922,7 @@ impl<'a, 'b> Incoming<'a, 'b> {
         let r = &self.report;
         pstate.bytes_done = r.bytes_received + r.bytes_resumed + r.bytes_skipped;
         pstate.bytes_resumed = r.bytes_resumed;
+        pstate.files_resumed = r.files_resumed;
         pstate.bytes_skipped = r.bytes_skipped;
         pstate.files_skipped = r.files_skipped;
     }
@@ -993,6 +997,9 @@ impl<'a, 'b> Incoming<'a, 'b> {
             self.report.bytes_skipped += offset;
         } else {
             self.report.bytes_resumed += offset;
+            if offset == e.size && e.size > 0 {
+                self.report.files_resumed += 1;
+            }
         }
         self.verified = self.hasher.chunk_hashes().len();
         let confirm = if writing { None } else { complete };

@@ -55,6 +55,8 @@ pub struct SendReport {
     pub bytes_sent: u64,
     /// File bytes the receiver already held from an earlier run (verified, not sent again).
     pub bytes_resumed: u64,
+    /// Files the receiver held whole from an earlier run (their bytes are in `bytes_resumed`).
+    pub files_resumed: u64,
     /// Files the receiver already had, identical (not sent).
     pub files_skipped: u64,
     /// Bytes of the `files_skipped`.
@@ -129,6 +131,7 @@ fn send_inner<'m, K: PacketSink, S: PacketSource>(
     }
     let mut state = ProgressState {
         totals,
+        text: opts.text,
         ..Default::default()
     };
     progress.offer(&state);
@@ -464,6 +467,7 @@ impl<'m> Stream<'m> {
         let r = &self.report;
         state.bytes_done = r.bytes_sent + r.bytes_resumed + r.bytes_skipped;
         state.bytes_resumed = r.bytes_resumed;
+        state.files_resumed = r.files_resumed;
         state.bytes_skipped = r.bytes_skipped;
         state.files_skipped = r.files_skipped;
         if let Some(i) = self.cur.as_ref().map(|c| c.index).or(self.last_index()) {
@@ -624,6 +628,9 @@ impl<'m> Stream<'m> {
             }
         }
         self.report.bytes_resumed += pos;
+        if pos == size && size > 0 {
+            self.report.files_resumed += 1;
+        }
         self.emitted = self.hasher.chunk_hashes().len();
         let sparse = self.manifest.is_sparse(index);
         self.cur = Some(Current {
