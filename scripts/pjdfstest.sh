@@ -57,16 +57,22 @@ as() {
   shift
   XDG_CONFIG_HOME="$W/config-$who" XDG_CACHE_HOME="$W/cache-$who" "$FERRY" "$@"
 }
+# Run as `spawn WHO ARGS... &`: the background shell becomes ferry, so that $! is ferry's pid and a
+# signal reaches it.
+spawn() {
+  export XDG_CONFIG_HOME="$W/config-$1" XDG_CACHE_HOME="$W/cache-$1"
+  exec "$FERRY" "${@:2}"
+}
 as a pair --json --name b >"$W/pair.out" 2>&1 &
 PAIR=$!
 for _ in $(seq 50); do grep -q '"code"' "$W/pair.out" && break; sleep 0.1; done
 code=$(grep -o '"code":"[^"]*"' "$W/pair.out" | head -n 1 | cut -d'"' -f4)
 as b pair "$code" --json --name a >/dev/null
 wait "$PAIR"
-as a share --json "$W/src" --writable >"$W/share.out" 2>&1 &
+spawn a share --json "$W/src" --writable >"$W/share.out" 2>&1 &
 SHARE=$!
 for _ in $(seq 50); do grep -q '"ready"' "$W/share.out" && break; sleep 0.1; done
-as b mount --json a "$W/mnt" >"$W/mount.out" 2>&1 &
+spawn b mount --json a "$W/mnt" >"$W/mount.out" 2>&1 &
 MOUNT=$!
 for _ in $(seq 100); do grep -q '"mounted"' "$W/mount.out" && break; sleep 0.1; done
 
