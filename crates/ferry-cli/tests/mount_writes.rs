@@ -472,6 +472,10 @@ fn offline_the_mount_shows_what_it_did_writes_at_local_speed_and_the_sharer_gets
         fs::create_dir(m.path("e")).unwrap();
         fs::write(m.path("e/g"), b"in a new directory").unwrap();
     });
+    // A new file in a directory the mount never listed.
+    at_once("write d/made-offline", || {
+        fs::write(m.path("d/made-offline"), b"made offline").unwrap()
+    });
     at_once("mv d d2", || fs::rename(m.path("d"), m.path("d2")).unwrap());
     at_once("chmod 600 b.txt", || {
         fs::set_permissions(m.path("b.txt"), fs::Permissions::from_mode(0o600)).unwrap()
@@ -497,6 +501,9 @@ fn offline_the_mount_shows_what_it_did_writes_at_local_speed_and_the_sharer_gets
             && fs::read(w.src().join("e/g")).ok().as_deref() == Some(&b"in a new directory"[..])
     });
     assert_eq!(fs::read(w.src().join("d2/x")).unwrap(), b"x");
+    eventually("the file made offline in an unlisted directory", || {
+        fs::read(w.src().join("d2/made-offline")).ok().as_deref() == Some(&b"made offline"[..])
+    });
     assert_eq!(
         fs::metadata(w.src().join("b.txt")).unwrap().mode() & 0o777,
         0o600

@@ -533,6 +533,10 @@ impl<S: Source + Sink> Shared<S> {
                         (Some(e), _) => e,
                         // Not in the directory as last listed: missing (so a file can be made offline).
                         (None, Some(_)) => return Err(Errno::ENOENT),
+                        // Never seen, in a directory never listed: a writable mount treats it as missing,
+                        // so that a file can be made offline (one the sharer has after all is kept beside
+                        // it by the conflict rule when pushed); a read-only one cannot tell.
+                        (None, None) if self.writes().is_ok() => return Err(Errno::ENOENT),
                         (None, None) => return Err(self.failed(why)),
                     }
                 }
