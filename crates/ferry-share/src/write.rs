@@ -438,7 +438,9 @@ fn hash_rest(file: &File, hasher: blake3::Hasher, from: u64, len: u64) -> io::Re
         .map(|root| root.expect("never stopped"))
 }
 
-/// [`hash_rest`], looking at `stop` before each 64 MiB: `None` once it says to stop.
+/// [`hash_rest`], looking at `stop` every 64 MiB: `None` once it says to stop. Holes are hashed as the zeros
+/// they read as, without being read (`SEEK_DATA`/`SEEK_HOLE`): a file grown by a truncate costs its hash,
+/// not its reads too.
 fn hash_rest_unless(
     file: &File,
     mut hasher: blake3::Hasher,
@@ -448,15 +450,39 @@ fn hash_rest_unless(
 ) -> io::Result<Option<[u8; 32]>> {
     const LOOK_EVERY: u64 = 64 << 20;
     let mut buf = vec![0u8; (len - from.min(len)).min(1 << 20) as usize];
+    let zeros = vec![0u8; buf.len()];
     let mut at = from;
+    let mut look_at = from + LOOK_EVERY;
     while at < len {
-        if (at - from).is_multiple_of(LOOK_EVERY) && at > from && stop() {
-            return Ok(None);
+        let (end, hole) = match ferry_tree::fsys::region_at(file, at)? {
+            ferry_tree::fsys::Region::Data(end) => (end.min(len), false),
+            ferry_tree::fsys::Region::Hole(end) => (end.min(len), true),
+        };
+        // A region that ends where it starts (the file changing under the hash) is read as data, so the
+        // loop always moves on.
+        let (end, hole) = match end > at {
+            true => (end, hole),
+            false => ((at + buf.len() as u64).min(len), false),
+        };
+        while at < end {
+            if at >= look_at {
+                if stop() {
+                    return Ok(None);
+                }
+                look_at = at + LOOK_EVERY;
+            }
+            let n = (end - at).min(buf.len() as u64) as usize;
+            match hole {
+                true => {
+                    hasher.update(&zeros[..n]);
+                }
+                false => {
+                    file.read_exact_at(&mut buf[..n], at)?;
+                    hasher.update(&buf[..n]);
+                }
+            }
+            at += n as u64;
         }
-        let n = (len - at).min(buf.len() as u64) as usize;
-        file.read_exact_at(&mut buf[..n], at)?;
-        hasher.update(&buf[..n]);
-        at += n as u64;
     }
     Ok(Some(*hasher.finalize().as_bytes()))
 }
@@ -750,6 +776,40 @@ mod tests {
         let long = conflict_name(&[b'x'; 255], &"p".repeat(200), &stamp, 12);
         assert_eq!(long.len(), 255);
         ferry_tree::path::check_name(&long).unwrap();
+    }
+
+    /// Holes are hashed as zeros without being read, data between them read: the root is BLAKE3's of the
+    /// whole content, and a stop asked for ends the hash.
+    #[test]
+    fn a_sparse_file_hashes_as_its_content_and_a_stop_ends_the_hash() {
+        let dir = ferry_testkit::temp_dir("sparse-root");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
+        let len = 300u64 << 20;
+        file.set_len(len).unwrap();
+        file.write_all_at(b"data in the middle", 100 << 20).unwrap();
+        file.write_all_at(b"and at the end", len - 14).unwrap();
+        let mut content = vec![0u8; len as usize];
+        file.read_exact_at(&mut content, 0).unwrap();
+        let want = *blake3::hash(&content).as_bytes();
+        assert_eq!(RunningRoot::new().root(&file, len).unwrap(), want);
+        let mut looked = 0;
+        let stopped = RunningRoot::new()
+            .root_unless(&file, len, &mut || {
+                looked += 1;
+                true
+            })
+            .unwrap();
+        assert_eq!(
+            (stopped, looked),
+            (None, 1),
+            "stopped at the first look, after 64 MiB"
+        );
     }
 
     /// On the sharer a client may write a range again with other bytes: what was hashed of the old ones
