@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use ferry_channel::blocking::{self, SecureReader, SecureWriter};
 use ferry_channel::{
-    frame_len, Auth, Config, Established, Handshake, IdentityKey, Opener, Role, Sealer, Suite,
+    frame_len, Auth, Config, Established, Handshake, IdentityKey, Opener, PeerKey, Role, Sealer,
+    Suite,
 };
 
 use crate::report::{gbps, interleave, median, thread_cpu, timed, xorshift, Report, Row};
@@ -450,7 +451,7 @@ fn handshake_time(opts: &Options, report: &mut Report) {
             "handshake + Ed25519 identity (both sides)",
             Box::new(move || Auth::Identity {
                 key: IdentityKey::from_seed(seed),
-                pinned: Some(public),
+                peer: PeerKey::Pinned(public),
             }),
         ),
     ];

@@ -19,6 +19,9 @@ const MSG_IDENTITY: u8 = 3;
 /// The responder's answer to a confirmation that did not verify: "wrong code", so the initiator fails with the
 /// same cause instead of a cut connection. It carries nothing a guess could be checked against.
 const MSG_REJECT: u8 = 4;
+/// The responder's answer to an identity it does not admit: empty, so the initiator learns that it was refused
+/// and nothing about who refused it.
+const MSG_NOT_ADMITTED: u8 = 5;
 const SPAKE_MSG_LEN: usize = 33;
 const CONFIRM_LEN: usize = 32;
 /// Length of an Ed25519 public key.
@@ -80,13 +83,43 @@ pub enum Auth {
     Unauthenticated,
     /// SPAKE2 on a short code shared out of band, with key confirmation both ways.
     Code(Vec<u8>),
-    /// A signature over the transcript by our identity key; the peer's key must equal `pinned` when given.
+    /// A signature over the transcript by our identity key, checked against `peer`.
+    ///
+    /// The initiator proves its identity first; the responder checks it against `peer` and only then sends
+    /// its own, so a key the responder does not admit learns nothing that identifies the responder.
     Identity {
         /// Our long-term key.
         key: IdentityKey,
-        /// The peer's public key we expect; `None` accepts any key and reports it.
-        pinned: Option<[u8; PUBLIC_KEY_LEN]>,
+        /// Which keys we accept from the peer.
+        peer: PeerKey,
     },
+}
+
+/// The host's decision on a peer's identity key: `Err` holds why it is refused (for the host's log only; the
+/// peer is told nothing but that it was refused).
+pub type Admit = Arc<dyn Fn(&[u8; PUBLIC_KEY_LEN]) -> Result<(), String> + Send + Sync>;
+
+/// Which identity keys one side accepts from the other.
+#[derive(Clone)]
+pub enum PeerKey {
+    /// Exactly this key (the peer we set out to reach, or the one paired peer we wait for).
+    Pinned([u8; PUBLIC_KEY_LEN]),
+    /// Any key the host admits, asked when the key arrives (a sharer and its peer list).
+    Admitted(Admit),
+    /// Any key; it is reported in [`Established::peer_identity`](crate::Established). A responder with it
+    /// reveals its own key to anyone: only for tests and benchmarks.
+    Any,
+}
+
+impl PeerKey {
+    fn check(&self, key: &[u8; PUBLIC_KEY_LEN]) -> Result<(), ChannelError> {
+        match self {
+            // Public keys are not secret; a plain comparison is fine.
+            PeerKey::Pinned(pinned) if pinned != key => Err(ChannelError::IdentityMismatch),
+            PeerKey::Admitted(admit) => admit(key).map_err(ChannelError::Refused),
+            PeerKey::Pinned(_) | PeerKey::Any => Ok(()),
+        }
+    }
 }
 
 /// The failed-attempt budget of one code, shared by every handshake that uses it (concurrent ones included).
@@ -219,7 +252,7 @@ pub(crate) enum AuthState {
     },
     Identity {
         key: Box<IdentityKey>,
-        pinned: Option<[u8; PUBLIC_KEY_LEN]>,
+        peer: PeerKey,
     },
 }
 
@@ -247,6 +280,19 @@ pub(crate) fn reject_message() -> Vec<u8> {
     vec![MSG_REJECT]
 }
 
+/// What the responder sends when it does not admit the initiator's identity (see [`MSG_NOT_ADMITTED`]).
+pub(crate) fn not_admitted_message() -> Vec<u8> {
+    vec![MSG_NOT_ADMITTED]
+}
+
+fn identity_packet(key: &IdentityKey, role: Role, transcript: &[u8; 32]) -> Vec<u8> {
+    let sig = key.pair.sign(&identity_message(role, transcript));
+    let mut out = vec![MSG_IDENTITY];
+    out.extend_from_slice(&key.public());
+    out.extend_from_slice(sig.as_ref());
+    out
+}
+
 fn confirm_message(key: &hmac::Key, role: Role, transcript: &[u8; 32]) -> Vec<u8> {
     let mut out = vec![MSG_CONFIRM];
     out.extend_from_slice(hmac::sign(key, &confirm_data(role, transcript)).as_ref());
@@ -271,9 +317,9 @@ impl AuthState {
                 attempts: None,
                 charge: None,
             },
-            Auth::Identity { key, pinned } => AuthState::Identity {
+            Auth::Identity { key, peer } => AuthState::Identity {
                 key: Box::new(key),
-                pinned,
+                peer,
             },
         }
     }
@@ -336,13 +382,11 @@ impl AuthState {
                 out.extend_from_slice(&msg);
                 vec![out]
             }
-            AuthState::Identity { key, .. } => {
-                let sig = key.pair.sign(&identity_message(role, transcript));
-                let mut out = vec![MSG_IDENTITY];
-                out.extend_from_slice(&key.public());
-                out.extend_from_slice(sig.as_ref());
-                vec![out]
-            }
+            // The responder answers only a key it admits (in `on_message`).
+            AuthState::Identity { key, .. } => match role {
+                Role::Initiator => vec![identity_packet(key, role, transcript)],
+                Role::Responder => Vec::new(),
+            },
         }
     }
 
@@ -354,7 +398,7 @@ impl AuthState {
         transcript: &[u8; 32],
         msg: &[u8],
     ) -> Result<(Vec<Vec<u8>>, Option<AuthOutcome>), ChannelError> {
-        let peer = role.peer();
+        let peer_role = role.peer();
         match (&mut *self, msg.split_first()) {
             (
                 AuthState::Spake {
@@ -407,8 +451,9 @@ impl AuthState {
                     return Err(ChannelError::AuthProtocol("confirmation of wrong length"));
                 }
                 let mut this = charge.take().unwrap_or(Charge(None));
-                let verified = this
-                    .verify(|| hmac::verify(key, &confirm_data(peer, transcript), body).is_ok());
+                let verified = this.verify(|| {
+                    hmac::verify(key, &confirm_data(peer_role, transcript), body).is_ok()
+                });
                 verified?;
                 let out = match role {
                     Role::Responder => vec![confirm_message(key, role, transcript)],
@@ -429,7 +474,7 @@ impl AuthState {
                 }
                 Err(ChannelError::WrongCode)
             }
-            (AuthState::Identity { pinned, .. }, Some((&MSG_IDENTITY, body))) => {
+            (AuthState::Identity { key, peer }, Some((&MSG_IDENTITY, body))) => {
                 if body.len() != PUBLIC_KEY_LEN + SIGNATURE_LEN {
                     return Err(ChannelError::AuthProtocol(
                         "identity message of wrong length",
@@ -437,23 +482,27 @@ impl AuthState {
                 }
                 let (public, sig) = body.split_at(PUBLIC_KEY_LEN);
                 UnparsedPublicKey::new(&signature::ED25519, public)
-                    .verify(&identity_message(peer, transcript), sig)
+                    .verify(&identity_message(peer_role, transcript), sig)
                     .map_err(|_| ChannelError::Tampered)?;
                 let mut peer_key = [0u8; PUBLIC_KEY_LEN];
                 peer_key.copy_from_slice(public);
-                if let Some(pinned) = pinned {
-                    // Public keys are not secret; a plain comparison is fine.
-                    if *pinned != peer_key {
-                        return Err(ChannelError::IdentityMismatch);
-                    }
-                }
+                peer.check(&peer_key)?;
+                let out = match role {
+                    Role::Responder => vec![identity_packet(key, role, transcript)],
+                    Role::Initiator => Vec::new(),
+                };
                 *self = AuthState::Done;
                 Ok((
-                    Vec::new(),
+                    out,
                     Some(AuthOutcome {
                         peer_identity: Some(peer_key),
                     }),
                 ))
+            }
+            (AuthState::Identity { .. }, Some((&MSG_NOT_ADMITTED, [])))
+                if role == Role::Initiator =>
+            {
+                Err(ChannelError::NotAdmitted)
             }
             (AuthState::Done, _) => Err(ChannelError::AuthProtocol("message after authentication")),
             _ => Err(ChannelError::AuthProtocol(

@@ -16,6 +16,12 @@ pub enum ChannelError {
     /// The peer's identity key is not the pinned one.
     #[error("peer identity does not match the pinned key")]
     IdentityMismatch,
+    /// The peer (the responder) does not admit our identity key: it is not paired with us, or no longer.
+    #[error("the peer does not admit this machine's key (not paired with it, or removed there)")]
+    NotAdmitted,
+    /// We (the responder) refused the peer's identity key; the host's reason. The peer was told nothing else.
+    #[error("refused the peer's key: {0}")]
+    Refused(String),
     /// The stream ended without the authenticated end-of-stream packet.
     #[error("connection truncated: stream ended without an authenticated close")]
     Truncated,

@@ -526,6 +526,13 @@ impl Handshake {
                 self.send_handshake_messages(vec![crate::auth::reject_message()])?;
                 return Err(ChannelError::WrongCode);
             }
+            Err(e @ (ChannelError::Refused(_) | ChannelError::IdentityMismatch))
+                if self.role == Role::Responder =>
+            {
+                // Refused, with nothing that names us: the initiator reports it instead of a cut connection.
+                self.send_handshake_messages(vec![crate::auth::not_admitted_message()])?;
+                return Err(e);
+            }
             Err(e) => return Err(e),
         };
         self.send_handshake_messages(messages)?;

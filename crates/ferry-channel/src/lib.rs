@@ -42,8 +42,8 @@ mod suite;
 pub mod tokio_io;
 
 pub use auth::{
-    verify_signature, Auth, CodeAttempts, IdentityKey, MAX_FAILED_ATTEMPTS, PUBLIC_KEY_LEN,
-    SIGNATURE_LEN,
+    verify_signature, Admit, Auth, CodeAttempts, IdentityKey, PeerKey, MAX_FAILED_ATTEMPTS,
+    PUBLIC_KEY_LEN, SIGNATURE_LEN,
 };
 pub use error::ChannelError;
 pub use fschacha::FsChaCha20;

@@ -70,6 +70,7 @@ fn channel_failure(e: &ChannelError) -> Failure {
         }
         ChannelError::Tampered | ChannelError::AuthProtocol(_) => ErrorCode::Tampered,
         ChannelError::IdentityMismatch => ErrorCode::IdentityMismatch,
+        ChannelError::NotAdmitted | ChannelError::Refused(_) => ErrorCode::NotAdmitted,
         ChannelError::Oversized { .. } => ErrorCode::Protocol,
         ChannelError::Io(io) => return io_failure(io),
     }

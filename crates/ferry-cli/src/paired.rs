@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use ferry_channel::blocking::split_tcp;
-use ferry_channel::{Auth, IdentityKey, PUBLIC_KEY_LEN};
+use ferry_channel::{Auth, IdentityKey, PeerKey, PUBLIC_KEY_LEN};
 use ferry_peers::meeting::{hashes_to_try, meeting_hash, window_of};
-use ferry_peers::{identity, Fingerprint, Peer, PeerName, PeerStore};
+use ferry_peers::{identity, Fingerprint, Peer, PeerStore};
 use ferry_rendezvous::NameplateHash;
 use ferry_session::{Connected, HashSource, Meeting, MeetingAuth, PeerOptions};
 use ferry_share::io::{Session, SessionError as ShareError};
@@ -56,13 +56,13 @@ impl Me {
         Ok(PeerStore::load(&self.dir)?.get(name)?.clone())
     }
 
-    /// Authenticates each handshake with this machine's key; the peer's must be `pinned` (any, when `None`).
-    pub fn auth(&self, pinned: Option<[u8; PUBLIC_KEY_LEN]>) -> MeetingAuth {
+    /// Authenticates each handshake with this machine's key; the peer's is checked as `peer` says.
+    pub fn auth(&self, peer: PeerKey) -> MeetingAuth {
         // The key is not Clone: each handshake gets its own, made from the seed.
         let seed = *self.key.seed();
         MeetingAuth::Other(Arc::new(move || Auth::Identity {
             key: IdentityKey::from_seed(seed),
-            pinned,
+            peer: peer.clone(),
         }))
     }
 
@@ -85,7 +85,7 @@ impl Me {
             } else {
                 format!("`ferry send --to` on {}", peer.name)
             },
-            auth: self.auth(Some(peer.key)),
+            auth: self.auth(PeerKey::Pinned(peer.key)),
         }
     }
 
@@ -97,7 +97,7 @@ impl Me {
             label: format!("{purpose} with {}", peer.name),
             waited_for: "receiver".into(),
             other_side: format!("`ferry receive --from` on {}", peer.name),
-            auth: self.auth(Some(peer.key)),
+            auth: self.auth(PeerKey::Pinned(peer.key)),
         }
     }
 
@@ -134,11 +134,23 @@ pub fn reach_share(
 ) -> anyhow::Result<Connected> {
     let meeting = me.looking_for(peer, &share_purpose(share));
     let connected = ferry_session::connect(&meeting, reach.opts, reach.peer, reach.wait, events)
-        .with_context(|| {
-            format!(
-                "cannot reach the share {share:?} of {} (is `ferry share` running there?)",
-                peer.name
-            )
+        .map_err(|e| {
+            let refused = matches!(
+                &e,
+                ferry_session::SessionError::Channel(ferry_channel::ChannelError::NotAdmitted)
+            );
+            let context = match refused {
+                true => format!(
+                    "{} refused this machine's key: this machine is not paired there (or was removed, \
+                     or is not in its --allow list)",
+                    peer.name
+                ),
+                false => format!(
+                    "cannot reach the share {share:?} of {} (is `ferry share` running there?)",
+                    peer.name
+                ),
+            };
+            anyhow::Error::new(e).context(context)
         })?;
     if let Err(w) = me.seen(&peer.key, &connected.peer) {
         events.warn(&w);
@@ -223,10 +235,11 @@ pub fn open_share(
 
 /// Which paired peers a sharer serves: all of them, or those `--allow` names.
 #[derive(Debug, Clone, Default)]
-pub struct Allowed(Option<Vec<PeerName>>);
+pub struct Allowed(Option<Vec<[u8; PUBLIC_KEY_LEN]>>);
 
 impl Allowed {
-    /// All paired peers (`names` empty), or only `names`; each must name a paired peer now.
+    /// All paired peers (`names` empty), or only `names`; each must name a paired peer now, and is bound to
+    /// that peer's key: a rename or a new pairing that reuses a name does not change who is allowed.
     pub fn new(dir: &Path, names: &[String]) -> anyhow::Result<Allowed> {
         if names.is_empty() {
             return Ok(Allowed(None));
@@ -234,15 +247,13 @@ impl Allowed {
         let store = PeerStore::load(dir)?;
         let mut allowed = Vec::new();
         for n in names {
-            allowed.push(store.get(n)?.name.clone());
+            allowed.push(store.get(n)?.key);
         }
         Ok(Allowed(Some(allowed)))
     }
 
     fn allows(&self, peer: &Peer) -> bool {
-        self.0
-            .as_ref()
-            .is_none_or(|names| names.contains(&peer.name))
+        self.0.as_ref().is_none_or(|keys| keys.contains(&peer.key))
     }
 
     /// The hashes a sharer of `purpose` announces now: one per allowed peer, this window's (read from

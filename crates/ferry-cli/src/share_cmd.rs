@@ -5,6 +5,7 @@
 //! and `--allow` before a single request is read. Each admitted client gets a thread running
 //! [`ferry_share::io::serve`], with one outboard cache and one change feed for all of them.
 
+use std::any::Any;
 use std::io::{self, Read, Write};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -14,9 +15,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use ferry_channel::blocking::{SecureReader, SecureWriter};
-use ferry_channel::ChannelError;
+use ferry_channel::{Admit, ChannelError, PeerKey, PUBLIC_KEY_LEN};
 use ferry_session::congestion::{DataStream, Policy};
-use ferry_session::{Connected, Standing};
+use ferry_session::{Connected, Events, Standing};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes};
 use ferry_share::server::ServerConfig;
@@ -247,7 +248,13 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
 
     let purpose = paired::share_purpose(&args.name);
     let hashes = allowed.hashes(me.dir.clone(), purpose);
-    let mut standing = Standing::start(hashes, me.auth(None), &opts, args.listen.listen, ui)?;
+    // A key is admitted in the handshake, before this machine's own key is shown to it.
+    let admit: Admit = {
+        let (allowed, dir) = (allowed.clone(), me.dir.clone());
+        Arc::new(move |key: &[u8; PUBLIC_KEY_LEN]| allowed.admit(&dir, Some(key)).map(|_| ()))
+    };
+    let auth = me.auth(PeerKey::Admitted(admit));
+    let mut standing = Standing::start(hashes, auth, &opts, args.listen.listen, ui)?;
     let peers = standing.hashes().len();
     log.event(
         "ready",
@@ -298,7 +305,11 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     loop {
-        let connected = standing.accept(ui)?;
+        let connected = standing.accept(&mut Serving {
+            ui,
+            stats: &stats,
+            log,
+        })?;
         let address = connected.peer.clone();
         // Who it is, decided before anything is read from it.
         let peer = match allowed.admit(&me.dir, connected.established.peer_identity.as_ref()) {
@@ -370,6 +381,32 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
 }
 
 /// Logs a refused connection; dropping it closes it.
+/// The waiting side's events as a sharer reports them: refusals in its log (`refused` events), the rest as
+/// every command does.
+struct Serving<'a> {
+    ui: &'a mut Ui,
+    stats: &'a Stats,
+    log: Log,
+}
+
+impl Events for Serving<'_> {
+    fn warn(&mut self, message: &str) {
+        Events::warn(self.ui, message);
+    }
+
+    fn waiting(&mut self, what: &str) {
+        Events::waiting(self.ui, what);
+    }
+
+    fn keep_until_exit(&mut self, value: Box<dyn Any + Send>) -> Box<dyn Any + Send> {
+        Events::keep_until_exit(self.ui, value)
+    }
+
+    fn refused(&mut self, peer: &str, reason: &str) {
+        refuse(self.stats, self.log, peer, reason);
+    }
+}
+
 fn refuse(stats: &Stats, log: Log, peer: &str, reason: &str) {
     stats.refused.fetch_add(1, Ordering::Relaxed);
     log.event("refused", json!({ "peer": peer, "reason": reason }), || {

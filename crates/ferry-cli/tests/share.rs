@@ -146,7 +146,7 @@ fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
     assert!(!out.status.success(), "{out:?}");
     assert!(entries(&out).is_empty(), "nothing listed");
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("not paired there"),
+        String::from_utf8_lossy(&out.stdout).contains("is not paired there"),
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
@@ -203,6 +203,80 @@ fn an_unpaired_identity_at_the_address_is_refused_before_any_request() {
         log.iter().all(|e| e["event"] != "client-connected"),
         "{log:?}"
     );
+}
+
+#[test]
+fn a_stranger_learns_no_identity_from_a_share_and_the_paired_peer_still_connects() {
+    use ferry_channel::{
+        blocking, Auth, ChannelError, Config, Handshake, IdentityKey, PeerKey, Role,
+    };
+    let w = World::new();
+    w.pair("a", "b");
+    a_tree(&w);
+    let (mut sharer, ready) = w.share("a", &[]);
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    // A stranger with a fresh key, taking any key it is shown, completes the key exchange at the port.
+    let stranger = Handshake::new(
+        Role::Initiator,
+        Config::ferry(),
+        Auth::Identity {
+            key: IdentityKey::generate(),
+            peer: PeerKey::Any,
+        },
+    );
+    let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let got = blocking::handshake_until(&mut stream, stranger, deadline);
+    // What it received: a bare refusal (any identity message would have completed the handshake with the
+    // sharer's key in `peer_identity`), so no key and no fingerprint.
+    match got {
+        Err(ChannelError::NotAdmitted) => {}
+        Ok(est) => panic!(
+            "a stranger completed the handshake and learned the sharer's key {:?}",
+            est.peer_identity
+        ),
+        Err(e) => panic!("the stranger failed otherwise: {e}"),
+    }
+    let refused = sharer.wait_for(|e| e["event"] == "refused");
+    assert!(
+        refused["reason"].as_str().unwrap().contains("not paired"),
+        "{refused}"
+    );
+    // The paired peer still connects, at the address and by its meeting.
+    assert_success("ls at the address", &w.ls("b", "a", &["--peer", &addr]));
+    assert_success("ls", &w.ls("b", "a", &[]));
+    stop_share(sharer);
+}
+
+#[test]
+fn allow_holds_the_key_of_the_name_it_was_given() {
+    let w = World::new();
+    w.pair("a", "b");
+    w.pair("a", "c");
+    a_tree(&w);
+    let (sharer, ready) = w.share("a", &["--allow", "c"]);
+    let addr = ready["listen"].as_str().unwrap().to_string();
+    // Renamed on the sharer's side, c is still the peer it allowed; b renamed to c's old name is not.
+    for (old, new) in [("c", "carol"), ("b", "c")] {
+        let out = w
+            .as_("a")
+            .args(["peers", "rename", old, new])
+            .output()
+            .unwrap();
+        assert_success("peers rename", &out);
+    }
+    assert_success("ls by the allowed key", &w.ls("c", "a", &[]));
+    let out = w.ls("b", "a", &["--peer", &addr]);
+    assert!(entries(&out).is_empty(), "b got in under c's old name");
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    assert!(
+        events(&out.stdout)
+            .iter()
+            .any(|e| e["code"] == "not-admitted"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stop_share(sharer);
 }
 
 #[test]
@@ -344,7 +418,7 @@ fn session_as(
         other_side: "`ferry share`".into(),
         auth: ferry_session::MeetingAuth::Other(std::sync::Arc::new(move || Auth::Identity {
             key: IdentityKey::from_seed(seed),
-            pinned: Some(pinned),
+            peer: ferry_channel::PeerKey::Pinned(pinned),
         })),
     };
     let opts = ferry_session::PeerOptions {

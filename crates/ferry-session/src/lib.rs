@@ -176,6 +176,11 @@ impl MeetingAuth {
 pub trait Events {
     /// A path failed, or a connection was refused or dropped, and looking goes on.
     fn warn(&mut self, message: &str);
+    /// The waiting side refused the identity key of the peer at `peer` for `reason` (the host's own, from
+    /// its admission check) and told the peer nothing else.
+    fn refused(&mut self, peer: &str, reason: &str) {
+        self.warn(&format!("refused a connection from {peer}: {reason}"));
+    }
     /// The looking side pauses before its next round (`what`: "Waiting for the sender...").
     fn waiting(&mut self, what: &str) {
         let _ = what;

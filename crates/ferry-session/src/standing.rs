@@ -234,6 +234,9 @@ impl Standing {
                                 handshake: Some(f.took),
                             })
                         }
+                        Err(ferry_channel::ChannelError::Refused(reason)) => {
+                            events.refused(&f.peer, &reason)
+                        }
                         Err(e) => {
                             events.warn(&format!("dropped a connection from {}: {e}", f.peer))
                         }

@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use ferry_channel::{Auth, IdentityKey};
+use ferry_channel::{Auth, IdentityKey, PeerKey};
 use ferry_relay::{Relay, RelayConfig, RelayHandle};
 use ferry_rendezvous::NameplateHash;
 use ferry_session::{connect, Meeting, MeetingAuth, PeerOptions, Standing};
@@ -38,7 +38,7 @@ fn relay_on(addr: &str) -> (SocketAddr, RelayHandle) {
 fn identity(key: [u8; 32], pinned: Option<[u8; 32]>) -> MeetingAuth {
     MeetingAuth::Other(Arc::new(move || Auth::Identity {
         key: IdentityKey::from_seed(key),
-        pinned,
+        peer: pinned.map_or(PeerKey::Any, PeerKey::Pinned),
     }))
 }
 

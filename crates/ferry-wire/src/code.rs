@@ -69,6 +69,8 @@ codes! {
     Tampered = "tampered" => 5,
     /// The peer's identity is not the pinned one.
     IdentityMismatch = "identity-mismatch" => 5,
+    /// The peer does not admit this machine's identity key (not paired with it, or removed there).
+    NotAdmitted = "not-admitted" => 5,
     /// The disk is full, or the offer does not fit.
     DiskFull = "disk-full" => 6,
     /// An offered name exists where it would arrive.

@@ -6,7 +6,7 @@ use std::ops::Range;
 use ferry_channel::keys::{EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
 use ferry_channel::{
     frame_len, Auth, ChannelError, Config, Established, Handshake, IdentityKey, Opener, Packet,
-    Role, Sealer, Suite, LENGTH_LEN, MAX_ENCODABLE, TAG_LEN,
+    PeerKey, Role, Sealer, Suite, LENGTH_LEN, MAX_ENCODABLE, TAG_LEN,
 };
 use secp256k1::ellswift::ElligatorSwift;
 use secp256k1::{Secp256k1, SecretKey};
@@ -64,7 +64,7 @@ pub fn identity(seed: u8) -> IdentityKey {
 pub fn pinned(ours: u8, theirs: u8) -> Auth {
     Auth::Identity {
         key: identity(ours),
-        pinned: Some(identity(theirs).public()),
+        peer: PeerKey::Pinned(identity(theirs).public()),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use ferry_channel::keys::{fill_random, ELLSWIFT_LEN, TERMINATOR_LEN};
 use ferry_channel::{
-    Auth, ChannelError, Config, Handshake, Role, Suite, DEFAULT_MAX_PAYLOAD, FERRY_MAGIC,
+    Auth, ChannelError, Config, Handshake, PeerKey, Role, Suite, DEFAULT_MAX_PAYLOAD, FERRY_MAGIC,
     MAX_GARBAGE, MAX_HANDSHAKE_DECOYS, PROTOCOL_VERSION,
 };
 
@@ -39,12 +39,12 @@ fn identity_not_matching_the_pinned_key_is_identity_mismatch() {
         "initiator: {:?}",
         a.err()
     );
-    // Both pins wrong: both refuse.
+    // Both pins wrong: the responder refuses first, and the initiator hears only that it was refused.
     let (a, b2) = drive(
         initiator(aes_config(), pinned(1, 3)),
         responder(aes_config(), pinned(2, 3)),
     );
-    assert!(matches!(a, Err(ChannelError::IdentityMismatch)));
+    assert!(matches!(a, Err(ChannelError::NotAdmitted)), "{:?}", a.err());
     assert!(matches!(b2, Err(ChannelError::IdentityMismatch)));
     // The responder's own check passed in the first case; it learned the initiator's real key.
     assert_eq!(
@@ -57,7 +57,7 @@ fn identity_not_matching_the_pinned_key_is_identity_mismatch() {
 fn unpinned_identity_is_accepted_and_reported() {
     let unpinned = Auth::Identity {
         key: identity(1),
-        pinned: None,
+        peer: PeerKey::Any,
     };
     let (a, b) = establish(
         initiator(aes_config(), unpinned),
@@ -274,4 +274,65 @@ fn a_handshake_flooded_with_decoys_is_refused_past_the_bound() {
             );
         }
     }
+}
+
+/// Bytes the responder sent the initiator, and both results, for a stranger's key `stranger` against a
+/// responder holding key 2 and admitting only key 1.
+fn stranger_meets_responder(stranger: u8) -> (usize, HsResult, HsResult) {
+    let admit: ferry_channel::Admit = std::sync::Arc::new(|key: &[u8; 32]| {
+        (*key == identity(1).public())
+            .then_some(())
+            .ok_or_else(|| "not paired".to_string())
+    });
+    let mut sent = 0;
+    let (a, b) = drive_via(
+        initiator(
+            aes_config(),
+            Auth::Identity {
+                key: identity(stranger),
+                peer: PeerKey::Any,
+            },
+        ),
+        responder(
+            aes_config(),
+            Auth::Identity {
+                key: identity(2),
+                peer: PeerKey::Admitted(admit),
+            },
+        ),
+        |dir, bytes| {
+            if matches!(dir, Dir::BtoA) {
+                sent += bytes.len();
+            }
+            bytes
+        },
+    );
+    (sent, a, b)
+}
+
+#[test]
+fn a_stranger_learns_no_identity_from_the_responder() {
+    let (refused_bytes, a, b) = stranger_meets_responder(9);
+    // The stranger hears only that it was refused: no key, so no fingerprint, and no signature.
+    assert!(matches!(a, Err(ChannelError::NotAdmitted)), "{:?}", a.err());
+    assert!(
+        matches!(&b, Err(ChannelError::Refused(why)) if why == "not paired"),
+        "{:?}",
+        b.err()
+    );
+    // The admitted key gets the responder's identity packet (key and signature, 96 bytes more); the stranger
+    // got none of it.
+    let (admitted_bytes, a, b) = stranger_meets_responder(1);
+    assert_eq!(
+        a.expect("admitted").peer_identity,
+        Some(identity(2).public())
+    );
+    assert_eq!(
+        b.expect("admitted").peer_identity,
+        Some(identity(1).public())
+    );
+    assert!(
+        admitted_bytes >= refused_bytes + 96,
+        "refused: {refused_bytes} B, admitted: {admitted_bytes} B"
+    );
 }

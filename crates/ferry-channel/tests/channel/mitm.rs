@@ -9,8 +9,8 @@
 use aws_lc_rs::digest;
 use ferry_channel::keys::{EphemeralKey, SessionKeys, ELLSWIFT_LEN, TERMINATOR_LEN};
 use ferry_channel::{
-    Auth, ChannelError, Config, Handshake, Opener, Packet, Role, Sealer, Suite, FERRY_MAGIC,
-    MAX_ENCODABLE, PROTOCOL_VERSION,
+    Auth, ChannelError, Config, Handshake, Opener, Packet, PeerKey, Role, Sealer, Suite,
+    FERRY_MAGIC, MAX_ENCODABLE, PROTOCOL_VERSION,
 };
 
 use crate::common::*;
@@ -210,12 +210,18 @@ fn relaying_attacker_fails_identity_authentication_on_both_sides() {
         initiator(aes_config(), pinned(1, 2)),
         responder(aes_config(), pinned(2, 1)),
     );
-    let result = through_relaying_attacker(sides.0, sides.1, aes_config());
-    // The signatures are genuine but cover the other leg's transcript.
-    assert_both_fail(
-        result,
-        |e| matches!(e, ChannelError::Tampered),
-        "relayed signatures",
+    let (a, b) = through_relaying_attacker(sides.0, sides.1, aes_config());
+    // The initiator's signature is genuine but covers the other leg's transcript: the responder refuses it
+    // and hangs up without signing anything itself, so the initiator sees only the connection end.
+    let what = "relayed signatures";
+    let (ea, eb) = (expect_err(a, what), expect_err(b, what));
+    assert!(
+        matches!(eb, ChannelError::Tampered),
+        "{what}: responder failed with {eb:?}"
+    );
+    assert!(
+        matches!(ea, ChannelError::Truncated),
+        "{what}: initiator failed with {ea:?}"
     );
 }
 
@@ -242,7 +248,7 @@ fn attacker_with_its_own_identity_fails_on_both_sides() {
     );
     let own = || Auth::Identity {
         key: identity(66),
-        pinned: None,
+        peer: PeerKey::Any,
     };
     let result = through_authenticating_attacker(sides.0, sides.1, own(), own());
     assert_both_fail(

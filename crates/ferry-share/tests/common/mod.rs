@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ferry_channel::blocking::{handshake_until, split_tcp, SecureReader, SecureWriter};
-use ferry_channel::{Auth, ChannelError, Config, Handshake, IdentityKey, Role};
+use ferry_channel::{Auth, ChannelError, Config, Handshake, IdentityKey, PeerKey, Role};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::{serve, Changes};
 use ferry_share::server::ServerConfig;
@@ -27,7 +27,7 @@ pub fn handshake(
         Config::ferry(),
         Auth::Identity {
             key,
-            pinned: Some(pinned),
+            peer: PeerKey::Pinned(pinned),
         },
     );
     let mut s = stream;
