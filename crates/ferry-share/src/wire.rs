@@ -185,15 +185,49 @@ impl SharePath {
     }
 }
 
-/// What an entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link.
-    Symlink,
+/// Defines a wire enum whose every variant names its byte: `to_u8` and `from_u8` come from the one list,
+/// so reordering the variants changes nothing on the wire (the tests pin each byte).
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = $byte:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $name {
+            /// Every variant.
+            #[cfg(test)]
+            const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            /// Its byte on the wire.
+            fn to_u8(self) -> u8 {
+                match self {
+                    $($name::$variant => $byte,)*
+                }
+            }
+
+            /// The variant of a wire byte, `None` for an unknown one.
+            fn from_u8(v: u8) -> Option<Self> {
+                match v {
+                    $($byte => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+wire_enum! {
+    /// What an entry is.
+    pub enum Kind {
+        /// A regular file.
+        File = 0,
+        /// A directory.
+        Dir = 1,
+        /// A symbolic link.
+        Symlink = 2,
+    }
 }
 
 /// One directory entry or the attributes of one path.
@@ -218,11 +252,7 @@ pub struct Entry {
 impl Entry {
     fn encode(&self, out: &mut impl Put) {
         out.put_bytes16(&self.name);
-        out.put_u8(match self.kind {
-            Kind::File => 0,
-            Kind::Dir => 1,
-            Kind::Symlink => 2,
-        });
+        out.put_u8(self.kind.to_u8());
         out.put_u64(self.size);
         out.put_u32(self.mode);
         out.put_i64(self.mtime);
@@ -240,12 +270,7 @@ impl Entry {
                 return Err(WireError::Invalid("name with a slash").into());
             }
         }
-        let kind = match r.u8()? {
-            0 => Kind::File,
-            1 => Kind::Dir,
-            2 => Kind::Symlink,
-            _ => return Err(WireError::Invalid("entry kind").into()),
-        };
+        let kind = Kind::from_u8(r.u8()?).ok_or(WireError::Invalid("entry kind"))?;
         let size = r.u64()?;
         let mode = r.u32()? & 0o777;
         let mtime = r.i64()?;
@@ -277,68 +302,43 @@ impl Entry {
     }
 }
 
-/// Why a request failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// No such path.
-    NotFound,
-    /// A directory operation on a non-directory, or the reverse.
-    WrongKind,
-    /// The path leaves the share (a symlink out of it, a device, ...): refused and logged.
-    UnsafePath,
-    /// The file is no longer the version the request named.
-    Changed,
-    /// The sharer may not read it.
-    Permission,
-    /// Too many requests in flight.
-    Busy,
-    /// The sharer hit an I/O error.
-    Io,
-    /// The request is not valid (a duplicate id, a range past the end, ...).
-    BadRequest,
-    /// The request was cancelled.
-    Cancelled,
-    /// A write to a share that is not writable.
-    ReadOnly,
-    /// The path changed on the sharer since the version the write names; nothing was changed.
-    Conflict,
-    /// A put's content does not match the root it named; nothing was changed.
-    Integrity,
-    /// The sharer's disk has no room for it.
-    DiskFull,
-    /// The path exists already.
-    Exists,
-    /// The directory is not empty.
-    NotEmpty,
+wire_enum! {
+    /// Why a request failed.
+    pub enum ErrorCode {
+        /// No such path.
+        NotFound = 1,
+        /// A directory operation on a non-directory, or the reverse.
+        WrongKind = 2,
+        /// The path leaves the share (a symlink out of it, a device, ...): refused and logged.
+        UnsafePath = 3,
+        /// The file is no longer the version the request named.
+        Changed = 4,
+        /// The sharer may not read it.
+        Permission = 5,
+        /// Too many requests in flight.
+        Busy = 6,
+        /// The sharer hit an I/O error.
+        Io = 7,
+        /// The request is not valid (a duplicate id, a range past the end, ...).
+        BadRequest = 8,
+        /// The request was cancelled.
+        Cancelled = 9,
+        /// A write to a share that is not writable.
+        ReadOnly = 10,
+        /// The path changed on the sharer since the version the write names; nothing was changed.
+        Conflict = 11,
+        /// A put's content does not match the root it named; nothing was changed.
+        Integrity = 12,
+        /// The sharer's disk has no room for it.
+        DiskFull = 13,
+        /// The path exists already.
+        Exists = 14,
+        /// The directory is not empty.
+        NotEmpty = 15,
+    }
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 15] = [
-        ErrorCode::NotFound,
-        ErrorCode::WrongKind,
-        ErrorCode::UnsafePath,
-        ErrorCode::Changed,
-        ErrorCode::Permission,
-        ErrorCode::Busy,
-        ErrorCode::Io,
-        ErrorCode::BadRequest,
-        ErrorCode::Cancelled,
-        ErrorCode::ReadOnly,
-        ErrorCode::Conflict,
-        ErrorCode::Integrity,
-        ErrorCode::DiskFull,
-        ErrorCode::Exists,
-        ErrorCode::NotEmpty,
-    ];
-
-    fn to_u8(self) -> u8 {
-        Self::ALL.iter().position(|&c| c == self).expect("listed") as u8 + 1
-    }
-
-    fn from_u8(v: u8) -> Option<Self> {
-        Self::ALL.get((v as usize).checked_sub(1)?).copied()
-    }
-
     /// The stable code scripts see (`--json`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -1534,10 +1534,84 @@ mod tests {
                 }
             }
         }
-        for code in ErrorCode::ALL {
+        for &code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u8(code.to_u8()), Some(code));
         }
         assert_eq!(ErrorCode::from_u8(0), None);
+    }
+
+    /// Every wire value, written out: a reordered or renumbered list fails here, not in a peer.
+    #[test]
+    fn wire_values_are_pinned() {
+        use ErrorCode as E;
+        let codes = [
+            (E::NotFound, 1),
+            (E::WrongKind, 2),
+            (E::UnsafePath, 3),
+            (E::Changed, 4),
+            (E::Permission, 5),
+            (E::Busy, 6),
+            (E::Io, 7),
+            (E::BadRequest, 8),
+            (E::Cancelled, 9),
+            (E::ReadOnly, 10),
+            (E::Conflict, 11),
+            (E::Integrity, 12),
+            (E::DiskFull, 13),
+            (E::Exists, 14),
+            (E::NotEmpty, 15),
+        ];
+        assert_eq!(codes.len(), ErrorCode::ALL.len(), "a code without a pin");
+        for (code, byte) in codes {
+            assert_eq!((code, code.to_u8()), (code, byte));
+            assert_eq!(ErrorCode::from_u8(byte), Some(code));
+            let mut buf = Vec::new();
+            Response::Error {
+                id: 7,
+                code,
+                message: "m".into(),
+            }
+            .encode(&mut buf);
+            assert_eq!(buf[5], byte, "{code:?} on the wire");
+        }
+        let kinds = [(Kind::File, 0), (Kind::Dir, 1), (Kind::Symlink, 2)];
+        assert_eq!(kinds.len(), Kind::ALL.len(), "a kind without a pin");
+        for (kind, byte) in kinds {
+            assert_eq!((kind, kind.to_u8()), (kind, byte));
+            assert_eq!(Kind::from_u8(byte), Some(kind));
+        }
+        let types = [
+            (HELLO, 1),
+            (LIST, 2),
+            (STAT, 3),
+            (READ, 4),
+            (SUBSCRIBE, 5),
+            (CANCEL, 6),
+            (PULL, 7),
+            (PUT, 8),
+            (PUT_DATA, 9),
+            (PUT_END, 10),
+            (MKDIR, 11),
+            (RMDIR, 12),
+            (UNLINK, 13),
+            (RENAME, 14),
+            (SETATTR, 15),
+            (SYMLINK, 16),
+            (SPACE_OF, 17),
+            (ENTRIES, 64),
+            (ATTR, 65),
+            (VERSION, 66),
+            (DATA, 67),
+            (DONE, 68),
+            (CHANGED, 69),
+            (ERROR, 70),
+            (TRANSFER, 71),
+            (CONFLICTED, 72),
+            (SPACE, 73),
+        ];
+        for (constant, byte) in types {
+            assert_eq!(constant, byte);
+        }
     }
 
     #[test]
