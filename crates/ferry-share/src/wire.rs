@@ -21,7 +21,7 @@
 //! | [`MKDIR`] | client | id, path, mode u32 |
 //! | [`RMDIR`] | client | id, path |
 //! | [`UNLINK`] | client | id, path, has base u8, base root \[32\] |
-//! | [`RENAME`] | client | id, from path, to path, replace u8 |
+//! | [`RENAME`] | client | id, from path, to path, replace u8, has base u8, base root \[32\] (of the file replaced) |
 //! | [`SETATTR`] | client | id, path, has mode u8, mode u32, has mtime u8, mtime i64, nanoseconds u32 |
 //! | [`SYMLINK`] | client | id, path, target (u16 + bytes, relative, staying inside the share) |
 //! | [`SPACE_OF`] | client | id: the size and free space of the file system the share is on |
@@ -33,7 +33,7 @@
 //! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
 //! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
 //! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
-//! | [`CONFLICTED`] | server | id (of a put), name (u16 + bytes): the put's content was kept under this sibling name |
+//! | [`CONFLICTED`] | server | id (of a put or a rename), name (u16 + bytes): the put's content (the renamed file) was kept under this sibling name (of the rename's target) |
 //! | [`SPACE`] | server | id, block size u32, blocks u64, free blocks u64, blocks free to the sharer u64, files u64, free files u64 |
 //!
 //! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
@@ -43,9 +43,10 @@
 use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
 use ferry_wire::{Put, Reader, WireError};
 
-/// Protocol version in [`HELLO`]. 4: a piece's data follows all its parents in one run
-/// ([`crate::tree`]), and a sharer's packets may carry up to [`MAX_PACKET`] bytes.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Protocol version in [`HELLO`]. 5: a [`RENAME`] names the version of the file it replaces. 4: a piece's
+/// data follows all its parents in one run ([`crate::tree`]), and a sharer's packets may carry up to
+/// [`MAX_PACKET`] bytes.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The largest contents of a packet from the sharer: a 1 MiB piece, its proof and its header (the
 /// channel's default is 1 MiB, which would cut a 1 MiB read into two pieces). Both sides set it on their
@@ -537,6 +538,9 @@ pub enum Request {
         to: SharePath,
         /// Whether an existing `to` is replaced (otherwise it is [`ErrorCode::Exists`]).
         replace: bool,
+        /// The version of the file at `to` the client last saw, when it replaces one it saw: a `to` that
+        /// changed since stays, and `from` is kept beside it ([`Response::Conflicted`]).
+        base: Option<[u8; 32]>,
     },
     /// Change the permission bits or modification time of `path` (a file or directory).
     SetAttr {
@@ -689,7 +693,7 @@ pub enum Response<'a> {
     /// A put's content was verified but the sharer's file changed since its base: the sharer's file stayed
     /// and the content was kept beside it under `name` (in the same directory).
     Conflicted {
-        /// The put.
+        /// The put, or the rename.
         id: RequestId,
         /// The sibling's name.
         name: Vec<u8>,
@@ -811,12 +815,14 @@ impl Request {
                 from,
                 to,
                 replace,
+                base,
             } => {
                 out.put_u8(RENAME);
                 out.put_u32(*id);
                 from.encode(out);
                 to.encode(out);
                 out.put_u8(u8::from(*replace));
+                put_root(out, base);
             }
             Request::SetAttr {
                 id,
@@ -950,6 +956,7 @@ impl Request {
                 from: SharePath::decode(&mut r)?,
                 to: SharePath::decode(&mut r)?,
                 replace: get_flag(&mut r)?,
+                base: get_root(&mut r)?,
             },
             SETATTR => {
                 let id = r.u32()?;
@@ -1354,6 +1361,7 @@ mod tests {
                 from: SharePath::new(b"f").unwrap(),
                 to: SharePath::new(b"d/g").unwrap(),
                 replace: true,
+                base: Some([2; 32]),
             },
             Request::SetAttr {
                 id: 13,

@@ -336,7 +336,9 @@ fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
         pair.client.mkdir(p("d"), 0o755).unwrap(),
         pair.client.rmdir(p("sub")).unwrap(),
         pair.client.unlink(p("old.txt"), None).unwrap(),
-        pair.client.rename(p("old.txt"), p("o"), true).unwrap(),
+        pair.client
+            .rename(p("old.txt"), p("o"), true, None)
+            .unwrap(),
         pair.client
             .set_attr(p("old.txt"), Some(0o600), None)
             .unwrap(),
