@@ -285,6 +285,7 @@ impl ShareRoot {
             true => RenameFlags::empty(),
             false => RenameFlags::NOREPLACE,
         };
+        links_stay_inside(&from_dir, &from_name, from, to)?;
         // The check and the rename are one step against puts of `to` (they land under the same lock).
         let _landing = landing_lock(to);
         if let Some(base) = base.filter(|_| replace) {
@@ -696,6 +697,107 @@ impl Upload {
             let _ = rustix::fs::futimens(&self.file, &times(t));
         }
         Ok(outcome)
+    }
+}
+
+/// Most entries looked at beneath a directory moved closer to the share's root (see [`links_stay_inside`]).
+pub const MAX_MOVED_ENTRIES: usize = 10_000;
+
+/// The depth of `path`'s directory below the share (0: at its root).
+fn depth(path: &[u8]) -> usize {
+    path.iter().filter(|&&b| b == b'/').count()
+}
+
+/// Refuses the move of `from` to `to` if it would make a symlink lead outside the share that stayed inside
+/// it where it was: the link itself, or one beneath a directory moved closer to the share's root (only
+/// those can climb out; at most [`MAX_MOVED_ENTRIES`] entries are looked at, and a larger tree is refused).
+fn links_stay_inside(
+    dir: &OwnedFd,
+    name: &[u8],
+    from: &SharePath,
+    to: &SharePath,
+) -> Result<(), FsError> {
+    let escapes = |rel: &[u8], target: &[u8]| {
+        let at = |top: &SharePath| [top.as_bytes(), rel].concat();
+        crate::wire::link_target_inside_share(&at(from), target)
+            && !crate::wire::link_target_inside_share(&at(to), target)
+    };
+    let refused = |why: &str| Err((ErrorCode::UnsafePath, format!("{}: {why}", shown(from))));
+    let st = rustix::fs::statat(dir, os(name), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| write_error(e, from))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(dir, os(name), Vec::new())
+                .map_err(|e| write_error(e, from))?;
+            match escapes(b"", target.as_bytes()) {
+                true => refused("its target would lead outside the share from there"),
+                false => Ok(()),
+            }
+        }
+        FileType::Directory if depth(to.as_bytes()) < depth(from.as_bytes()) => {
+            let top = rustix::fs::openat(
+                dir,
+                os(name),
+                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| write_error(e, from))?;
+            let mut seen = 0usize;
+            // Paths below `top` (each with a leading `/`), opened one at a time: few descriptors held.
+            let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
+            while let Some(rel) = dirs.pop() {
+                let fd = match rel.is_empty() {
+                    true => rustix::io::dup(&top),
+                    false => rustix::fs::openat2(
+                        &top,
+                        os(&rel[1..]),
+                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        ResolveFlags::BENEATH
+                            | ResolveFlags::NO_SYMLINKS
+                            | ResolveFlags::NO_MAGICLINKS,
+                    ),
+                }
+                .map_err(|e| write_error(e, from))?;
+                let mut reader =
+                    rustix::fs::Dir::read_from(&fd).map_err(|e| write_error(e, from))?;
+                while let Some(item) = reader.read() {
+                    let item = item.map_err(|e| write_error(e, from))?;
+                    let entry = item.file_name().to_bytes();
+                    if entry == b"." || entry == b".." {
+                        continue;
+                    }
+                    seen += 1;
+                    if seen > MAX_MOVED_ENTRIES {
+                        return refused(&format!(
+                            "more than {MAX_MOVED_ENTRIES} entries beneath it to check for symlinks \
+                             leading out from there"
+                        ));
+                    }
+                    let path = [&rel[..], b"/", entry].concat();
+                    let Ok(st) = rustix::fs::statat(&fd, os(entry), AtFlags::SYMLINK_NOFOLLOW)
+                    else {
+                        continue;
+                    };
+                    match FileType::from_raw_mode(st.st_mode) {
+                        FileType::Symlink => {
+                            let target = rustix::fs::readlinkat(&fd, os(entry), Vec::new())
+                                .map_err(|e| write_error(e, from))?;
+                            if escapes(&path, target.as_bytes()) {
+                                return refused(&format!(
+                                    "the symlink {} beneath it would lead outside the share from there",
+                                    String::from_utf8_lossy(&path[1..])
+                                ));
+                            }
+                        }
+                        FileType::Directory => dirs.push(path),
+                        _ => {}
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }
 

@@ -851,3 +851,33 @@ fn the_share_s_space_is_its_file_system_s_writable_or_not() {
         );
     }
 }
+
+/// Issue 46, item 5: a symlink that stays inside where it was made cannot be moved (alone, or in a
+/// directory moved closer to the share's root) to where it leads outside; a move that keeps it inside goes.
+#[test]
+fn a_rename_never_makes_a_symlink_lead_outside_the_share() {
+    let key = IdentityKey::generate();
+    let s = start(key.public(), writable());
+    let mut session = s.connect(&key);
+    let share = s.share();
+
+    session.mkdir(p("x"), 0o755).unwrap();
+    session.symlink(p("x/l"), b"../outside-secret.txt").unwrap();
+    let r = session.rename(p("x/l"), p("l"), false);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::UnsafePath);
+    assert!(std::fs::symlink_metadata(share.join("l")).is_err());
+    assert!(std::fs::symlink_metadata(share.join("x/l")).is_ok());
+    session.mkdir(p("y"), 0o755).unwrap();
+    session.rename(p("x/l"), p("y/l"), false).unwrap();
+
+    session.mkdir(p("a"), 0o755).unwrap();
+    session.mkdir(p("a/b"), 0o755).unwrap();
+    session.mkdir(p("a/b/c"), 0o755).unwrap();
+    session.symlink(p("a/b/c/deep"), b"../../../f").unwrap();
+    let r = session.rename(p("a/b"), p("b"), false);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::UnsafePath);
+    assert!(share.join("a/b/c").is_dir() && !share.join("b").exists());
+    // As deep as before: the links beneath stay inside.
+    session.rename(p("a/b"), p("y/b"), false).unwrap();
+    assert!(std::fs::symlink_metadata(share.join("y/b/c/deep")).is_ok());
+}
