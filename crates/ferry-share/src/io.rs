@@ -80,7 +80,7 @@ impl SessionError {
                 ErrorCode::BadRequest => C::Protocol,
                 ErrorCode::UnsafePath => C::UnsafePath,
                 ErrorCode::Changed => C::SourceChanged,
-                ErrorCode::Permission => C::Permission,
+                ErrorCode::Permission | ErrorCode::HardLinked => C::Permission,
                 ErrorCode::Busy | ErrorCode::Cancelled => C::Remote,
                 ErrorCode::Io | ErrorCode::NotEmpty => C::Io,
                 // The sharer does not let this peer write: as a file it may not write.

@@ -151,6 +151,8 @@ impl RemoteError {
                 ErrorCode::DiskFull => Errno::NOSPC,
                 ErrorCode::Exists => Errno::EXIST,
                 ErrorCode::NotEmpty => Errno::NOTEMPTY,
+                // chmod(2)'s answer to a change it may not make.
+                ErrorCode::HardLinked => Errno::PERM,
             },
             RemoteError::Integrity
             | RemoteError::Deadline

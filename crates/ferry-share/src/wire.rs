@@ -43,7 +43,8 @@
 use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
 use ferry_wire::{Put, Reader, WireError};
 
-/// Protocol version in [`HELLO`]. 5: a [`RENAME`] names the version of the file it replaces. 4: a piece's
+/// Protocol version in [`HELLO`]. 5: a [`RENAME`] names the version of the file it replaces, and
+/// [`ErrorCode::HardLinked`] is new. 4: a piece's
 /// data follows all its parents in one run ([`crate::tree`]), and a sharer's packets may carry up to
 /// [`MAX_PACKET`] bytes.
 pub const PROTOCOL_VERSION: u16 = 5;
@@ -336,6 +337,8 @@ wire_enum! {
         Exists = 14,
         /// The directory is not empty.
         NotEmpty = 15,
+        /// A mode change of a file with other hard links, which would change it outside the share too.
+        HardLinked = 16,
     }
 }
 
@@ -358,6 +361,7 @@ impl ErrorCode {
             ErrorCode::DiskFull => "disk-full",
             ErrorCode::Exists => "exists",
             ErrorCode::NotEmpty => "not-empty",
+            ErrorCode::HardLinked => "hard-linked",
         }
     }
 }
@@ -1568,6 +1572,7 @@ mod tests {
             (E::DiskFull, 13),
             (E::Exists, 14),
             (E::NotEmpty, 15),
+            (E::HardLinked, 16),
         ];
         assert_eq!(codes.len(), ErrorCode::ALL.len(), "a code without a pin");
         for (code, byte) in codes {

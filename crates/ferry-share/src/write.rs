@@ -317,6 +317,16 @@ impl ShareRoot {
         .map_err(|e| write_error(e, path))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| write_error(e, path))?;
         match FileType::from_raw_mode(st.st_mode) {
+            // The same inode is reached from outside the share too: its mode is not the share's to change.
+            FileType::RegularFile if mode.is_some() && st.st_nlink > 1 => {
+                return Err((
+                    ErrorCode::HardLinked,
+                    format!(
+                        "{}: has other hard links (it may be outside the share): its mode stays",
+                        shown(path)
+                    ),
+                ))
+            }
             FileType::RegularFile | FileType::Directory => {}
             FileType::Symlink if mode.is_none() => {}
             FileType::Symlink => {

@@ -881,3 +881,32 @@ fn a_rename_never_makes_a_symlink_lead_outside_the_share() {
     session.rename(p("a/b"), p("y/b"), false).unwrap();
     assert!(std::fs::symlink_metadata(share.join("y/b/c/deep")).is_ok());
 }
+
+/// Issue 46, item 7: a file of the share hard-linked from outside it keeps its mode (the link outside is
+/// the same inode); its time may still change, and a file with one link changes as before.
+#[test]
+fn a_mode_change_of_a_hard_linked_file_is_refused() {
+    let key = IdentityKey::generate();
+    let s = start(key.public(), writable());
+    let mut session = s.connect(&key);
+    let share = s.share();
+    let outside = share.parent().unwrap().join("outside-secret");
+    std::fs::write(&outside, b"secret").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&outside, share.join("linked")).unwrap();
+
+    let r = session.set_attr(p("linked"), Some(0o644), None);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::HardLinked);
+    assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o777, 0o600);
+    let mtime = Time {
+        secs: 1_600_000_000,
+        nanos: 0,
+    };
+    session.set_attr(p("linked"), None, Some(mtime)).unwrap();
+    std::fs::remove_file(&outside).unwrap();
+    session.set_attr(p("linked"), Some(0o640), None).unwrap();
+    assert_eq!(
+        std::fs::metadata(share.join("linked")).unwrap().mode() & 0o777,
+        0o640
+    );
+}
