@@ -116,16 +116,14 @@ impl ShareRoot {
 
     /// The file at `name` in `dir`, not following a symlink: `None` when absent or no regular file.
     fn open_current(dir: &OwnedFd, name: &[u8]) -> Result<Option<File>, Errno> {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        match rustix::fs::openat(dir, os(name), flags, Mode::empty()) {
-            Ok(fd) => {
-                let st = rustix::fs::fstat(&fd)?;
-                match FileType::from_raw_mode(st.st_mode) {
-                    FileType::RegularFile => Ok(Some(File::from(fd))),
-                    _ => Ok(None),
-                }
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let at = rustix::fs::openat(dir, os(name), flags, Mode::empty())?;
+        // The type first: a FIFO or a device there is never opened.
+        match crate::fs::reopen_readable(&at)? {
+            (Some(fd), st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                Ok(Some(File::from(fd)))
             }
-            Err(e) => Err(e),
+            _ => Ok(None),
         }
     }
 
