@@ -240,6 +240,90 @@ fn a_conflict_keeps_both_versions_on_the_sharer() {
     });
 }
 
+/// Issue 46, item 3: the peer read three files, the sharer's user then changed each; the peer writes
+/// one in place, saves one as editors do (a temporary file renamed over it) and removes the third. Every
+/// change of the sharer's stays: the writes land beside their file, the removal is refused (ESTALE), and
+/// each is a conflict on both sides.
+#[test]
+fn a_replace_or_removal_of_a_file_changed_on_the_sharer_keeps_the_sharers_version() {
+    let test = "a_replace_or_removal_of_a_file_changed_on_the_sharer_keeps_the_sharers_version";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let src = w.src();
+    for name in ["in-place.txt", "saved.txt", "removed.txt"] {
+        fs::write(src.join(name), b"version 1\n").unwrap();
+    }
+    let mut sharer = sharing_with(&w, &["--writable"]);
+    let mut m = Mounted::start(&w, &[]);
+    for name in ["in-place.txt", "saved.txt", "removed.txt"] {
+        assert_eq!(fs::read(m.path(name)).unwrap(), b"version 1\n");
+    }
+    let mut in_place = fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("in-place.txt"))
+        .unwrap();
+    for name in ["in-place.txt", "saved.txt", "removed.txt"] {
+        fs::write(src.join(name), b"the sharer's edit\n").unwrap();
+    }
+
+    in_place.write_all(b"the mount's write\n").unwrap();
+    drop(in_place);
+    fs::write(m.path(".saved.txt.swp"), b"the mount's save\n").unwrap();
+    fs::rename(m.path(".saved.txt.swp"), m.path("saved.txt")).unwrap();
+    let e = fs::remove_file(m.path("removed.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+
+    for name in ["in-place.txt", "saved.txt", "removed.txt"] {
+        assert_eq!(
+            fs::read(src.join(name)).unwrap(),
+            b"the sharer's edit\n",
+            "{name} on the sharer"
+        );
+        m.seen_or_wait_for(|e| {
+            e["event"] == "notice"
+                && e["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with(&format!("conflict: {name} changed on the sharer too"))
+        });
+        sharer.seen_or_wait_for(|e| {
+            e["event"] == "conflict" && e["message"].as_str().unwrap_or("").contains(name)
+        });
+    }
+    let copies = |name: &str| -> Vec<String> {
+        fs::read_dir(&src)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&format!("{name}.conflict-")))
+            .collect()
+    };
+    for (name, mine) in [
+        ("in-place.txt", &b"the mount's write\n"[..]),
+        ("saved.txt", b"the mount's save\n"),
+    ] {
+        let kept = copies(name);
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(fs::read(src.join(&kept[0])).unwrap(), mine);
+        eventually("the mount shows the sharer's version and the copy", || {
+            fs::read(m.path(name)).ok().as_deref() == Some(&b"the sharer's edit\n"[..])
+                && fs::read(m.path(&kept[0])).ok().as_deref() == Some(mine)
+        });
+    }
+    assert!(copies("removed.txt").is_empty());
+    assert!(!src.join(".saved.txt.swp").exists());
+    eventually("the file not removed is still in the mount", || {
+        fs::read(m.path("removed.txt")).ok().as_deref() == Some(&b"the sharer's edit\n"[..])
+    });
+    // A removal or a save over the version the mount saw goes through.
+    fs::write(m.path(".saved.txt.swp"), b"saved again\n").unwrap();
+    fs::rename(m.path(".saved.txt.swp"), m.path("saved.txt")).unwrap();
+    assert_eq!(fs::read(src.join("saved.txt")).unwrap(), b"saved again\n");
+    fs::remove_file(m.path("removed.txt")).unwrap();
+    assert!(!src.join("removed.txt").exists());
+}
+
 #[test]
 fn names_and_attributes_changed_in_the_mount_are_the_sharers() {
     if !fuse_usable("names_and_attributes_changed_in_the_mount_are_the_sharers") {

@@ -451,7 +451,7 @@ impl<S: Source + Sink> Shared<S> {
         if !self.keeping() {
             match op.apply(&*self.source) {
                 Err(SourceError::Offline(_)) => {}
-                r => return r.map_err(|e| errno_of(&e)),
+                r => return r.map(drop).map_err(|e| errno_of(&e)),
             }
         }
         self.keep(op)
@@ -875,7 +875,7 @@ impl<S: Source + Sink> Shared<S> {
                 // removal kept before its push (its content is not needed).
                 Err(SourceError::Offline(_)) if truncate => {
                     let mode = self.inodes().entry(ino, false).map_or(0o644, |e| e.mode);
-                    self.keep(Op::Unlink(path.clone()))?;
+                    self.keep(Op::Unlink(path.clone(), None))?;
                     let copy = w.create(&path, None, mode & 0o7777).map_err(io_errno)?;
                     let c = w.insert(ino, copy);
                     self.inodes().hold(ino, true);
@@ -1356,20 +1356,31 @@ impl<S: Source + Sink> Shared<S> {
         // Whether each is a file the sharer does not have, looked at before `gone_with` locks the copy of
         // the replaced one.
         let fresh = (self.never_pushed(moved), self.never_pushed(replaced));
+        // The version of the file replaced as the mount last saw it: the sharer keeps one changed since.
+        let base = self.seen(replaced.filter(|_| !fresh.1));
         let rebase = if self.keeping() {
             if !replace && replaced.is_some() {
                 return Err(Errno::EEXIST);
             }
             self.gone_with(replaced, || {
-                self.keep_rename(fresh, &from, replaced, &to, replace)
+                self.keep_rename(fresh, &from, replaced, &to, replace, base)
             })?
         } else {
-            self.gone_with(replaced, || match self.source.rename(&from, &to, replace) {
-                Err(SourceError::Offline(_)) => {
-                    self.keep_rename(fresh, &from, replaced, &to, replace)
+            let renamed = self.gone_if(replaced, || {
+                match self.source.rename(&from, &to, replace, base) {
+                    Err(SourceError::Offline(_)) => self
+                        .keep_rename(fresh, &from, replaced, &to, replace, base)
+                        .map(|r| (Ok(r), true)),
+                    Ok(None) => Ok((Ok(None), true)),
+                    // The file replaced changed on the sharer: it stays, the moved one went beside it.
+                    Ok(Some(name)) => Ok((Err(name), false)),
+                    Err(e) => Err(errno_of(&e)),
                 }
-                r => r.map(|()| None).map_err(|e| errno_of(&e)),
-            })?
+            })?;
+            match renamed {
+                Ok(rebase) => rebase,
+                Err(name) => return self.renamed_beside(&from, &to, &name),
+            }
         };
         if let Some(copy) = rebase.and(moved.and_then(|i| self.copy(i))) {
             writes::lock(&copy).rebase(rebase).map_err(io_errno)?;
@@ -1382,6 +1393,33 @@ impl<S: Source + Sink> Shared<S> {
         }
         self.inodes().renamed(&from, &to);
         self.writes()?.renamed(&from, &to);
+        Ok(())
+    }
+
+    /// The version of the file `ino` the mount last saw (opened, or pushed), `None` for anything else.
+    fn seen(&self, ino: Option<u64>) -> Option<[u8; 32]> {
+        let ino = ino?;
+        let t = self.inodes();
+        let file = t.entry(ino, false).is_some_and(|e| e.kind == Kind::File);
+        t.version(ino).filter(|_| file).map(|v| v.root)
+    }
+
+    /// The sharer kept the file `to` (changed there since the mount saw it) and the file renamed from
+    /// `from` beside it as `name`: the mount shows the same, and says so as a push's conflict is said.
+    fn renamed_beside(&self, from: &SharePath, to: &SharePath, name: &[u8]) -> Result<(), Errno> {
+        let (dir, _) = ferry_tree::path::split_parent(to.as_bytes());
+        let dir = SharePath::new(dir).map_err(|_| Errno::EIO)?;
+        let kept = crate::inodes::child(&dir, name).ok_or(Errno::EIO)?;
+        self.reader.changed(from);
+        self.reader.changed(to);
+        self.inodes().renamed(from, &kept);
+        self.writes()?.renamed(from, &kept);
+        self.inodes().changed(to);
+        (self.notice)(&format!(
+            "conflict: {} changed on the sharer too: its version stays, yours is kept as {}",
+            shown(to),
+            shown(&kept)
+        ));
         Ok(())
     }
 
@@ -1406,10 +1444,11 @@ impl<S: Source + Sink> Shared<S> {
         replaced: Option<u64>,
         to: &SharePath,
         replace: bool,
+        base: Option<[u8; 32]>,
     ) -> Result<Option<Version>, Errno> {
         if !fresh.0 {
             return self
-                .keep(Op::Rename(from.clone(), to.clone(), replace))
+                .keep(Op::Rename(from.clone(), to.clone(), replace, base))
                 .map(|()| None);
         }
         let Some(replaced) = replaced.filter(|_| !fresh.1) else {
@@ -1425,7 +1464,7 @@ impl<S: Source + Sink> Shared<S> {
         match (version, kind) {
             (_, Some(Kind::Dir)) => Err(Errno::EISDIR),
             (Some(v), _) => Ok(Some(v)),
-            (None, _) => self.keep(Op::Unlink(to.clone())).map(|()| None),
+            (None, _) => self.keep(Op::Unlink(to.clone(), None)).map(|()| None),
         }
     }
 
@@ -1438,10 +1477,20 @@ impl<S: Source + Sink> Shared<S> {
         ino: Option<u64>,
         change: impl FnOnce() -> Result<T, Errno>,
     ) -> Result<T, Errno> {
+        self.gone_if(ino, || change().map(|done| (done, true)))
+    }
+
+    /// [`Shared::gone_with`] for a change that says whether the file of `ino` is gone by it (a rename the
+    /// sharer kept beside a file that changed leaves it).
+    fn gone_if<T>(
+        &self,
+        ino: Option<u64>,
+        change: impl FnOnce() -> Result<(T, bool), Errno>,
+    ) -> Result<T, Errno> {
         let copy = ino.and_then(|i| self.copy(i));
         let mut locked = copy.as_ref().map(writes::lock);
-        let done = change()?;
-        if let Some(c) = locked.as_mut() {
+        let (done, gone) = change()?;
+        if let Some(c) = locked.as_mut().filter(|_| gone) {
             c.orphan();
         }
         Ok(done)
@@ -1463,6 +1512,8 @@ impl<S: Source + Sink> Shared<S> {
     fn remove(&self, parent: INodeNo, name: &OsStr, dir: bool) -> Result<(), Errno> {
         let path = self.child_path(parent, name)?;
         let ino = self.inodes().ino(&path);
+        // The version the mount last saw: the sharer keeps a file changed since (the conflict rule).
+        let seen = self.seen(ino);
         match dir {
             // Not empty in the mount while a file beneath it is written here, even if the sharer has none
             // of it yet (its rmdir would succeed, and the file's push then fail for want of a directory).
@@ -1481,10 +1532,10 @@ impl<S: Source + Sink> Shared<S> {
                 let fresh = self.never_pushed(ino);
                 self.gone_with(ino, || match fresh {
                     true => Ok(()),
-                    false => self.keep(Op::Unlink(path.clone())),
+                    false => self.keep(Op::Unlink(path.clone(), seen)),
                 })?
             }
-            false => self.gone_with(ino, || match self.source.unlink(&path) {
+            false => self.gone_with(ino, || match self.source.unlink(&path, seen) {
                 Ok(()) => Ok(()),
                 // Not on the sharer, but written here: made in the mount and not pushed yet (a temporary
                 // file unlinked while open), its pushes refused (a full disk), or removed on the sharer
@@ -1495,7 +1546,16 @@ impl<S: Source + Sink> Shared<S> {
                 {
                     Ok(())
                 }
-                Err(SourceError::Offline(_)) => self.keep(Op::Unlink(path.clone())),
+                Err(SourceError::Offline(_)) => self.keep(Op::Unlink(path.clone(), seen)),
+                // Changed on the sharer since the mount saw it: it stays (the conflict rule).
+                Err(SourceError::Failed { errno, .. }) if errno == libc::ESTALE => {
+                    self.inodes().changed(&path);
+                    (self.notice)(&format!(
+                        "conflict: {} changed on the sharer too: its version stays, not removed",
+                        shown(&path)
+                    ));
+                    Err(Errno::ESTALE)
+                }
                 Err(e) => Err(errno_of(&e)),
             })?,
         }

@@ -28,10 +28,11 @@ pub enum Op {
     Mkdir(SharePath, u32),
     /// `rmdir path`.
     Rmdir(SharePath),
-    /// Removes the file or symlink.
-    Unlink(SharePath),
-    /// Renames `from` to `to`, replacing `to` when the flag says so.
-    Rename(SharePath, SharePath, bool),
+    /// Removes the file or symlink, if still the version last seen (when known).
+    Unlink(SharePath, Option<[u8; 32]>),
+    /// Renames `from` to `to`, replacing `to` when the flag says so, if `to` is still the version last
+    /// seen (when known; otherwise `from` is kept beside it).
+    Rename(SharePath, SharePath, bool, Option<[u8; 32]>),
     /// Sets the permission bits and/or the modification time.
     SetAttr(SharePath, Option<u32>, Option<Time>),
     /// Makes a symlink at the path to the target.
@@ -39,16 +40,17 @@ pub enum Op {
 }
 
 impl Op {
-    /// Sends the change to `sink`.
-    pub fn apply(&self, sink: &dyn Sink) -> Result<(), SourceError> {
+    /// Sends the change to `sink`: `Some` of the name a rename was kept under beside a file that changed.
+    pub fn apply(&self, sink: &dyn Sink) -> Result<Option<Vec<u8>>, SourceError> {
         match self {
             Op::Mkdir(p, mode) => sink.mkdir(p, *mode),
             Op::Rmdir(p) => sink.rmdir(p),
-            Op::Unlink(p) => sink.unlink(p),
-            Op::Rename(from, to, replace) => sink.rename(from, to, *replace),
+            Op::Unlink(p, base) => sink.unlink(p, *base),
+            Op::Rename(from, to, replace, base) => return sink.rename(from, to, *replace, *base),
             Op::SetAttr(p, mode, mtime) => sink.set_attr(p, *mode, *mtime),
             Op::Symlink(p, target) => sink.symlink(p, target),
         }
+        .map(|()| None)
     }
 
     /// Whether `errno`, answered to this change, means the sharer is already as the change would make it
@@ -56,7 +58,7 @@ impl Op {
     fn already_done(&self, errno: i32) -> bool {
         matches!(
             (self, errno),
-            (Op::Mkdir(..), libc::EEXIST) | (Op::Rmdir(_) | Op::Unlink(_), libc::ENOENT)
+            (Op::Mkdir(..), libc::EEXIST) | (Op::Rmdir(_) | Op::Unlink(..), libc::ENOENT)
         )
     }
 
@@ -66,8 +68,8 @@ impl Op {
         match self {
             Op::Mkdir(path, _) => format!("mkdir {}", p(path)),
             Op::Rmdir(path) => format!("rmdir {}", p(path)),
-            Op::Unlink(path) => format!("remove {}", p(path)),
-            Op::Rename(from, to, _) => format!("rename {} to {}", p(from), p(to)),
+            Op::Unlink(path, _) => format!("remove {}", p(path)),
+            Op::Rename(from, to, ..) => format!("rename {} to {}", p(from), p(to)),
             Op::SetAttr(path, ..) => format!("set the mode or time of {}", p(path)),
             Op::Symlink(path, _) => format!("symlink {}", p(path)),
         }
@@ -83,12 +85,14 @@ impl Op {
         match self {
             Op::Mkdir(p, mode) => format!("mkdir {} {mode:o}", hex(p.as_bytes())),
             Op::Rmdir(p) => format!("rmdir {}", hex(p.as_bytes())),
-            Op::Unlink(p) => format!("unlink {}", hex(p.as_bytes())),
-            Op::Rename(from, to, replace) => format!(
-                "rename {} {} {}",
+            // The version last seen goes last, absent when unknown (as in a journal of an older ferry).
+            Op::Unlink(p, base) => format!("unlink {}{}", hex(p.as_bytes()), seen(base)),
+            Op::Rename(from, to, replace, base) => format!(
+                "rename {} {} {}{}",
                 hex(from.as_bytes()),
                 hex(to.as_bytes()),
-                u8::from(*replace)
+                u8::from(*replace),
+                seen(base)
             ),
             Op::SetAttr(p, mode, mtime) => format!(
                 "setattr {} {} {}",
@@ -111,8 +115,11 @@ impl Op {
         let op = match (w.next()?, w.next()?) {
             ("mkdir", p) => Op::Mkdir(path(p)?, u32::from_str_radix(w.next()?, 8).ok()? & 0o7777),
             ("rmdir", p) => Op::Rmdir(path(p)?),
-            ("unlink", p) => Op::Unlink(path(p)?),
-            ("rename", p) => Op::Rename(path(p)?, path(w.next()?)?, w.next()? == "1"),
+            ("unlink", p) => Op::Unlink(path(p)?, root(w.next())?),
+            ("rename", p) => {
+                let (to, replace) = (path(w.next()?)?, w.next()? == "1");
+                Op::Rename(path(p)?, to, replace, root(w.next())?)
+            }
             ("setattr", p) => {
                 let mode = match w.next()? {
                     "-" => None,
@@ -134,6 +141,19 @@ impl Op {
             _ => return None,
         };
         w.next().is_none().then_some(op)
+    }
+}
+
+/// ` ROOT` in hex for a version last seen, nothing when unknown.
+fn seen(base: &Option<[u8; 32]>) -> String {
+    base.map(|b| format!(" {}", hex(&b))).unwrap_or_default()
+}
+
+/// A journal's optional last field: `Some(None)` when absent, `None` when it is no root.
+fn root(word: Option<&str>) -> Option<Option<[u8; 32]>> {
+    match word {
+        None => Some(None),
+        Some(w) => unhex(w)?.try_into().ok().map(Some),
     }
 }
 
@@ -236,7 +256,15 @@ impl Pending {
                 return sent;
             };
             match op.apply(sink) {
-                Ok(()) => sent.applied += 1,
+                Ok(None) => sent.applied += 1,
+                // The conflict rule: the sharer's file stays, the renamed one is kept beside it.
+                Ok(Some(name)) => {
+                    let why = format!(
+                        "conflict: it changed on the sharer too: its version stays, yours is kept as {}",
+                        name.escape_ascii()
+                    );
+                    sent.refused.push((op, why));
+                }
                 Err(SourceError::Offline(_)) => {
                     sent.offline = true;
                     return sent;
@@ -266,9 +294,11 @@ mod tests {
         let ops = [
             Op::Mkdir(p("d"), 0o755),
             Op::Rmdir(p("d/e f")),
-            Op::Unlink(p("x")),
-            Op::Rename(p("a"), p("d/b"), true),
-            Op::Rename(p("a"), p("b"), false),
+            Op::Unlink(p("x"), None),
+            Op::Unlink(p("x"), Some([7; 32])),
+            Op::Rename(p("a"), p("d/b"), true, None),
+            Op::Rename(p("a"), p("d/b"), true, Some([9; 32])),
+            Op::Rename(p("a"), p("b"), false, None),
             Op::SetAttr(p("a"), Some(0o600), None),
             Op::SetAttr(p("a"), None, Some(Time { secs: -5, nanos: 7 })),
             Op::Symlink(p("l"), b"../t".to_vec()),
@@ -279,6 +309,12 @@ mod tests {
         assert_eq!(Op::decode("rename 61"), None);
         assert_eq!(Op::decode("mkdir 61 755 extra"), None);
         assert_eq!(Op::decode("unlink 2f2e2e"), None, "an unsafe path");
+        // An older mount's journal names no version: still read.
+        assert_eq!(
+            Op::decode("rename 61 62 1"),
+            Some(Op::Rename(p("a"), p("b"), true, None))
+        );
+        assert_eq!(Op::decode("unlink 78 abcd"), None, "a version too short");
     }
 
     #[test]
@@ -287,7 +323,7 @@ mod tests {
         let j = dir.path().join("pending");
         let q = Pending::open(&j).unwrap();
         q.push(Op::Mkdir(p("d"), 0o700)).unwrap();
-        q.push(Op::Rename(p("a"), p("d/a"), true)).unwrap();
+        q.push(Op::Rename(p("a"), p("d/a"), true, None)).unwrap();
         drop(q);
         let q = Pending::open(&j).unwrap();
         assert_eq!(q.len(), 2);
@@ -312,14 +348,21 @@ mod tests {
                 path == &p("exists"),
             )
         }
-        fn rename(&self, from: &SharePath, to: &SharePath, _: bool) -> Result<(), SourceError> {
+        fn rename(
+            &self,
+            from: &SharePath,
+            to: &SharePath,
+            _: bool,
+            _: Option<[u8; 32]>,
+        ) -> Result<Option<Vec<u8>>, SourceError> {
             self.take(
                 format!("rename {from:?} {to:?}"),
                 libc::ENOENT,
                 from == &p("gone"),
             )
+            .map(|()| None)
         }
-        fn unlink(&self, path: &SharePath) -> Result<(), SourceError> {
+        fn unlink(&self, path: &SharePath, _: Option<[u8; 32]>) -> Result<(), SourceError> {
             self.take(format!("unlink {path:?}"), libc::ENOENT, false)
         }
     }
@@ -346,8 +389,8 @@ mod tests {
         let q = Pending::open(&dir.path().join("pending")).unwrap();
         q.push(Op::Mkdir(p("d"), 0o755)).unwrap();
         q.push(Op::Mkdir(p("exists"), 0o755)).unwrap();
-        q.push(Op::Rename(p("gone"), p("x"), true)).unwrap();
-        q.push(Op::Rename(p("a"), p("d/a"), true)).unwrap();
+        q.push(Op::Rename(p("gone"), p("x"), true, None)).unwrap();
+        q.push(Op::Rename(p("a"), p("d/a"), true, None)).unwrap();
         let sink = Recorder::default();
         sink.down.store(true, std::sync::atomic::Ordering::Relaxed);
         let sent = q.send(&sink);
@@ -359,7 +402,7 @@ mod tests {
         // The directory made twice is done; the rename of a file gone meanwhile is said and dropped.
         assert_eq!(sent.applied, 3);
         assert_eq!(sent.refused.len(), 1);
-        assert_eq!(sent.refused[0].0, Op::Rename(p("gone"), p("x"), true));
+        assert_eq!(sent.refused[0].0, Op::Rename(p("gone"), p("x"), true, None));
         assert!(q.is_empty());
         assert_eq!(
             *sink.done.lock().unwrap(),

@@ -95,12 +95,18 @@ impl Sink for Remote {
         Remote::rmdir(self, path).map_err(sorted)
     }
 
-    fn unlink(&self, path: &SharePath) -> Result<(), SourceError> {
-        Remote::unlink(self, path, None).map_err(sorted)
+    fn unlink(&self, path: &SharePath, base: Option<[u8; 32]>) -> Result<(), SourceError> {
+        Remote::unlink(self, path, base).map_err(sorted)
     }
 
-    fn rename(&self, from: &SharePath, to: &SharePath, replace: bool) -> Result<(), SourceError> {
-        Remote::rename(self, from, to, replace).map_err(sorted)
+    fn rename(
+        &self,
+        from: &SharePath,
+        to: &SharePath,
+        replace: bool,
+        base: Option<[u8; 32]>,
+    ) -> Result<Option<Vec<u8>>, SourceError> {
+        Remote::rename(self, from, to, replace, base).map_err(sorted)
     }
 
     fn set_attr(

@@ -128,17 +128,20 @@ pub trait Sink: Send + Sync + 'static {
     fn rmdir(&self, _path: &SharePath) -> Result<(), SourceError> {
         Err(read_only())
     }
-    /// Removes the file or symlink `path`.
-    fn unlink(&self, _path: &SharePath) -> Result<(), SourceError> {
+    /// Removes the file or symlink `path`; a file that is no longer `base` (the version last seen, when
+    /// known) stays, and this fails with `ESTALE` (the conflict rule).
+    fn unlink(&self, _path: &SharePath, _base: Option<[u8; 32]>) -> Result<(), SourceError> {
         Err(read_only())
     }
-    /// Renames `from` to `to` (replacing `to` when `replace`).
+    /// Renames `from` to `to` (replacing `to` when `replace`); a file at `to` that is no longer `base` (the
+    /// version last seen, when known) stays, and `from` is kept beside it: `Some` of that name.
     fn rename(
         &self,
         _from: &SharePath,
         _to: &SharePath,
         _replace: bool,
-    ) -> Result<(), SourceError> {
+        _base: Option<[u8; 32]>,
+    ) -> Result<Option<Vec<u8>>, SourceError> {
         Err(read_only())
     }
     /// Sets the permission bits and/or the modification time of `path`.

@@ -7,7 +7,8 @@
 //!
 //! Writes: [`Client::put`] starts a file's new content, [`Client::put_data`] (or a packet built in place
 //! behind [`Client::put_data_header`]) sends its ranges, [`Client::put_end`] ends it; the answer is
-//! [`Event::Done`] or [`Event::Conflicted`]. The other writes ([`Client::mkdir`], ...) answer [`Event::Done`].
+//! [`Event::Done`] or [`Event::Conflicted`]. The other writes ([`Client::mkdir`], ...) answer [`Event::Done`],
+//! a rename over a file that changed also [`Event::Conflicted`].
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
@@ -381,18 +382,21 @@ impl Client {
         self.send(Pending::Write, |id| Request::Unlink { id, path, base })
     }
 
-    /// Renames `from` to `to` (replacing an existing `to` only when `replace`).
+    /// Renames `from` to `to` (replacing an existing `to` only when `replace`); a file at `to` that is no
+    /// longer the version `base` (when given) stays, and `from` is kept beside it ([`Event::Conflicted`]).
     pub fn rename(
         &mut self,
         from: SharePath,
         to: SharePath,
         replace: bool,
+        base: Option<[u8; 32]>,
     ) -> Result<RequestId, Busy> {
         self.send(Pending::Write, |id| Request::Rename {
             id,
             from,
             to,
             replace,
+            base,
         })
     }
 
@@ -530,7 +534,8 @@ impl Client {
                 self.pending.remove(&id);
                 Event::Done { id }
             }
-            (Pending::Put { .. }, Response::Conflicted { name, .. }) => {
+            // A put, or a rename over a file that changed since the version it named.
+            (Pending::Put { .. } | Pending::Write, Response::Conflicted { name, .. }) => {
                 self.pending.remove(&id);
                 Event::Conflicted { id, name }
             }

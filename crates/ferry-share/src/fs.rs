@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -123,7 +123,11 @@ impl ShareRoot {
         rustix::fs::openat2(
             &self.root,
             std::ffi::OsStr::from_bytes(rel),
-            flags | OFlags::CLOEXEC | OFlags::NOCTTY,
+            // openat2 takes no flag but these with O_PATH (EINVAL).
+            match flags.contains(OFlags::PATH) {
+                true => flags | OFlags::CLOEXEC,
+                false => flags | OFlags::CLOEXEC | OFlags::NOCTTY,
+            },
             Mode::empty(),
             resolve(),
         )
@@ -232,11 +236,11 @@ impl ShareRoot {
 
     /// Opens the regular file at `path` for reading (following symlinks only while they stay inside).
     pub fn open_file(&self, path: &SharePath) -> Result<File, FsError> {
-        let fd = self.open_at(path, OFlags::RDONLY | OFlags::NONBLOCK)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| fs_error(e, path))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => Ok(File::from(fd)),
-            FileType::Directory => Err((
+        let at = self.open_at(path, OFlags::PATH)?;
+        let (fd, st) = reopen_readable(&at).map_err(|e| fs_error(e, path))?;
+        match (fd, FileType::from_raw_mode(st.st_mode)) {
+            (Some(fd), FileType::RegularFile) => Ok(File::from(fd)),
+            (_, FileType::Directory) => Err((
                 ErrorCode::WrongKind,
                 format!(
                     "{}: is a directory",
@@ -252,6 +256,26 @@ impl ShareRoot {
             )),
         }
     }
+}
+
+/// Opens for reading what the `O_PATH` descriptor `at` names if it is a regular file or a directory, and
+/// returns its attributes: its type is looked at before any open a FIFO or a device would notice (a FIFO's
+/// writer would see a reader appear, a device's driver an open). `None` for anything else.
+pub(crate) fn reopen_readable(at: &OwnedFd) -> Result<(Option<OwnedFd>, Stat), Errno> {
+    let st = rustix::fs::fstat(at)?;
+    let flags = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => OFlags::RDONLY,
+        FileType::Directory => OFlags::RDONLY | OFlags::DIRECTORY,
+        _ => return Ok((None, st)),
+    };
+    // The descriptor's own inode again, whatever its name leads to now.
+    let proc = format!("/proc/self/fd/{}", at.as_raw_fd());
+    let fd = rustix::fs::open(
+        proc.as_str(),
+        flags | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?;
+    Ok((Some(fd), st))
 }
 
 /// What identifies a file version without reading it: device, inode, size, and both times to the
@@ -802,11 +826,32 @@ mod tests {
         }
         // `..` itself never even parses.
         assert!(SharePath::new(b"sub/../../secret").is_err());
-        // A FIFO is refused without hanging; a directory is the wrong kind.
-        assert_eq!(
-            root.open_file(&p("fifo")).unwrap_err().0,
-            ErrorCode::UnsafePath
-        );
+        // A FIFO is refused without hanging and without being opened: a writer opening it without
+        // blocking meanwhile never finds a reader (ENXIO); a directory is the wrong kind.
+        let fifo = root.path().join("fifo");
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let readers = std::thread::scope(|scope| {
+            let writer = scope.spawn(|| {
+                let mut readers = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let flags = OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC;
+                    match rustix::fs::open(&fifo, flags, Mode::empty()) {
+                        Ok(_) => readers += 1,
+                        Err(e) => assert_eq!(e, Errno::NXIO),
+                    }
+                }
+                readers
+            });
+            for _ in 0..20_000 {
+                assert_eq!(
+                    root.open_file(&p("fifo")).unwrap_err().0,
+                    ErrorCode::UnsafePath
+                );
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            writer.join().unwrap()
+        });
+        assert_eq!(readers, 0, "the FIFO was opened for reading");
         assert_eq!(
             root.open_file(&p("sub")).unwrap_err().0,
             ErrorCode::WrongKind

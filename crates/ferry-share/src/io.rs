@@ -19,11 +19,11 @@ use ferry_channel::ChannelError;
 
 use crate::client::{Client, ClientError, Event, Failure};
 use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
-use crate::server::{Job, Piece, PutOutcome, Server, ServerConfig, ServerError};
+use crate::server::{Job, Piece, PutOutcome, Server, ServerConfig, ServerError, WriteOp};
 use crate::subtree::Subtree;
 use crate::tree::{encode_piece_from_file, Version, GROUP};
 use crate::wire::{self, Entry, ErrorCode, RequestId, SharePath, Time, END};
-use crate::write::Upload;
+use crate::write::{sibling, Upload};
 
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
@@ -80,7 +80,7 @@ impl SessionError {
                 ErrorCode::BadRequest => C::Protocol,
                 ErrorCode::UnsafePath => C::UnsafePath,
                 ErrorCode::Changed => C::SourceChanged,
-                ErrorCode::Permission => C::Permission,
+                ErrorCode::Permission | ErrorCode::HardLinked => C::Permission,
                 ErrorCode::Busy | ErrorCode::Cancelled => C::Remote,
                 ErrorCode::Io | ErrorCode::NotEmpty => C::Io,
                 // The sharer does not let this peer write: as a file it may not write.
@@ -570,22 +570,23 @@ impl<'a> Files<'a> {
                 match &result {
                     Ok(PutOutcome::Written) => self.publish(vec![path]),
                     Ok(PutOutcome::Conflicted(name)) => {
-                        let (parent, _) = ferry_tree::path::split_parent(path.as_bytes());
-                        let mut sibling = parent.to_vec();
-                        if !sibling.is_empty() {
-                            sibling.push(b'/');
-                        }
-                        sibling.extend_from_slice(name);
-                        self.publish(SharePath::new(&sibling).into_iter().collect());
+                        self.publish(sibling(&path, name).into_iter().collect())
                     }
                     Err(_) => {}
                 }
                 server.put_done(id, result);
             }
             Job::Write { id, op } => {
-                let result = self.root.write(self.cache, &op);
-                if result.is_ok() {
-                    self.publish(op.paths());
+                let result = self.root.write(self.cache, &server.config().peer, &op);
+                match (&result, &op) {
+                    (Ok(PutOutcome::Written), _) => self.publish(op.paths()),
+                    // A rename kept beside the file it was to replace: `to` is named too, so that a
+                    // mount that showed the moved file there looks again.
+                    (Ok(PutOutcome::Conflicted(name)), WriteOp::Rename { from, to, .. }) => {
+                        let kept = sibling(to, name);
+                        self.publish([from.clone(), to.clone()].into_iter().chain(kept).collect())
+                    }
+                    _ => {}
                 }
                 server.write_done(id, result);
             }
@@ -893,14 +894,17 @@ impl<R: Read, W: Write> Session<R, W> {
         self.wait_done(id)
     }
 
-    /// Renames `from` to `to`, replacing an existing `to` only when `replace`.
+    /// Renames `from` to `to`, replacing an existing `to` only when `replace` (whatever version it is).
     pub fn rename(
         &mut self,
         from: SharePath,
         to: SharePath,
         replace: bool,
     ) -> Result<(), SessionError> {
-        let id = self.client.rename(from, to, replace).map_err(|_| busy())?;
+        let id = self
+            .client
+            .rename(from, to, replace, None)
+            .map_err(|_| busy())?;
         self.wait_done(id)
     }
 

@@ -151,6 +151,8 @@ impl RemoteError {
                 ErrorCode::DiskFull => Errno::NOSPC,
                 ErrorCode::Exists => Errno::EXIST,
                 ErrorCode::NotEmpty => Errno::NOTEMPTY,
+                // chmod(2)'s answer to a change it may not make.
+                ErrorCode::HardLinked => Errno::PERM,
             },
             RemoteError::Integrity
             | RemoteError::Deadline
@@ -663,15 +665,18 @@ impl Remote {
         self.write(ErrorCode::NotFound, |c| c.unlink(path.clone(), base))
     }
 
-    /// Renames `from` to `to`, replacing an existing `to` only when `replace`.
+    /// Renames `from` to `to`, replacing an existing `to` only when `replace`. With `base` (the version of
+    /// the file at `to` last seen), a file there that changed since stays and `from` is kept beside it:
+    /// `Some` of that name.
     pub fn rename(
         &self,
         from: &SharePath,
         to: &SharePath,
         replace: bool,
-    ) -> Result<(), RemoteError> {
+        base: Option<[u8; 32]>,
+    ) -> Result<Option<Vec<u8>>, RemoteError> {
         self.write(ErrorCode::NotFound, |c| {
-            c.rename(from.clone(), to.clone(), replace)
+            c.rename(from.clone(), to.clone(), replace, base)
         })
     }
 
@@ -699,23 +704,27 @@ impl Remote {
     /// A write answered Done. Retried on a new connection if the link is lost before the answer, within the
     /// deadline; the retry's `done_before` refusal (the path exists, or is gone) then means the first attempt
     /// did it.
-    fn write(
+    /// A rename may answer that it was kept beside the file it was to replace: `Some` of that name.
+    fn write<T: Written>(
         &self,
         done_before: ErrorCode,
         make: impl Fn(&mut Client) -> Result<RequestId, Busy>,
-    ) -> Result<(), RemoteError> {
+    ) -> Result<T, RemoteError> {
         let s = self.shared();
         let mut lost = false;
         s.retrying(|since| {
             let attempt = (|| {
                 let request = s.issue(since, END, &make)?;
                 match s.wait(&request)?.pop() {
-                    Some(Event::Done { .. }) => Ok(()),
+                    Some(Event::Done { .. }) => Ok(T::done()),
+                    Some(Event::Conflicted { name, .. }) => {
+                        T::kept(name).ok_or(RemoteError::Integrity)
+                    }
                     other => Err(unexpected(other)),
                 }
             })();
             match attempt {
-                Err(RemoteError::Remote(code, _)) if lost && code == done_before => Ok(()),
+                Err(RemoteError::Remote(code, _)) if lost && code == done_before => Ok(T::done()),
                 Err(RemoteError::Disconnected(why)) => {
                     lost = true;
                     Err(RemoteError::Disconnected(why))
@@ -723,6 +732,28 @@ impl Remote {
                 other => other,
             }
         })
+    }
+}
+
+/// What a write answers: done, or (a rename only) kept beside the file it was to replace.
+trait Written: Sized {
+    fn done() -> Self;
+    fn kept(name: Vec<u8>) -> Option<Self>;
+}
+
+impl Written for () {
+    fn done() -> Self {}
+    fn kept(_: Vec<u8>) -> Option<Self> {
+        None
+    }
+}
+
+impl Written for Option<Vec<u8>> {
+    fn done() -> Self {
+        None
+    }
+    fn kept(name: Vec<u8>) -> Option<Self> {
+        Some(Some(name))
     }
 }
 

@@ -86,7 +86,8 @@ pub enum WriteOp {
         /// The version meant.
         base: Option<[u8; 32]>,
     },
-    /// Rename a path.
+    /// Rename a path; a file at `to` that is not the version `base` (when given) stays, and `from` goes
+    /// beside it under a conflict name ([`PutOutcome::Conflicted`]).
     Rename {
         /// The path renamed.
         from: SharePath,
@@ -94,6 +95,8 @@ pub enum WriteOp {
         to: SharePath,
         /// Whether an existing `to` is replaced.
         replace: bool,
+        /// The version of `to` meant to be replaced.
+        base: Option<[u8; 32]>,
     },
     /// Change permission bits or the modification time.
     SetAttr {
@@ -127,13 +130,13 @@ impl WriteOp {
     }
 }
 
-/// How a put ended, reported with [`Server::put_done`].
+/// How a put (or a write) ended, reported with [`Server::put_done`] (or [`Server::write_done`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutOutcome {
-    /// The file was replaced (or created) with the new content.
+    /// The file was replaced (or created) with the new content; the write was done.
     Written,
-    /// The sharer's file changed since the put's base: it stayed, and the new content was kept beside it
-    /// under this name.
+    /// The sharer's file changed since the put's (or rename's) base: it stayed, and the new content (the
+    /// renamed file) was kept beside it under this name.
     Conflicted(Vec<u8>),
 }
 
@@ -271,6 +274,8 @@ pub enum ServerError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum InFlight {
     Job,
+    /// A write other than a put, and the path whose version it names (for the conflict log).
+    Writing(SharePath),
     Opening {
         version: Option<[u8; 32]>,
         offset: u64,
@@ -442,7 +447,16 @@ impl Server {
                 from,
                 to,
                 replace,
-            } => write(id, WriteOp::Rename { from, to, replace }),
+                base,
+            } => write(
+                id,
+                WriteOp::Rename {
+                    from,
+                    to,
+                    replace,
+                    base,
+                },
+            ),
             Request::SetAttr {
                 id,
                 path,
@@ -537,29 +551,45 @@ impl Server {
         };
         match result {
             Ok(PutOutcome::Written) => self.push(Response::Done { id }),
-            Ok(PutOutcome::Conflicted(name)) => {
-                if self.conflicts.len() == MAX_REFUSED {
-                    self.conflicts.pop_front();
-                }
-                self.conflicts.push_back(format!(
-                    "{}: changed on this side since {}'s version; theirs kept as {}",
-                    String::from_utf8_lossy(path.as_bytes()).escape_debug(),
-                    self.config.peer,
-                    String::from_utf8_lossy(&name).escape_debug(),
-                ));
-                self.push(Response::Conflicted { id, name });
-            }
+            Ok(PutOutcome::Conflicted(name)) => self.conflicted(id, &path, name),
             Err((code, message)) => self.error(id, code, &message),
         }
     }
 
-    /// Reports a write other than a put.
-    pub fn write_done(&mut self, id: RequestId, result: Result<(), (ErrorCode, String)>) {
-        if self.in_flight.remove(&id).is_none() {
-            return;
+    /// Logs a write kept beside `path` as `name` and answers it.
+    fn conflicted(&mut self, id: RequestId, path: &SharePath, name: Vec<u8>) {
+        let kept = format!(
+            "theirs kept as {}",
+            String::from_utf8_lossy(&name).escape_debug()
+        );
+        self.log_conflict(path, &kept);
+        self.push(Response::Conflicted { id, name });
+    }
+
+    fn log_conflict(&mut self, path: &SharePath, outcome: &str) {
+        if self.conflicts.len() == MAX_REFUSED {
+            self.conflicts.pop_front();
         }
+        self.conflicts.push_back(format!(
+            "{}: changed on this side since {}'s version; {outcome}",
+            String::from_utf8_lossy(path.as_bytes()).escape_debug(),
+            self.config.peer,
+        ));
+    }
+
+    /// Reports a write other than a put: done, a rename's file kept beside the changed file it was to
+    /// replace, or failed (a removal of a changed file, [`ErrorCode::Conflict`], is logged as a conflict).
+    pub fn write_done(&mut self, id: RequestId, result: Result<PutOutcome, (ErrorCode, String)>) {
+        let Some(InFlight::Writing(path)) = self.in_flight.remove(&id) else {
+            return;
+        };
         match result {
-            Ok(()) => self.push(Response::Done { id }),
+            Ok(PutOutcome::Written) => self.push(Response::Done { id }),
+            Ok(PutOutcome::Conflicted(name)) => self.conflicted(id, &path, name),
+            Err((ErrorCode::Conflict, message)) => {
+                self.log_conflict(&path, "their removal was refused and it stays");
+                self.error(id, ErrorCode::Conflict, &message);
+            }
             Err((code, message)) => self.error(id, code, &message),
         }
     }
@@ -850,5 +880,6 @@ impl Server {
 
 /// A write request's id, job and state in flight.
 fn write(id: RequestId, op: WriteOp) -> (RequestId, Option<Job>, InFlight) {
-    (id, Some(Job::Write { id, op }), InFlight::Job)
+    let named = op.paths().pop().expect("a write names a path");
+    (id, Some(Job::Write { id, op }), InFlight::Writing(named))
 }

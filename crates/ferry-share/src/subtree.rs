@@ -49,9 +49,15 @@ impl Subtree {
     /// Resolves `path` beneath `root` (the share itself when empty) and walks it. A regular file or a
     /// directory; anything else is refused with [`ErrorCode::UnsafePath`].
     pub fn resolve(root: &ShareRoot, path: &SharePath) -> Result<Subtree, FsError> {
-        let fd = root.open_at(path, OFlags::RDONLY | OFlags::NONBLOCK)?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| (ErrorCode::Io, e.to_string()))?;
+        let at = root.open_at(path, OFlags::PATH)?;
+        let (fd, st) = crate::fs::reopen_readable(&at).map_err(|e| crate::fs::fs_error(e, path))?;
         let shown_path = String::from_utf8_lossy(path.as_bytes()).into_owned();
+        let Some(fd) = fd else {
+            return Err((
+                ErrorCode::UnsafePath,
+                format!("{shown_path}: not a file or directory"),
+            ));
+        };
         let name = match ferry_tree::path::split_parent(path.as_bytes()) {
             (_, name) if !name.is_empty() => name.to_vec(),
             // The share itself: named as the shared directory is.
@@ -113,10 +119,10 @@ impl OpenSource for Subtree {
             f.seek(SeekFrom::Start(0))?;
             return Ok(f);
         }
-        let fd = rustix::fs::openat2(
+        let at = rustix::fs::openat2(
             &self.top,
             inner,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
             below(),
         )
@@ -125,7 +131,13 @@ impl OpenSource for Subtree {
             rustix::io::Errno::XDEV => io::Error::from(rustix::io::Errno::LOOP),
             e => io::Error::from(e),
         })?;
-        Ok(File::from(fd))
+        match crate::fs::reopen_readable(&at)? {
+            (Some(fd), st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                Ok(File::from(fd))
+            }
+            // A symlink (O_PATH opened the link itself), a FIFO, a device: not what the walk saw.
+            _ => Err(io::Error::from(rustix::io::Errno::LOOP)),
+        }
     }
 }
 

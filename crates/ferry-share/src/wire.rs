@@ -21,7 +21,7 @@
 //! | [`MKDIR`] | client | id, path, mode u32 |
 //! | [`RMDIR`] | client | id, path |
 //! | [`UNLINK`] | client | id, path, has base u8, base root \[32\] |
-//! | [`RENAME`] | client | id, from path, to path, replace u8 |
+//! | [`RENAME`] | client | id, from path, to path, replace u8, has base u8, base root \[32\] (of the file replaced) |
 //! | [`SETATTR`] | client | id, path, has mode u8, mode u32, has mtime u8, mtime i64, nanoseconds u32 |
 //! | [`SYMLINK`] | client | id, path, target (u16 + bytes, relative, staying inside the share) |
 //! | [`SPACE_OF`] | client | id: the size and free space of the file system the share is on |
@@ -33,7 +33,7 @@
 //! | [`CHANGED`] | server | id (of the subscription), count u32, paths |
 //! | [`TRANSFER`] | server | id (of the pull): from the next packet on, the connection carries the transfer protocol |
 //! | [`ERROR`] | server | id, code u8 ([`ErrorCode`]), message (u16 + UTF-8, ≤ [`MAX_MESSAGE`]) |
-//! | [`CONFLICTED`] | server | id (of a put), name (u16 + bytes): the put's content was kept under this sibling name |
+//! | [`CONFLICTED`] | server | id (of a put or a rename), name (u16 + bytes): the put's content (the renamed file) was kept under this sibling name (of the rename's target) |
 //! | [`SPACE`] | server | id, block size u32, blocks u64, free blocks u64, blocks free to the sharer u64, files u64, free files u64 |
 //!
 //! An entry: name (u16 + bytes, a single checked name; empty only for the share itself), kind u8 (0 file,
@@ -43,9 +43,11 @@
 use ferry_tree::path::{check_name, check_path, PathProblem, MAX_NAME, MAX_PATH, MAX_TARGET};
 use ferry_wire::{Put, Reader, WireError};
 
-/// Protocol version in [`HELLO`]. 4: a piece's data follows all its parents in one run
-/// ([`crate::tree`]), and a sharer's packets may carry up to [`MAX_PACKET`] bytes.
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Protocol version in [`HELLO`]. 5: a [`RENAME`] names the version of the file it replaces, and
+/// [`ErrorCode::HardLinked`] is new. 4: a piece's
+/// data follows all its parents in one run ([`crate::tree`]), and a sharer's packets may carry up to
+/// [`MAX_PACKET`] bytes.
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// The largest contents of a packet from the sharer: a 1 MiB piece, its proof and its header (the
 /// channel's default is 1 MiB, which would cut a 1 MiB read into two pieces). Both sides set it on their
@@ -185,15 +187,49 @@ impl SharePath {
     }
 }
 
-/// What an entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A regular file.
-    File,
-    /// A directory.
-    Dir,
-    /// A symbolic link.
-    Symlink,
+/// Defines a wire enum whose every variant names its byte: `to_u8` and `from_u8` come from the one list,
+/// so reordering the variants changes nothing on the wire (the tests pin each byte).
+macro_rules! wire_enum {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident { $($(#[$doc:meta])* $variant:ident = $byte:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$doc])* $variant,)*
+        }
+
+        impl $name {
+            /// Every variant.
+            #[cfg(test)]
+            const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            /// Its byte on the wire.
+            fn to_u8(self) -> u8 {
+                match self {
+                    $($name::$variant => $byte,)*
+                }
+            }
+
+            /// The variant of a wire byte, `None` for an unknown one.
+            fn from_u8(v: u8) -> Option<Self> {
+                match v {
+                    $($byte => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+wire_enum! {
+    /// What an entry is.
+    pub enum Kind {
+        /// A regular file.
+        File = 0,
+        /// A directory.
+        Dir = 1,
+        /// A symbolic link.
+        Symlink = 2,
+    }
 }
 
 /// One directory entry or the attributes of one path.
@@ -218,11 +254,7 @@ pub struct Entry {
 impl Entry {
     fn encode(&self, out: &mut impl Put) {
         out.put_bytes16(&self.name);
-        out.put_u8(match self.kind {
-            Kind::File => 0,
-            Kind::Dir => 1,
-            Kind::Symlink => 2,
-        });
+        out.put_u8(self.kind.to_u8());
         out.put_u64(self.size);
         out.put_u32(self.mode);
         out.put_i64(self.mtime);
@@ -240,12 +272,7 @@ impl Entry {
                 return Err(WireError::Invalid("name with a slash").into());
             }
         }
-        let kind = match r.u8()? {
-            0 => Kind::File,
-            1 => Kind::Dir,
-            2 => Kind::Symlink,
-            _ => return Err(WireError::Invalid("entry kind").into()),
-        };
+        let kind = Kind::from_u8(r.u8()?).ok_or(WireError::Invalid("entry kind"))?;
         let size = r.u64()?;
         let mode = r.u32()? & 0o777;
         let mtime = r.i64()?;
@@ -277,68 +304,45 @@ impl Entry {
     }
 }
 
-/// Why a request failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorCode {
-    /// No such path.
-    NotFound,
-    /// A directory operation on a non-directory, or the reverse.
-    WrongKind,
-    /// The path leaves the share (a symlink out of it, a device, ...): refused and logged.
-    UnsafePath,
-    /// The file is no longer the version the request named.
-    Changed,
-    /// The sharer may not read it.
-    Permission,
-    /// Too many requests in flight.
-    Busy,
-    /// The sharer hit an I/O error.
-    Io,
-    /// The request is not valid (a duplicate id, a range past the end, ...).
-    BadRequest,
-    /// The request was cancelled.
-    Cancelled,
-    /// A write to a share that is not writable.
-    ReadOnly,
-    /// The path changed on the sharer since the version the write names; nothing was changed.
-    Conflict,
-    /// A put's content does not match the root it named; nothing was changed.
-    Integrity,
-    /// The sharer's disk has no room for it.
-    DiskFull,
-    /// The path exists already.
-    Exists,
-    /// The directory is not empty.
-    NotEmpty,
+wire_enum! {
+    /// Why a request failed.
+    pub enum ErrorCode {
+        /// No such path.
+        NotFound = 1,
+        /// A directory operation on a non-directory, or the reverse.
+        WrongKind = 2,
+        /// The path leaves the share (a symlink out of it, a device, ...): refused and logged.
+        UnsafePath = 3,
+        /// The file is no longer the version the request named.
+        Changed = 4,
+        /// The sharer may not read it.
+        Permission = 5,
+        /// Too many requests in flight.
+        Busy = 6,
+        /// The sharer hit an I/O error.
+        Io = 7,
+        /// The request is not valid (a duplicate id, a range past the end, ...).
+        BadRequest = 8,
+        /// The request was cancelled.
+        Cancelled = 9,
+        /// A write to a share that is not writable.
+        ReadOnly = 10,
+        /// The path changed on the sharer since the version the write names; nothing was changed.
+        Conflict = 11,
+        /// A put's content does not match the root it named; nothing was changed.
+        Integrity = 12,
+        /// The sharer's disk has no room for it.
+        DiskFull = 13,
+        /// The path exists already.
+        Exists = 14,
+        /// The directory is not empty.
+        NotEmpty = 15,
+        /// A mode change of a file with other hard links, which would change it outside the share too.
+        HardLinked = 16,
+    }
 }
 
 impl ErrorCode {
-    const ALL: [ErrorCode; 15] = [
-        ErrorCode::NotFound,
-        ErrorCode::WrongKind,
-        ErrorCode::UnsafePath,
-        ErrorCode::Changed,
-        ErrorCode::Permission,
-        ErrorCode::Busy,
-        ErrorCode::Io,
-        ErrorCode::BadRequest,
-        ErrorCode::Cancelled,
-        ErrorCode::ReadOnly,
-        ErrorCode::Conflict,
-        ErrorCode::Integrity,
-        ErrorCode::DiskFull,
-        ErrorCode::Exists,
-        ErrorCode::NotEmpty,
-    ];
-
-    fn to_u8(self) -> u8 {
-        Self::ALL.iter().position(|&c| c == self).expect("listed") as u8 + 1
-    }
-
-    fn from_u8(v: u8) -> Option<Self> {
-        Self::ALL.get((v as usize).checked_sub(1)?).copied()
-    }
-
     /// The stable code scripts see (`--json`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -357,6 +361,7 @@ impl ErrorCode {
             ErrorCode::DiskFull => "disk-full",
             ErrorCode::Exists => "exists",
             ErrorCode::NotEmpty => "not-empty",
+            ErrorCode::HardLinked => "hard-linked",
         }
     }
 }
@@ -537,6 +542,9 @@ pub enum Request {
         to: SharePath,
         /// Whether an existing `to` is replaced (otherwise it is [`ErrorCode::Exists`]).
         replace: bool,
+        /// The version of the file at `to` the client last saw, when it replaces one it saw: a `to` that
+        /// changed since stays, and `from` is kept beside it ([`Response::Conflicted`]).
+        base: Option<[u8; 32]>,
     },
     /// Change the permission bits or modification time of `path` (a file or directory).
     SetAttr {
@@ -689,7 +697,7 @@ pub enum Response<'a> {
     /// A put's content was verified but the sharer's file changed since its base: the sharer's file stayed
     /// and the content was kept beside it under `name` (in the same directory).
     Conflicted {
-        /// The put.
+        /// The put, or the rename.
         id: RequestId,
         /// The sibling's name.
         name: Vec<u8>,
@@ -811,12 +819,14 @@ impl Request {
                 from,
                 to,
                 replace,
+                base,
             } => {
                 out.put_u8(RENAME);
                 out.put_u32(*id);
                 from.encode(out);
                 to.encode(out);
                 out.put_u8(u8::from(*replace));
+                put_root(out, base);
             }
             Request::SetAttr {
                 id,
@@ -950,6 +960,7 @@ impl Request {
                 from: SharePath::decode(&mut r)?,
                 to: SharePath::decode(&mut r)?,
                 replace: get_flag(&mut r)?,
+                base: get_root(&mut r)?,
             },
             SETATTR => {
                 let id = r.u32()?;
@@ -1354,6 +1365,7 @@ mod tests {
                 from: SharePath::new(b"f").unwrap(),
                 to: SharePath::new(b"d/g").unwrap(),
                 replace: true,
+                base: Some([2; 32]),
             },
             Request::SetAttr {
                 id: 13,
@@ -1534,10 +1546,85 @@ mod tests {
                 }
             }
         }
-        for code in ErrorCode::ALL {
+        for &code in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u8(code.to_u8()), Some(code));
         }
         assert_eq!(ErrorCode::from_u8(0), None);
+    }
+
+    /// Every wire value, written out: a reordered or renumbered list fails here, not in a peer.
+    #[test]
+    fn wire_values_are_pinned() {
+        use ErrorCode as E;
+        let codes = [
+            (E::NotFound, 1),
+            (E::WrongKind, 2),
+            (E::UnsafePath, 3),
+            (E::Changed, 4),
+            (E::Permission, 5),
+            (E::Busy, 6),
+            (E::Io, 7),
+            (E::BadRequest, 8),
+            (E::Cancelled, 9),
+            (E::ReadOnly, 10),
+            (E::Conflict, 11),
+            (E::Integrity, 12),
+            (E::DiskFull, 13),
+            (E::Exists, 14),
+            (E::NotEmpty, 15),
+            (E::HardLinked, 16),
+        ];
+        assert_eq!(codes.len(), ErrorCode::ALL.len(), "a code without a pin");
+        for (code, byte) in codes {
+            assert_eq!((code, code.to_u8()), (code, byte));
+            assert_eq!(ErrorCode::from_u8(byte), Some(code));
+            let mut buf = Vec::new();
+            Response::Error {
+                id: 7,
+                code,
+                message: "m".into(),
+            }
+            .encode(&mut buf);
+            assert_eq!(buf[5], byte, "{code:?} on the wire");
+        }
+        let kinds = [(Kind::File, 0), (Kind::Dir, 1), (Kind::Symlink, 2)];
+        assert_eq!(kinds.len(), Kind::ALL.len(), "a kind without a pin");
+        for (kind, byte) in kinds {
+            assert_eq!((kind, kind.to_u8()), (kind, byte));
+            assert_eq!(Kind::from_u8(byte), Some(kind));
+        }
+        let types = [
+            (HELLO, 1),
+            (LIST, 2),
+            (STAT, 3),
+            (READ, 4),
+            (SUBSCRIBE, 5),
+            (CANCEL, 6),
+            (PULL, 7),
+            (PUT, 8),
+            (PUT_DATA, 9),
+            (PUT_END, 10),
+            (MKDIR, 11),
+            (RMDIR, 12),
+            (UNLINK, 13),
+            (RENAME, 14),
+            (SETATTR, 15),
+            (SYMLINK, 16),
+            (SPACE_OF, 17),
+            (ENTRIES, 64),
+            (ATTR, 65),
+            (VERSION, 66),
+            (DATA, 67),
+            (DONE, 68),
+            (CHANGED, 69),
+            (ERROR, 70),
+            (TRANSFER, 71),
+            (CONFLICTED, 72),
+            (SPACE, 73),
+        ];
+        for (constant, byte) in types {
+            assert_eq!(constant, byte);
+        }
     }
 
     #[test]

@@ -116,16 +116,14 @@ impl ShareRoot {
 
     /// The file at `name` in `dir`, not following a symlink: `None` when absent or no regular file.
     fn open_current(dir: &OwnedFd, name: &[u8]) -> Result<Option<File>, Errno> {
-        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        match rustix::fs::openat(dir, os(name), flags, Mode::empty()) {
-            Ok(fd) => {
-                let st = rustix::fs::fstat(&fd)?;
-                match FileType::from_raw_mode(st.st_mode) {
-                    FileType::RegularFile => Ok(Some(File::from(fd))),
-                    _ => Ok(None),
-                }
+        let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let at = rustix::fs::openat(dir, os(name), flags, Mode::empty())?;
+        // The type first: a FIFO or a device there is never opened.
+        match crate::fs::reopen_readable(&at)? {
+            (Some(fd), st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                Ok(Some(File::from(fd)))
             }
-            Err(e) => Err(e),
+            _ => Ok(None),
         }
     }
 
@@ -207,8 +205,16 @@ impl ShareRoot {
         Ok(upload)
     }
 
-    /// Runs a write other than a put.
-    pub fn write(&self, cache: &OutboardCache, op: &WriteOp) -> Result<(), FsError> {
+    /// Runs a write other than a put (`peer` names a rename's conflict copy). A removal, or a rename over
+    /// a file, that names the version it meant is checked against the file and done under the landing lock
+    /// puts take: a file changed since stays (the removal fails with [`ErrorCode::Conflict`], the renamed
+    /// file goes beside it, [`PutOutcome::Conflicted`]).
+    pub fn write(
+        &self,
+        cache: &OutboardCache,
+        peer: &str,
+        op: &WriteOp,
+    ) -> Result<PutOutcome, FsError> {
         match op {
             WriteOp::Mkdir { path, mode } => {
                 let (dir, name) = self.parent_of(path)?;
@@ -222,28 +228,29 @@ impl ShareRoot {
             }
             WriteOp::Unlink { path, base } => {
                 let (dir, name) = self.parent_of(path)?;
+                let _landing = landing_lock(path);
                 if let Some(base) = base {
+                    // Gone already is gone: only another file there now is a conflict.
                     let now = Self::current(&dir, &name, cache, path)?;
-                    if !now.matches(Some(*base)) {
+                    if !matches!(now, Current::Absent) && !now.matches(Some(*base)) {
                         return Err((
                             ErrorCode::Conflict,
-                            format!("{}: changed since that version; it stays", shown(path)),
+                            format!(
+                                "{}: changed on the sharer since that version; it stays",
+                                shown(path)
+                            ),
                         ));
                     }
                 }
                 rustix::fs::unlinkat(&dir, os(&name), AtFlags::empty())
                     .map_err(|e| write_error(e, path))
             }
-            WriteOp::Rename { from, to, replace } => {
-                let (from_dir, from_name) = self.parent_of(from)?;
-                let (to_dir, to_name) = self.parent_of(to)?;
-                let flags = match replace {
-                    true => RenameFlags::empty(),
-                    false => RenameFlags::NOREPLACE,
-                };
-                rustix::fs::renameat_with(&from_dir, os(&from_name), &to_dir, os(&to_name), flags)
-                    .map_err(|e| write_error(e, from))
-            }
+            WriteOp::Rename {
+                from,
+                to,
+                replace,
+                base,
+            } => return self.rename(cache, peer, from, to, *replace, *base),
             WriteOp::SetAttr { path, mode, mtime } => self.set_attr(path, *mode, *mtime),
             WriteOp::Symlink { path, target } => {
                 if !crate::wire::link_target_inside_share(path.as_bytes(), target) {
@@ -256,6 +263,39 @@ impl ShareRoot {
                 rustix::fs::symlinkat(os(target), &dir, os(&name)).map_err(|e| write_error(e, path))
             }
         }
+        .map(|()| PutOutcome::Written)
+    }
+
+    /// Renames `from` to `to`; with `base`, a file at `to` that is no longer that version stays and
+    /// `from` lands beside it under a conflict name, as a put's content would.
+    fn rename(
+        &self,
+        cache: &OutboardCache,
+        peer: &str,
+        from: &SharePath,
+        to: &SharePath,
+        replace: bool,
+        base: Option<[u8; 32]>,
+    ) -> Result<PutOutcome, FsError> {
+        let (from_dir, from_name) = self.parent_of(from)?;
+        let (to_dir, to_name) = self.parent_of(to)?;
+        let flags = match replace {
+            true => RenameFlags::empty(),
+            false => RenameFlags::NOREPLACE,
+        };
+        links_stay_inside(&from_dir, &from_name, from, to)?;
+        // The check and the rename are one step against puts of `to` (they land under the same lock).
+        let _landing = landing_lock(to);
+        if let Some(base) = base.filter(|_| replace) {
+            let now = Self::current(&to_dir, &to_name, cache, to)?;
+            if !matches!(now, Current::Absent) && !now.matches(Some(base)) {
+                let name = keep_beside(&from_dir, &from_name, &to_dir, &to_name, peer, to)?;
+                return Ok(PutOutcome::Conflicted(name));
+            }
+        }
+        rustix::fs::renameat_with(&from_dir, os(&from_name), &to_dir, os(&to_name), flags)
+            .map_err(|e| write_error(e, from))?;
+        Ok(PutOutcome::Written)
     }
 
     fn set_attr(
@@ -275,6 +315,16 @@ impl ShareRoot {
         .map_err(|e| write_error(e, path))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| write_error(e, path))?;
         match FileType::from_raw_mode(st.st_mode) {
+            // The same inode is reached from outside the share too: its mode is not the share's to change.
+            FileType::RegularFile if mode.is_some() && st.st_nlink > 1 => {
+                return Err((
+                    ErrorCode::HardLinked,
+                    format!(
+                        "{}: has other hard links (it may be outside the share): its mode stays",
+                        shown(path)
+                    ),
+                ))
+            }
             FileType::RegularFile | FileType::Directory => {}
             FileType::Symlink if mode.is_none() => {}
             FileType::Symlink => {
@@ -644,7 +694,9 @@ impl Upload {
         };
         let outcome = match landed {
             Ok(o) => o,
-            Err(()) => PutOutcome::Conflicted(self.keep_beside(peer)?),
+            Err(()) => PutOutcome::Conflicted(keep_beside(
+                &self.dir, &self.temp, &self.dir, &self.name, peer, &path,
+            )?),
         };
         self.landed = true;
         if let Some(t) = self.put.mtime {
@@ -654,30 +706,139 @@ impl Upload {
         }
         Ok(outcome)
     }
+}
 
-    /// Renames the temp file to a free `NAME.conflict-PEER-DATE[-N]` beside the target (with the landing
-    /// lock held: two conflicting puts never pick the same free name).
-    fn keep_beside(&self, peer: &str) -> Result<Vec<u8>, FsError> {
-        let stamp = utc_stamp(SystemTime::now());
-        for n in 1..=1000u32 {
-            let name = conflict_name(&self.name, peer, &stamp, n);
-            match rustix::fs::renameat_with(
-                &self.dir,
-                os(&self.temp),
-                &self.dir,
-                os(&name),
-                RenameFlags::NOREPLACE,
-            ) {
-                Ok(()) => return Ok(name),
-                Err(Errno::EXIST) => continue,
-                Err(e) => return Err(write_error(e, &self.put.path)),
+/// Most entries looked at beneath a directory moved closer to the share's root (see [`links_stay_inside`]).
+pub const MAX_MOVED_ENTRIES: usize = 10_000;
+
+/// The depth of `path`'s directory below the share (0: at its root).
+fn depth(path: &[u8]) -> usize {
+    path.iter().filter(|&&b| b == b'/').count()
+}
+
+/// Refuses the move of `from` to `to` if it would make a symlink lead outside the share that stayed inside
+/// it where it was: the link itself, or one beneath a directory moved closer to the share's root (only
+/// those can climb out; at most [`MAX_MOVED_ENTRIES`] entries are looked at, and a larger tree is refused).
+fn links_stay_inside(
+    dir: &OwnedFd,
+    name: &[u8],
+    from: &SharePath,
+    to: &SharePath,
+) -> Result<(), FsError> {
+    let escapes = |rel: &[u8], target: &[u8]| {
+        let at = |top: &SharePath| [top.as_bytes(), rel].concat();
+        crate::wire::link_target_inside_share(&at(from), target)
+            && !crate::wire::link_target_inside_share(&at(to), target)
+    };
+    let refused = |why: &str| Err((ErrorCode::UnsafePath, format!("{}: {why}", shown(from))));
+    let st = rustix::fs::statat(dir, os(name), AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| write_error(e, from))?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Symlink => {
+            let target = rustix::fs::readlinkat(dir, os(name), Vec::new())
+                .map_err(|e| write_error(e, from))?;
+            match escapes(b"", target.as_bytes()) {
+                true => refused("its target would lead outside the share from there"),
+                false => Ok(()),
             }
         }
-        Err((
-            ErrorCode::Io,
-            format!("{}: no free conflict name", shown(&self.put.path)),
-        ))
+        FileType::Directory if depth(to.as_bytes()) < depth(from.as_bytes()) => {
+            let top = rustix::fs::openat(
+                dir,
+                os(name),
+                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| write_error(e, from))?;
+            let mut seen = 0usize;
+            // Paths below `top` (each with a leading `/`), opened one at a time: few descriptors held.
+            let mut dirs: Vec<Vec<u8>> = vec![Vec::new()];
+            while let Some(rel) = dirs.pop() {
+                let fd = match rel.is_empty() {
+                    true => rustix::io::dup(&top),
+                    false => rustix::fs::openat2(
+                        &top,
+                        os(&rel[1..]),
+                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+                        Mode::empty(),
+                        ResolveFlags::BENEATH
+                            | ResolveFlags::NO_SYMLINKS
+                            | ResolveFlags::NO_MAGICLINKS,
+                    ),
+                }
+                .map_err(|e| write_error(e, from))?;
+                let mut reader =
+                    rustix::fs::Dir::read_from(&fd).map_err(|e| write_error(e, from))?;
+                while let Some(item) = reader.read() {
+                    let item = item.map_err(|e| write_error(e, from))?;
+                    let entry = item.file_name().to_bytes();
+                    if entry == b"." || entry == b".." {
+                        continue;
+                    }
+                    seen += 1;
+                    if seen > MAX_MOVED_ENTRIES {
+                        return refused(&format!(
+                            "more than {MAX_MOVED_ENTRIES} entries beneath it to check for symlinks \
+                             leading out from there"
+                        ));
+                    }
+                    let path = [&rel[..], b"/", entry].concat();
+                    let Ok(st) = rustix::fs::statat(&fd, os(entry), AtFlags::SYMLINK_NOFOLLOW)
+                    else {
+                        continue;
+                    };
+                    match FileType::from_raw_mode(st.st_mode) {
+                        FileType::Symlink => {
+                            let target = rustix::fs::readlinkat(&fd, os(entry), Vec::new())
+                                .map_err(|e| write_error(e, from))?;
+                            if escapes(&path, target.as_bytes()) {
+                                return refused(&format!(
+                                    "the symlink {} beneath it would lead outside the share from there",
+                                    String::from_utf8_lossy(&path[1..])
+                                ));
+                            }
+                        }
+                        FileType::Directory => dirs.push(path),
+                        _ => {}
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
     }
+}
+
+/// Renames `name` in `dir` (a put's temp file, a renamed file) to a free `TARGET.conflict-PEER-DATE[-N]`
+/// beside `target` in `target_dir`, and returns that name (with the landing lock of `path`, the target,
+/// held: two conflicting writes never pick the same free name).
+fn keep_beside(
+    dir: &OwnedFd,
+    name: &[u8],
+    target_dir: &OwnedFd,
+    target: &[u8],
+    peer: &str,
+    path: &SharePath,
+) -> Result<Vec<u8>, FsError> {
+    let stamp = utc_stamp(SystemTime::now());
+    for n in 1..=1000u32 {
+        let kept = conflict_name(target, peer, &stamp, n);
+        match rustix::fs::renameat_with(
+            dir,
+            os(name),
+            target_dir,
+            os(&kept),
+            RenameFlags::NOREPLACE,
+        ) {
+            Ok(()) => return Ok(kept),
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(write_error(e, path)),
+        }
+    }
+    Err((
+        ErrorCode::Io,
+        format!("{}: no free conflict name", shown(path)),
+    ))
 }
 
 impl Drop for Upload {
@@ -706,6 +867,17 @@ fn landing_lock(path: &SharePath) -> std::sync::MutexGuard<'static, ()> {
     LANDING[(h.finish() % LANDING.len() as u64) as usize]
         .lock()
         .unwrap_or_else(|e| e.into_inner())
+}
+
+/// The path of `name` in `path`'s directory (a conflict copy beside it).
+pub(crate) fn sibling(path: &SharePath, name: &[u8]) -> Option<SharePath> {
+    let (parent, _) = ferry_tree::path::split_parent(path.as_bytes());
+    let mut sibling = parent.to_vec();
+    if !sibling.is_empty() {
+        sibling.push(b'/');
+    }
+    sibling.extend_from_slice(name);
+    SharePath::new(&sibling).ok()
 }
 
 /// `NAME.conflict-PEER-STAMP` (then `-N` from 2 on), cut to a name's length limit at the front part.

@@ -861,9 +861,31 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
     // Directories, renames, attributes, symlinks.
     r.mkdir(&p("made"), 0o755).unwrap();
     assert_eq!(errno_of(r.mkdir(&p("made"), 0o755)), Errno::EXIST);
-    r.rename(&p("docs/new.bin"), &p("made/moved.bin"), false)
-        .unwrap();
+    let renamed = r.rename(&p("docs/new.bin"), &p("made/moved.bin"), false, None);
+    assert_eq!(renamed.unwrap(), None);
     assert_eq!(world.file("made/moved.bin"), b"the sharer's");
+    // A rename over a file that is no longer the version named: that file stays, the moved one goes
+    // beside it; over the version named, it replaces it.
+    std::fs::write(world.share().join("made/tmp"), b"an editor's save").unwrap();
+    let kept = r.rename(
+        &p("made/tmp"),
+        &p("made/moved.bin"),
+        true,
+        Some(root_of(&v3)),
+    );
+    let kept = String::from_utf8(kept.unwrap().expect("kept beside")).unwrap();
+    assert!(kept.starts_with("moved.bin.conflict-bob-"), "{kept}");
+    assert_eq!(world.file("made/moved.bin"), b"the sharer's");
+    assert_eq!(world.file(&format!("made/{kept}")), b"an editor's save");
+    let over = r.rename(
+        &p(&format!("made/{kept}")),
+        &p("made/moved.bin"),
+        true,
+        Some(root_of(b"the sharer's")),
+    );
+    assert_eq!(over.unwrap(), None);
+    assert_eq!(world.file("made/moved.bin"), b"an editor's save");
+    std::fs::write(world.share().join("made/moved.bin"), b"the sharer's").unwrap();
     r.set_attr(&p("made/moved.bin"), Some(0o600), None).unwrap();
     assert_eq!(r.stat(&p("made/moved.bin")).unwrap().mode & 0o777, 0o600);
     r.symlink(&p("made/link"), b"moved.bin").unwrap();

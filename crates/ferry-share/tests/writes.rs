@@ -336,7 +336,9 @@ fn a_read_only_share_refuses_every_write_and_drops_the_puts_data() {
         pair.client.mkdir(p("d"), 0o755).unwrap(),
         pair.client.rmdir(p("sub")).unwrap(),
         pair.client.unlink(p("old.txt"), None).unwrap(),
-        pair.client.rename(p("old.txt"), p("o"), true).unwrap(),
+        pair.client
+            .rename(p("old.txt"), p("o"), true, None)
+            .unwrap(),
         pair.client
             .set_attr(p("old.txt"), Some(0o600), None)
             .unwrap(),
@@ -848,4 +850,63 @@ fn the_share_s_space_is_its_file_system_s_writable_or_not() {
             st.f_bavail
         );
     }
+}
+
+/// Issue 46, item 5: a symlink that stays inside where it was made cannot be moved (alone, or in a
+/// directory moved closer to the share's root) to where it leads outside; a move that keeps it inside goes.
+#[test]
+fn a_rename_never_makes_a_symlink_lead_outside_the_share() {
+    let key = IdentityKey::generate();
+    let s = start(key.public(), writable());
+    let mut session = s.connect(&key);
+    let share = s.share();
+
+    session.mkdir(p("x"), 0o755).unwrap();
+    session.symlink(p("x/l"), b"../outside-secret.txt").unwrap();
+    let r = session.rename(p("x/l"), p("l"), false);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::UnsafePath);
+    assert!(std::fs::symlink_metadata(share.join("l")).is_err());
+    assert!(std::fs::symlink_metadata(share.join("x/l")).is_ok());
+    session.mkdir(p("y"), 0o755).unwrap();
+    session.rename(p("x/l"), p("y/l"), false).unwrap();
+
+    session.mkdir(p("a"), 0o755).unwrap();
+    session.mkdir(p("a/b"), 0o755).unwrap();
+    session.mkdir(p("a/b/c"), 0o755).unwrap();
+    session.symlink(p("a/b/c/deep"), b"../../../f").unwrap();
+    let r = session.rename(p("a/b"), p("b"), false);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::UnsafePath);
+    assert!(share.join("a/b/c").is_dir() && !share.join("b").exists());
+    // As deep as before: the links beneath stay inside.
+    session.rename(p("a/b"), p("y/b"), false).unwrap();
+    assert!(std::fs::symlink_metadata(share.join("y/b/c/deep")).is_ok());
+}
+
+/// Issue 46, item 7: a file of the share hard-linked from outside it keeps its mode (the link outside is
+/// the same inode); its time may still change, and a file with one link changes as before.
+#[test]
+fn a_mode_change_of_a_hard_linked_file_is_refused() {
+    let key = IdentityKey::generate();
+    let s = start(key.public(), writable());
+    let mut session = s.connect(&key);
+    let share = s.share();
+    let outside = share.parent().unwrap().join("outside-secret");
+    std::fs::write(&outside, b"secret").unwrap();
+    std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::hard_link(&outside, share.join("linked")).unwrap();
+
+    let r = session.set_attr(p("linked"), Some(0o644), None);
+    assert_eq!(remote_code(r.unwrap_err()), ErrorCode::HardLinked);
+    assert_eq!(std::fs::metadata(&outside).unwrap().mode() & 0o777, 0o600);
+    let mtime = Time {
+        secs: 1_600_000_000,
+        nanos: 0,
+    };
+    session.set_attr(p("linked"), None, Some(mtime)).unwrap();
+    std::fs::remove_file(&outside).unwrap();
+    session.set_attr(p("linked"), Some(0o640), None).unwrap();
+    assert_eq!(
+        std::fs::metadata(share.join("linked")).unwrap().mode() & 0o777,
+        0o640
+    );
 }
