@@ -235,7 +235,9 @@ impl Standing {
                             })
                         }
                         Err(e) => {
-                            events.warn(&format!("dropped a connection from {}: {e}", f.peer))
+                            if self.handshakes.worth_a_warning(f.keyed, &f.peer, events) {
+                                events.warn(&format!("dropped a connection from {}: {e}", f.peer))
+                            }
                         }
                     }
                 }
