@@ -333,7 +333,7 @@ fn session_as(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let [hash, also @ ..] =
+    let (hash, also) =
         ferry_peers::meeting::hashes_to_try(&peer.secret, &format!("share:{share}"), now);
     let (seed, pinned) = (*key.seed(), peer.key);
     let meeting = ferry_session::Meeting {
