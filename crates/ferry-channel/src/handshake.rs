@@ -298,6 +298,12 @@ impl Handshake {
         self.keys.as_ref().map(|k| k.session_id)
     }
 
+    /// True once the peer's first flight (key share, garbage and terminator) has arrived: a waiting side
+    /// can give that much a short deadline, since a ferry sends it at once.
+    pub fn first_flight_received(&self) -> bool {
+        !matches!(self.phase, Phase::KeyShare | Phase::Terminator)
+    }
+
     /// The peer closed the transport before the handshake finished.
     pub fn eof_error(&self) -> ChannelError {
         match self.phase {

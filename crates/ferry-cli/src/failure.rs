@@ -158,6 +158,7 @@ fn remote_failure(e: &ferry_share::remote::RemoteError) -> Failure {
         R::Integrity => ErrorCode::Integrity,
         R::Remote(..) => ErrorCode::Remote,
         R::Local(_) => ErrorCode::Io,
+        R::TooLarge(_) => ErrorCode::Protocol,
     }
     .into()
 }

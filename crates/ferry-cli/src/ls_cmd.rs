@@ -46,6 +46,10 @@ pub struct LsArgs {
     /// Sizes in bytes, exactly (the default where standard output is not a terminal, and with --json).
     #[arg(long)]
     bytes: bool,
+    /// Refuse a listing that needs more memory than SIZE (each entry counts its fixed size plus its name
+    /// and link target; suffixes K, M, G, KiB, MiB, GiB): a sharer cannot make `ls` hold more.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = crate::transfer_cmd::parse_size)]
+    max_listing: u64,
     /// Also say how the sharer was reached (on stderr).
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -99,7 +103,7 @@ pub fn run(args: LsArgs, ui: &mut Ui) -> anyhow::Result<()> {
         .with_context(|| format!("{}:{shown}", peer.name))?;
     let entries = match entry.kind {
         Kind::Dir => session
-            .list_all(path)
+            .list_within(path, args.max_listing)
             .with_context(|| format!("{}:{shown}", peer.name))?,
         _ => vec![entry],
     };

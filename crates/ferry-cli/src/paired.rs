@@ -69,10 +69,10 @@ impl Me {
     /// The meeting the looking side seeks with `peer` for `purpose`: this window's hash, then the previous
     /// and the next window's, so clocks up to a window apart meet.
     pub fn looking_for(&self, peer: &Peer, purpose: &str) -> Meeting {
-        let [hash, also @ ..] = hashes_to_try(&peer.secret, purpose, unix_now());
+        let (hash, also) = hashes_to_try(&peer.secret, purpose, unix_now());
         Meeting {
             hash,
-            also: also.to_vec(),
+            also,
             label: format!("{purpose} with {}", peer.name),
             waited_for: if purpose.starts_with("share:") {
                 "sharer"

@@ -407,7 +407,7 @@ fn session_as(
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    let [hash, also @ ..] =
+    let (hash, also) =
         ferry_peers::meeting::hashes_to_try(&peer.secret, &format!("share:{share}"), now);
     let (seed, pinned) = (*key.seed(), peer.key);
     let meeting = ferry_session::Meeting {
@@ -639,5 +639,21 @@ fn ls_shows_human_sizes_on_a_terminal_and_the_path_with_v() {
         "{text}"
     );
     assert!(on_terminal(" --bytes").contains(" 2147483648 "));
+    stop_share(sharer);
+}
+
+#[test]
+fn ls_refuses_a_listing_larger_than_max_listing() {
+    let w = World::new();
+    w.pair("a", "b");
+    for i in 0..100 {
+        fs::write(w.src().join(format!("file-{i:03}")), b"x").unwrap();
+    }
+    let (sharer, _) = w.share("a", &[]);
+    let out = w.ls("b", "a", &["--max-listing", "4KiB"]);
+    assert_failure("ls over --max-listing", &out, 8, "protocol");
+    assert!(entries(&out).is_empty(), "nothing listed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("more than 4096 bytes"));
+    assert_eq!(entries(&w.ls("b", "a", &[])).len(), 100);
     stop_share(sharer);
 }

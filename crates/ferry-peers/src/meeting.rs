@@ -7,7 +7,9 @@
 //! observer cannot link two sessions of one pair, or tell them from code sessions.
 //!
 //! A listener registers under the current window's hash (and registers again when the window turns); a seeker
-//! tries the current window first and then its neighbours, so clocks up to one window apart still meet.
+//! tries the current window and, within [`NEIGHBOUR_MARGIN`] of a window's edge, the neighbour across that
+//! edge, so clocks up to that margin apart still meet. Far from an edge it sends this window's hash alone:
+//! a relay that sees one visit cannot tell from it the hash of the next hour's.
 
 use ferry_rendezvous::NameplateHash;
 
@@ -15,6 +17,8 @@ use crate::PairSecret;
 
 /// Length of one window, in seconds.
 pub const WINDOW_SECS: u64 = 3600;
+/// How close to a window's edge a seeker also tries the neighbour across it: the clock skew tolerated.
+pub const NEIGHBOUR_MARGIN: u64 = 300;
 const CONTEXT: &[u8] = b"ferry 2026 pair meeting v1";
 
 /// The window that `unix_secs` falls in.
@@ -33,10 +37,23 @@ pub fn meeting_hash(secret: &PairSecret, purpose: &str, window: u64) -> Nameplat
     NameplateHash(*h.finalize().as_bytes())
 }
 
-/// The hashes a seeker tries at `unix_secs`, most likely first: this window, the previous, the next.
-pub fn hashes_to_try(secret: &PairSecret, purpose: &str, unix_secs: u64) -> [NameplateHash; 3] {
+/// The hashes a seeker tries at `unix_secs`: this window's, and the neighbours' within
+/// [`NEIGHBOUR_MARGIN`] of their edge (the previous one early in the window, the next one late in it).
+pub fn hashes_to_try(
+    secret: &PairSecret,
+    purpose: &str,
+    unix_secs: u64,
+) -> (NameplateHash, Vec<NameplateHash>) {
     let w = window_of(unix_secs);
-    [w, w.saturating_sub(1), w + 1].map(|w| meeting_hash(secret, purpose, w))
+    let into = unix_secs % WINDOW_SECS;
+    let mut neighbours = Vec::new();
+    if into < NEIGHBOUR_MARGIN && w > 0 {
+        neighbours.push(meeting_hash(secret, purpose, w - 1));
+    }
+    if WINDOW_SECS - into <= NEIGHBOUR_MARGIN {
+        neighbours.push(meeting_hash(secret, purpose, w + 1));
+    }
+    (meeting_hash(secret, purpose, w), neighbours)
 }
 
 #[cfg(test)]
@@ -56,18 +73,54 @@ mod tests {
         assert_ne!(meeting_hash(&s1, "ab", 0), meeting_hash(&s1, "a", 0));
     }
 
+    fn tried(s: &PairSecret, at: u64) -> Vec<NameplateHash> {
+        let (this, neighbours) = hashes_to_try(s, "send", at);
+        std::iter::once(this).chain(neighbours).collect()
+    }
+
     #[test]
-    fn a_seeker_meets_a_listener_one_window_off() {
+    fn a_seeker_sends_a_neighbours_hash_only_near_its_edge() {
         let s = PairSecret([9; 32]);
-        let listener_time = 1_795_000_000;
-        let registered = meeting_hash(&s, "send", window_of(listener_time));
-        for skew in [0i64, 3599, -3599, WINDOW_SECS as i64 - 1] {
-            let seeker = (listener_time as i64 + skew) as u64;
-            assert!(
-                hashes_to_try(&s, "send", seeker).contains(&registered),
-                "skew {skew}"
-            );
+        let w = 498_611; // a window; its first second:
+        let start = w * WINDOW_SECS;
+        let h = |w| meeting_hash(&s, "send", w);
+        // Mid-window: this window's hash alone, so the next hour's is not given away.
+        for into in [NEIGHBOUR_MARGIN, 1800, WINDOW_SECS - NEIGHBOUR_MARGIN - 1] {
+            assert_eq!(tried(&s, start + into), [h(w)], "{into} s into the window");
         }
-        assert!(!hashes_to_try(&s, "send", listener_time + 3 * WINDOW_SECS).contains(&registered));
+        // Early in it: the previous one too; late in it: the next one.
+        for into in [0, NEIGHBOUR_MARGIN - 1] {
+            assert_eq!(tried(&s, start + into), [h(w), h(w - 1)], "{into} s in");
+        }
+        for into in [WINDOW_SECS - NEIGHBOUR_MARGIN, WINDOW_SECS - 1] {
+            assert_eq!(tried(&s, start + into), [h(w), h(w + 1)], "{into} s in");
+        }
+    }
+
+    #[test]
+    fn a_seeker_meets_a_listener_whose_clock_is_up_to_the_margin_off() {
+        let s = PairSecret([9; 32]);
+        let margin = NEIGHBOUR_MARGIN as i64;
+        let edge = 498_611 * WINDOW_SECS as i64;
+        // Listeners on either side of a window's edge, and anywhere in a window.
+        for listener in [
+            edge - 1,
+            edge,
+            edge - margin,
+            edge + margin - 1,
+            edge + 1800,
+        ] {
+            let registered = meeting_hash(&s, "send", window_of(listener as u64));
+            for skew in [0, 1, -1, margin - 1, -(margin - 1), margin, -margin] {
+                let seeker = (listener + skew) as u64;
+                assert!(
+                    tried(&s, seeker).contains(&registered),
+                    "listener at {listener}, skew {skew}"
+                );
+            }
+        }
+        // Beyond the margin across an edge they miss each other (until the window turns).
+        let registered = meeting_hash(&s, "send", window_of((edge - 1) as u64));
+        assert!(!tried(&s, (edge - 1 + margin + 1) as u64).contains(&registered));
     }
 }

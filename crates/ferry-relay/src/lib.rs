@@ -111,6 +111,7 @@ use std::time::Duration;
 pub use client::{connect, RelayError};
 pub use forward::Forwarding;
 pub use listener::{accept_token, Listener, KEEPALIVE};
+pub use pairing::source_key;
 pub use protocol::Role;
 pub use server::{Relay, RelayHandle};
 pub use stats::Stats;

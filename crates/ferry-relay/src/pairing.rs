@@ -477,9 +477,10 @@ impl Drop for SourceSlot {
     }
 }
 
-/// The unit a limit applies to: one IPv4 address, or one IPv6 /64 (a single host usually owns a
-/// whole /64, so counting addresses would let it rotate past the limit).
-fn source_key(ip: IpAddr) -> IpAddr {
+/// The unit a per-source limit applies to: one IPv4 address, or one IPv6 /64 (a single host usually
+/// owns a whole /64, so counting addresses would let it rotate past the limit). A v4-mapped IPv6
+/// address counts as its IPv4 address.
+pub fn source_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

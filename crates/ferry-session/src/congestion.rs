@@ -99,8 +99,7 @@ pub fn free_window(stream: &TcpStream, just_written: usize) -> io::Result<usize>
     Ok((info.tcpi_snd_cwnd as usize).saturating_sub(in_flight) * mss)
 }
 
-/// The bytes `stream` received so far.
-#[cfg(test)]
+/// The bytes `stream` received so far, as the kernel counts them (read by us or not).
 pub(crate) fn bytes_received(stream: &TcpStream) -> io::Result<u64> {
     Ok(tcp_info(stream)?.tcpi_bytes_received)
 }

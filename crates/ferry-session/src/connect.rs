@@ -5,13 +5,13 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use ferry_channel::{ChannelError, CodeAttempts, Role, MAX_FAILED_ATTEMPTS};
+use ferry_channel::{ChannelError, CodeAttempts, MAX_FAILED_ATTEMPTS};
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::mdns;
 use ferry_rendezvous::NameplateHash;
 
 use crate::error::relay_error;
-use crate::handshake::{handshake_with, HANDSHAKE_DEADLINE};
+use crate::handshake::{closed_at_once, initiate};
 use crate::{Connected, Events, Meeting, MeetingAuth, PathKind, PeerOptions, SessionError};
 
 /// How long the looking side waits for a TCP connection to a candidate.
@@ -190,11 +190,10 @@ pub fn connect(
         MeetingAuth::Code(_) => Some(CodeAttempts::at_most(MAX_FAILED_ATTEMPTS)),
         MeetingAuth::Other(_) => None,
     };
-    let handshake = |stream| {
-        let deadline = Instant::now() + HANDSHAKE_DEADLINE;
-        let auth = meeting.auth.auth();
-        handshake_with(stream, Role::Initiator, auth, attempts.as_ref(), deadline)
-    };
+    let handshake = |stream| initiate(stream, meeting.auth.auth(), attempts.as_ref());
+    // Addresses that closed a connection before their first byte (a waiting side whose handshake slots
+    // were all taken): dialled again every round while the wait lasts, said once.
+    let mut busy = HashSet::new();
     let mut relay_answers = None;
     let mut relay_waited = false;
     let mut retry = RETRY_FIRST;
@@ -215,7 +214,7 @@ pub fn connect(
                 }
             };
             tried.insert(addr);
-            match handshake(stream) {
+            let e = match handshake(stream) {
                 Ok((stream, established)) => {
                     return Ok(Connected {
                         stream,
@@ -225,14 +224,27 @@ pub fn connect(
                         handshake: None,
                     })
                 }
+                Err((e, false)) if closed_at_once(&e) && Instant::now() < deadline => {
+                    tried.remove(&addr);
+                    if busy.insert(addr) {
+                        events.warn(&format!(
+                            "{addr} closed the connection before its first byte (busy?); trying again"
+                        ));
+                    }
+                    last_error = Some(Failure::Busy(addr));
+                    continue;
+                }
+                Err((e, _)) => e,
+            };
+            match e {
                 // This host's registry is private to the user: a failed PAKE there means the wrong code. A
                 // LAN announcement may be a spoofer's, whose failed PAKE must not stop us from looking on,
                 // up to the limit of failed attempts.
-                Err(e) if path != PathKind::Lan && opts.relay.is_none() => return Err(e.into()),
-                Err(ChannelError::WrongCode) if path != PathKind::Lan => {
+                e if path != PathKind::Lan && opts.relay.is_none() => return Err(e.into()),
+                ChannelError::WrongCode if path != PathKind::Lan => {
                     return Err(ChannelError::WrongCode.into())
                 }
-                Err(e) if attempts.as_ref().is_some_and(|a| a.is_dead()) => {
+                e if attempts.as_ref().is_some_and(|a| a.is_dead()) => {
                     let failed = attempts.as_ref().map_or(0, |a| a.failed());
                     return Err(SessionError::WrongCode {
                         message: format!(
@@ -242,9 +254,9 @@ pub fn connect(
                         source: ChannelError::WrongCode,
                     });
                 }
-                Err(e) => {
+                e => {
                     events.warn(&format!("{path} path to {addr} failed: {e}"));
-                    last_error = Some(e);
+                    last_error = Some(Failure::Handshake(e));
                 }
             }
         }
@@ -266,7 +278,9 @@ pub fn connect(
             (false, None) => break,
         };
         events.waiting("Waiting for the sender...");
-        let fresh = |a: &SocketAddr| !tried.contains(a) && !unreachable.contains_key(a);
+        let fresh = |a: &SocketAddr| {
+            !tried.contains(a) && !unreachable.contains_key(a) && !busy.contains(a)
+        };
         match pause(
             until,
             relay_answers.as_ref(),
@@ -277,7 +291,19 @@ pub fn connect(
             None => {}
             Some(Ok(stream)) => {
                 let relay = opts.relay.clone().unwrap_or_default();
-                let (stream, established) = handshake(stream)?;
+                let (stream, established) = match handshake(stream) {
+                    Ok(done) => done,
+                    // The sharer behind the relay was busy: the relay is asked again while the wait lasts.
+                    Err((e, false)) if closed_at_once(&e) && Instant::now() < deadline => {
+                        events.warn(&format!(
+                            "the peer behind the relay {relay} closed the connection before its first \
+                             byte (busy?); trying again"
+                        ));
+                        relay_answers = None;
+                        continue;
+                    }
+                    Err((e, _)) => return Err(e.into()),
+                };
                 return Ok(Connected {
                     stream,
                     established,
@@ -294,8 +320,17 @@ pub fn connect(
         }
         retry = (retry * 2).min(RETRY_MOST);
     }
-    if let Some(e) = last_error {
-        return Err(e.into());
+    match last_error {
+        Some(Failure::Handshake(e)) => return Err(e.into()),
+        Some(Failure::Busy(addr)) => {
+            return Err(SessionError::PeerNotFound(format!(
+                "{addr} closed every connection before its first byte within {}: the {} there is \
+                 busy (every handshake slot taken), or it is not ferry; --wait DURATION waits longer",
+                exact_duration(wait),
+                meeting.waited_for
+            )))
+        }
+        None => {}
     }
     Err(not_found(
         meeting,
@@ -305,6 +340,14 @@ pub fn connect(
         &unreachable,
         relay_waited,
     ))
+}
+
+/// The last way a direct path failed.
+enum Failure {
+    /// The handshake failed.
+    Handshake(ChannelError),
+    /// The address closed the connection before its first byte.
+    Busy(SocketAddr),
 }
 
 /// The end of a wait with no sender: what was tried, and what to do.

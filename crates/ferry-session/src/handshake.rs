@@ -1,31 +1,121 @@
 //! The handshake on one connection, and handshakes raced side by side on the waiting side.
+//!
+//! The waiting side's slots are what a stranger attacks: anyone who knows the port can open sockets and
+//! say nothing, or trickle. So a connection gets [`FIRST_FLIGHT_DEADLINE`] for its first flight (a ferry
+//! sends its key share as it connects and its terminator one round trip later), and when the slots are
+//! full a newcomer takes the place of the connection that did least: the oldest that sent nothing, then
+//! the oldest that has not sent a first flight, then the oldest that stalls after it.
 
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{self, Read, Write};
 use std::net::{IpAddr, TcpStream};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use ferry_channel::blocking;
 use ferry_channel::{Auth, ChannelError, CodeAttempts, Config, Established, Handshake, Role};
 
-use crate::PathKind;
+use crate::{Events, PathKind};
 
 /// How long one handshake may take in all, whatever the peer does (each read and write gets only what is left).
 pub(crate) const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(15);
-/// Most handshakes the waiting side runs at once; a connection beyond it is closed at once.
+/// How long the waiting side waits for a connection's first flight (key share, garbage, terminator): a
+/// ferry sends it within one round trip, so a socket that is silent or trickles loses its slot by then.
+pub(crate) const FIRST_FLIGHT_DEADLINE: Duration = Duration::from_secs(3);
+/// Age after which a connection that sent its first flight may give its slot to a newcomer when all are
+/// taken: a ferry finishes a few round trips after its first flight, so one still running is stalling.
+const STALLED_AFTER: Duration = Duration::from_secs(5);
+/// Most handshakes the waiting side runs at once.
 const MAX_HANDSHAKES: usize = 16;
-/// Most handshakes at once from one source address, so one host cannot take every slot.
+/// Most handshakes at once from one source (an IPv4 address, an IPv6 /64), so one host cannot take every
+/// slot by itself.
 const MAX_HANDSHAKES_PER_SOURCE: usize = 4;
+/// Connections that fail before a first flight are reported one by one only this often, so that a flood
+/// of them cannot flood the log too.
+const NOISE_EVERY: Duration = Duration::from_secs(10);
 
 /// The handshake with `auth` (a code, a path upgrade's one-time secret, an identity), finished by `deadline` or
 /// failed, and charged to `attempts` when the password is the code.
 pub fn handshake_with(
-    mut stream: TcpStream,
+    stream: TcpStream,
     role: Role,
     auth: Auth,
     attempts: Option<&Arc<CodeAttempts>>,
     deadline: Instant,
+) -> Result<(TcpStream, Established), ChannelError> {
+    let by = Deadlines {
+        first_flight: deadline,
+        done: deadline,
+    };
+    shake(stream, role, auth, attempts, by, &Progress::default())
+}
+
+/// The looking side's handshake, as [`handshake_with`]; a failure says whether the peer had sent any byte
+/// (a waiting side whose slots are all taken closes a connection before its first).
+pub(crate) fn initiate(
+    stream: TcpStream,
+    auth: Auth,
+    attempts: Option<&Arc<CodeAttempts>>,
+) -> Result<(TcpStream, Established), (ChannelError, bool)> {
+    let deadline = Instant::now() + HANDSHAKE_DEADLINE;
+    let by = Deadlines {
+        first_flight: deadline,
+        done: deadline,
+    };
+    let progress = Progress::default();
+    shake(stream, Role::Initiator, auth, attempts, by, &progress)
+        .map_err(|e| (e, progress.get() > Progress::SILENT))
+}
+
+/// True for a failure that means the peer closed the connection: with nothing heard from it, a waiting
+/// side that was busy, worth dialling again.
+pub(crate) fn closed_at_once(e: &ChannelError) -> bool {
+    match e {
+        ChannelError::NotFerry => true,
+        ChannelError::Io(e) => matches!(
+            e.kind(),
+            io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+        ),
+        _ => false,
+    }
+}
+
+/// When the peer's first flight must have arrived, and when the whole handshake must be done.
+#[derive(Clone, Copy)]
+struct Deadlines {
+    first_flight: Instant,
+    done: Instant,
+}
+
+/// How far a handshake got, as its thread sees it: [`Progress::SILENT`], [`Progress::HEARD`] (some bytes),
+/// [`Progress::KEYED`] (the peer's first flight arrived).
+#[derive(Default)]
+struct Progress(AtomicU8);
+
+impl Progress {
+    const SILENT: u8 = 0;
+    const HEARD: u8 = 1;
+    const KEYED: u8 = 2;
+
+    fn get(&self) -> u8 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn reach(&self, step: u8) {
+        self.0.fetch_max(step, Ordering::Relaxed);
+    }
+}
+
+fn shake(
+    mut stream: TcpStream,
+    role: Role,
+    auth: Auth,
+    attempts: Option<&Arc<CodeAttempts>>,
+    by: Deadlines,
+    progress: &Progress,
 ) -> Result<(TcpStream, Established), ChannelError> {
     stream.set_nodelay(true).ok();
     let mut hs = Handshake::new(role, Config::ferry(), auth);
@@ -35,14 +125,82 @@ pub fn handshake_with(
     // Our key share and garbage leave first; the next flight (the version packet's) is padded to what the
     // first window still lets out, so the data after the handshake starts from a warm window.
     let first = hs.take_output();
-    let left = deadline.saturating_duration_since(Instant::now());
-    stream.set_write_timeout(Some(left.max(Duration::from_millis(1))))?;
-    stream.write_all(&first)?;
+    write_by(&mut stream, &first, by.done)?;
     if let Ok(free) = crate::congestion::free_window(&stream, first.len()) {
         hs.pad_next_flight(free);
     }
-    let est = blocking::handshake_until(&mut stream, hs, deadline)?;
+    let est = drive(&mut stream, hs, by, progress)?;
     Ok((stream, est))
+}
+
+/// Runs `hs` to its end over `stream`: every read gets only the time left until the first flight's
+/// deadline (until it arrived) or the whole handshake's, so a peer that trickles cannot stretch either.
+fn drive(
+    stream: &mut TcpStream,
+    mut hs: Handshake,
+    by: Deadlines,
+    progress: &Progress,
+) -> Result<Established, ChannelError> {
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        if hs.has_output() {
+            write_by(stream, &hs.take_output(), by.done)?;
+        }
+        if hs.is_done() {
+            stream.set_read_timeout(None)?;
+            stream.set_write_timeout(None)?;
+            return hs.finish();
+        }
+        let until = match progress.get() {
+            Progress::KEYED => by.done,
+            _ => by.first_flight.min(by.done),
+        };
+        stream.set_read_timeout(Some(time_left(until)?))?;
+        let n = stream.read(&mut buf).map_err(timed_out)?;
+        if n == 0 {
+            return Err(hs.eof_error());
+        }
+        progress.reach(Progress::HEARD);
+        if let Err(e) = hs.feed(&buf[..n]) {
+            // Let the peer see our last messages (a key confirmation, say) so it fails with the same cause.
+            let _ = write_by(stream, &hs.take_output(), by.done);
+            return Err(e);
+        }
+        if hs.first_flight_received() {
+            progress.reach(Progress::KEYED);
+        }
+    }
+}
+
+/// Writes all of `bytes` by `until`, each write getting only what is left.
+fn write_by(stream: &mut TcpStream, mut bytes: &[u8], until: Instant) -> io::Result<()> {
+    while !bytes.is_empty() {
+        stream.set_write_timeout(Some(time_left(until)?))?;
+        match stream.write(bytes).map_err(timed_out)? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            n => bytes = &bytes[n..],
+        }
+    }
+    Ok(())
+}
+
+fn time_left(until: Instant) -> io::Result<Duration> {
+    match until.saturating_duration_since(Instant::now()) {
+        left if left.is_zero() => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the handshake took too long",
+        )),
+        left => Ok(left),
+    }
+}
+
+/// A socket timeout reads as `WouldBlock` on Linux; name it for what it is.
+fn timed_out(e: io::Error) -> io::Error {
+    if e.kind() == io::ErrorKind::WouldBlock {
+        io::Error::new(io::ErrorKind::TimedOut, "the handshake took too long")
+    } else {
+        e
+    }
 }
 
 /// What a handshake is for: the meeting (the first connection) or a path upgrade's one-time secret.
@@ -62,6 +220,8 @@ pub(crate) struct Finished {
     pub(crate) peer: String,
     /// How long the handshake took.
     pub(crate) took: Duration,
+    /// Whether the peer's first flight had arrived.
+    pub(crate) keyed: bool,
     pub(crate) result: Result<(TcpStream, Established), ChannelError>,
 }
 
@@ -72,13 +232,36 @@ pub(crate) enum Event {
     Finished(Box<Finished>),
 }
 
-/// Handshakes running side by side, each on its own thread and each bounded by [`HANDSHAKE_DEADLINE`], so one
-/// slow or hostile connection never holds up the real peer.
+/// One running handshake, as the waiting side's slots see it.
+struct Running {
+    /// Its source (an IPv4 address, an IPv6 /64); `None` through the relay.
+    source: Option<IpAddr>,
+    started: Instant,
+    progress: Arc<Progress>,
+    /// A handle to close it.
+    stream: TcpStream,
+}
+
+impl Running {
+    /// What it did so far, least first: nothing (the kernel's count, so a connection whose thread has not
+    /// run yet is not taken for silent), some bytes, its first flight.
+    fn progress(&self) -> u8 {
+        let heard = crate::congestion::bytes_received(&self.stream).is_ok_and(|n| n > 0);
+        match self.progress.get() {
+            Progress::SILENT if heard => Progress::HEARD,
+            p => p,
+        }
+    }
+}
+
+/// Handshakes running side by side, each on its own thread and each bounded by [`FIRST_FLIGHT_DEADLINE`]
+/// and [`HANDSHAKE_DEADLINE`], so one slow or hostile connection never holds up the real peer.
 pub(crate) struct Handshakes {
     tx: mpsc::Sender<Event>,
-    /// Running handshakes: their source address and a handle to close them.
-    running: HashMap<u64, (Option<IpAddr>, TcpStream)>,
+    running: HashMap<u64, Running>,
     next_id: u64,
+    /// Connections dropped before a first flight since the last report, and when that was.
+    noise: (u64, Option<Instant>),
 }
 
 impl Handshakes {
@@ -88,11 +271,13 @@ impl Handshakes {
             tx,
             running: HashMap::new(),
             next_id: 0,
+            noise: (0, None),
         }
     }
 
-    /// Starts a handshake on its own thread; refuses (closes) the connection when too many run already, in
-    /// all or from its source address.
+    /// Starts a handshake on its own thread. When too many run already, in all or from its source, the
+    /// one that did least makes room (see the module's summary); when none may, the new connection is
+    /// refused (closed).
     pub(crate) fn start(
         &mut self,
         stream: TcpStream,
@@ -102,42 +287,82 @@ impl Handshakes {
         auth: Auth,
         attempts: Option<Arc<CodeAttempts>>,
     ) -> Result<(), String> {
-        let source = stream.peer_addr().ok().map(|a| a.ip().to_canonical());
-        let from_source = self
-            .running
-            .values()
-            .filter(|(s, _)| source.is_some() && *s == source)
-            .count();
-        if self.running.len() >= MAX_HANDSHAKES {
-            return Err(format!("{MAX_HANDSHAKES} handshakes are running already"));
-        }
         // The relay's connections all come from the relay: only direct ones are limited per source.
-        if path != PathKind::Relay && from_source >= MAX_HANDSHAKES_PER_SOURCE {
+        let source = match path {
+            PathKind::Relay => None,
+            _ => stream
+                .peer_addr()
+                .ok()
+                .map(|a| ferry_relay::source_key(a.ip())),
+        };
+        let from_source = |r: &Running| source.is_some() && r.source == source;
+        if source.is_some()
+            && self.running.values().filter(|r| from_source(r)).count() >= MAX_HANDSHAKES_PER_SOURCE
+            && !self.make_room(from_source)
+        {
             return Err(format!(
-                "{MAX_HANDSHAKES_PER_SOURCE} handshakes from that address are running already"
+                "{MAX_HANDSHAKES_PER_SOURCE} handshakes from that source are running already"
             ));
+        }
+        if self.running.len() >= MAX_HANDSHAKES && !self.make_room(|_| true) {
+            return Err(format!("{MAX_HANDSHAKES} handshakes are running already"));
         }
         let id = self.next_id;
         self.next_id += 1;
+        let progress = Arc::new(Progress::default());
+        let started = Instant::now();
         if let Ok(handle) = stream.try_clone() {
-            self.running.insert(id, (source, handle));
+            let progress = Arc::clone(&progress);
+            let running = Running {
+                source,
+                started,
+                progress,
+                stream: handle,
+            };
+            self.running.insert(id, running);
         }
         let tx = self.tx.clone();
         std::thread::spawn(move || {
-            let started = Instant::now();
-            let deadline = started + HANDSHAKE_DEADLINE;
+            let by = Deadlines {
+                first_flight: started + FIRST_FLIGHT_DEADLINE,
+                done: started + HANDSHAKE_DEADLINE,
+            };
             let role = Role::Responder;
-            let result = handshake_with(stream, role, auth, attempts.as_ref(), deadline);
+            let result = shake(stream, role, auth, attempts.as_ref(), by, &progress);
             let _ = tx.send(Event::Finished(Box::new(Finished {
                 id,
                 purpose,
                 path,
                 peer,
                 took: started.elapsed(),
+                keyed: progress.get() == Progress::KEYED,
                 result,
             })));
         });
         Ok(())
+    }
+
+    /// Closes the running handshake among `which` that did least (oldest first among equals; one that sent
+    /// its first flight only once it has run [`STALLED_AFTER`]); false when none may be closed.
+    fn make_room(&mut self, which: impl Fn(&Running) -> bool) -> bool {
+        let now = Instant::now();
+        let victim = self
+            .running
+            .iter()
+            .filter(|(_, r)| which(r))
+            .map(|(id, r)| (r.progress(), r.started, *id))
+            .filter(|(p, started, _)| {
+                *p < Progress::KEYED || now.duration_since(*started) >= STALLED_AFTER
+            })
+            .min();
+        let Some((_, _, id)) = victim else {
+            return false;
+        };
+        if let Some(r) = self.running.remove(&id) {
+            // Its thread reads the end of the stream at once and reports.
+            let _ = r.stream.shutdown(std::net::Shutdown::Both);
+        }
+        true
     }
 
     /// The handshake `f` reported its end.
@@ -145,10 +370,46 @@ impl Handshakes {
         self.running.remove(&f.id);
     }
 
+    /// Whether a failed handshake from `peer` deserves a warning of its own: one whose peer sent a first
+    /// flight (`keyed`) does; of the others (silent, trickling, made room for, not ferry) the first does,
+    /// and then a count every [`NOISE_EVERY`] is said here instead.
+    pub(crate) fn worth_a_warning(
+        &mut self,
+        keyed: bool,
+        peer: &str,
+        events: &mut dyn Events,
+    ) -> bool {
+        if keyed {
+            return true;
+        }
+        let now = Instant::now();
+        let (count, said) = &mut self.noise;
+        match said {
+            None => {
+                *said = Some(now);
+                true
+            }
+            Some(at) if now.duration_since(*at) >= NOISE_EVERY => {
+                *count += 1;
+                events.warn(&format!(
+                    "dropped {count} connections in the last {}s that sent no ferry handshake in time                      (last from {})",
+                    now.duration_since(*at).as_secs(),
+                    peer
+                ));
+                (*count, *said) = (0, Some(now));
+                false
+            }
+            Some(_) => {
+                *count += 1;
+                false
+            }
+        }
+    }
+
     /// Ends every running handshake: their threads fail at once and report, and their connections close.
     pub(crate) fn stop_all(&mut self) {
-        for (_, (_, stream)) in self.running.drain() {
-            let _ = stream.shutdown(std::net::Shutdown::Both);
+        for (_, r) in self.running.drain() {
+            let _ = r.stream.shutdown(std::net::Shutdown::Both);
         }
     }
 }

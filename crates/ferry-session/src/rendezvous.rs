@@ -162,11 +162,15 @@ impl Rendezvous {
                                 return Err(e.into());
                             }
                         }
-                        Err(e) => events.warn(&format!(
-                            "dropped a connection from {}: {e}{}",
-                            f.peer,
-                            self.attempts_note()
-                        )),
+                        Err(e) => {
+                            if self.handshakes.worth_a_warning(f.keyed, &f.peer, events) {
+                                events.warn(&format!(
+                                    "dropped a connection from {}: {e}{}",
+                                    f.peer,
+                                    self.attempts_note()
+                                ))
+                            }
+                        }
                     }
                 }
             }

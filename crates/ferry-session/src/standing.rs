@@ -238,7 +238,9 @@ impl Standing {
                             events.refused(&f.peer, &reason)
                         }
                         Err(e) => {
-                            events.warn(&format!("dropped a connection from {}: {e}", f.peer))
+                            if self.handshakes.worth_a_warning(f.keyed, &f.peer, events) {
+                                events.warn(&format!("dropped a connection from {}: {e}", f.peer))
+                            }
                         }
                     }
                 }

@@ -134,6 +134,70 @@ pub enum ClientError {
     /// An answer that fits no request in flight.
     #[error("unexpected answer for request {0}")]
     Unexpected(RequestId),
+    /// A listing's page whose next cursor does not come after the one asked for.
+    #[error("the sharer's listing does not move on (cursor {cursor}, then {next})")]
+    Cursor {
+        /// The cursor asked for.
+        cursor: u64,
+        /// The next cursor the sharer gave.
+        next: u64,
+    },
+    /// A listing larger than its limit ([`Listing`]).
+    #[error(
+        "the listing takes more than {max} bytes of memory (after {entries} entries; each counts \
+         {ENTRY_COST} bytes plus its name and link target): a very large directory, or a sharer that \
+         does not stop"
+    )]
+    ListingTooLarge {
+        /// Entries received when it was refused.
+        entries: u64,
+        /// The limit, in bytes.
+        max: u64,
+    },
+}
+
+/// The memory one listing (all its pages) may take by default, as `receive --max-manifest`.
+pub const DEFAULT_MAX_LISTING: u64 = 64 << 20;
+/// What one entry of a listing counts for, besides its name and link target.
+pub const ENTRY_COST: u64 = std::mem::size_of::<Entry>() as u64;
+
+/// A directory's listing gathered page by page, refused once it would take more than its limit.
+#[derive(Debug)]
+pub struct Listing {
+    entries: Vec<Entry>,
+    bytes: u64,
+    max: u64,
+}
+
+impl Listing {
+    /// An empty listing that may take `max` bytes.
+    pub fn new(max: u64) -> Self {
+        Listing {
+            entries: Vec::new(),
+            bytes: 0,
+            max,
+        }
+    }
+
+    /// Adds one page, or fails when the listing would pass its limit.
+    pub fn add(&mut self, page: Vec<Entry>) -> Result<(), ClientError> {
+        for e in &page {
+            self.bytes += ENTRY_COST + e.name.len() as u64 + e.target.len() as u64;
+        }
+        if self.bytes > self.max {
+            return Err(ClientError::ListingTooLarge {
+                entries: (self.entries.len() + page.len()) as u64,
+                max: self.max,
+            });
+        }
+        self.entries.extend(page);
+        Ok(())
+    }
+
+    /// The entries gathered.
+    pub fn into_entries(self) -> Vec<Entry> {
+        self.entries
+    }
 }
 
 /// All requests in flight are used: wait for answers first.
@@ -156,7 +220,11 @@ pub enum PutError {
 enum Pending {
     Stat,
     Space,
-    List,
+    /// A page asked from `cursor`, of at most `max` entries.
+    List {
+        cursor: u64,
+        max: u32,
+    },
     Read {
         want: Range<u64>,
         /// The version the read asked for: after another one was announced, only the sharer's
@@ -258,7 +326,7 @@ impl Client {
     /// Asks for one page of a listing.
     pub fn list(&mut self, path: SharePath, cursor: u64, max: u32) -> Result<RequestId, Busy> {
         let max = max.clamp(1, crate::wire::MAX_PAGE_ENTRIES);
-        self.send(Pending::List, |id| Request::List {
+        self.send(Pending::List { cursor, max }, |id| Request::List {
             id,
             path,
             cursor,
@@ -521,7 +589,16 @@ impl Client {
                 self.pending.remove(&id);
                 Event::Space { id, space }
             }
-            (Pending::List, Response::Entries { entries, next, .. }) => {
+            (Pending::List { cursor, max }, Response::Entries { entries, next, .. }) => {
+                let (cursor, max) = (*cursor, *max);
+                // A cursor that does not move on (or a page larger than asked) would have the client ask
+                // for ever and keep what it got.
+                if next != crate::wire::END && next <= cursor {
+                    return Err(ClientError::Cursor { cursor, next });
+                }
+                if entries.len() > max as usize {
+                    return Err(ClientError::Unexpected(id));
+                }
                 self.pending.remove(&id);
                 Event::Entries { id, entries, next }
             }

@@ -17,7 +17,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use ferry_channel::blocking::{SecureReader, SecureWriter};
 use ferry_channel::ChannelError;
 
-use crate::client::{Client, ClientError, Event, Failure};
+use crate::client::{Client, ClientError, Event, Failure, Listing, DEFAULT_MAX_LISTING};
 use crate::fs::{Cached, FileId, OutboardCache, ShareRoot};
 use crate::server::{Job, Piece, PutOutcome, Server, ServerConfig, ServerError, WriteOp};
 use crate::subtree::Subtree;
@@ -716,9 +716,15 @@ impl<R: Read, W: Write> Session<R, W> {
         }
     }
 
-    /// Every entry of the directory `path`, page by page.
+    /// Every entry of the directory `path`, page by page, within [`DEFAULT_MAX_LISTING`].
     pub fn list_all(&mut self, path: SharePath) -> Result<Vec<Entry>, SessionError> {
-        let mut all = Vec::new();
+        self.list_within(path, DEFAULT_MAX_LISTING)
+    }
+
+    /// Every entry of the directory `path`, page by page, failing once they take more than `max` bytes
+    /// ([`Listing`]).
+    pub fn list_within(&mut self, path: SharePath, max: u64) -> Result<Vec<Entry>, SessionError> {
+        let mut all = Listing::new(max);
         let mut cursor = 0;
         while cursor != END {
             let id = self
@@ -732,7 +738,7 @@ impl<R: Read, W: Write> Session<R, W> {
                         entries,
                         next,
                     } if i == id => {
-                        all.extend(entries);
+                        all.add(entries)?;
                         cursor = next;
                         break;
                     }
@@ -741,7 +747,7 @@ impl<R: Read, W: Write> Session<R, W> {
                 }
             }
         }
-        Ok(all)
+        Ok(all.into_entries())
     }
 
     /// Reads `len` bytes from `offset` of `path` into `out` (positioned writes), every byte verified;

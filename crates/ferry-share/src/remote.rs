@@ -36,7 +36,7 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use crate::bytes::{Bytes, Pool};
-use crate::client::{Busy, Client, Event, Failure, PutError};
+use crate::client::{Busy, Client, Event, Failure, Listing, PutError, DEFAULT_MAX_LISTING};
 use crate::tree::{GroupCv, Version};
 use crate::wire::{
     Entry, ErrorCode, PutHeader, RequestId, SharePath, Space, Time, END, MAX_PAGE_ENTRIES,
@@ -126,6 +126,9 @@ pub enum RemoteError {
     /// The local copy a write sends could not be read.
     #[error("reading the local copy: {0}")]
     Local(String),
+    /// An answer larger than the client takes (a listing past its limit).
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 impl RemoteError {
@@ -158,6 +161,7 @@ impl RemoteError {
             | RemoteError::Deadline
             | RemoteError::Disconnected(_)
             | RemoteError::Local(_) => Errno::IO,
+            RemoteError::TooLarge(_) => Errno::NOMEM,
             RemoteError::Closed => Errno::NOTCONN,
         };
         e.raw_os_error()
@@ -425,10 +429,11 @@ impl Remote {
         })
     }
 
-    /// Every entry of the directory `path`, all pages.
+    /// Every entry of the directory `path`, all pages, within [`DEFAULT_MAX_LISTING`] (the mount's
+    /// daemon may run as root: a sharer must not make it hold more).
     pub fn list(&self, path: &SharePath) -> Result<Vec<Entry>, RemoteError> {
         let s = self.shared();
-        let mut all = Vec::new();
+        let mut all = Listing::new(DEFAULT_MAX_LISTING);
         let mut cursor = 0;
         while cursor != END {
             let (entries, next) = s.retrying(|since| {
@@ -440,10 +445,11 @@ impl Remote {
                     other => Err(unexpected(other)),
                 }
             })?;
-            all.extend(entries);
+            all.add(entries)
+                .map_err(|e| RemoteError::TooLarge(e.to_string()))?;
             cursor = next;
         }
-        Ok(all)
+        Ok(all.into_entries())
     }
 
     /// Starts a verified read of `len` bytes from `offset` (cut at the end of the file), of `version` if

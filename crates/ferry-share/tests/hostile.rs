@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ferry_share::client::{Client, ClientError, Event, Failure};
+use ferry_share::client::{Client, ClientError, Event, Failure, Listing, ENTRY_COST};
 use ferry_share::fs::{OutboardCache, ShareRoot};
 use ferry_share::io::Files;
 use ferry_share::server::{Server, ServerConfig, ServerError, DEFAULT_PIECE};
@@ -588,15 +588,7 @@ fn a_hostile_sharers_listings_and_floods_end_the_session_or_are_dropped() {
     for bad in [&b".."[..], b".", b"a/b", b"x\0y", b""] {
         let mut client = greeted_client();
         let id = client.list(SharePath::root(), 0, 10).unwrap();
-        let entry = |name: &[u8]| Entry {
-            name: name.to_vec(),
-            kind: Kind::File,
-            size: 1,
-            mode: 0o644,
-            mtime: 0,
-            mtime_nsec: 0,
-            target: Vec::new(),
-        };
+        let entry = file_entry;
         let pk = packet(Response::Entries {
             id,
             entries: vec![entry(b"fine"), entry(bad)],
@@ -840,4 +832,83 @@ fn a_whole_read_in_one_owned_packet_is_handed_on_in_place_and_a_lie_is_still_cau
         client.handle_owned(buf, contents, &pool).unwrap(),
         Some(Event::Failed { .. })
     ));
+}
+
+/// A file's entry named `name`, as a sharer sends it.
+fn file_entry(name: &[u8]) -> Entry {
+    Entry {
+        name: name.to_vec(),
+        kind: Kind::File,
+        size: 1,
+        mode: 0o644,
+        mtime: 0,
+        mtime_nsec: 0,
+        target: Vec::new(),
+    }
+}
+
+/// A page of `n` entries named from `first` on, as a lying sharer sends them.
+fn page(id: RequestId, first: usize, n: usize, next: u64) -> Vec<u8> {
+    let entries = (first..first + n)
+        .map(|i| file_entry(format!("entry-{i:09}").as_bytes()))
+        .collect();
+    packet(Response::Entries { id, entries, next })
+}
+
+#[test]
+fn a_sharers_listing_cursor_must_move_on() {
+    // The attack: every page full and the same cursor again, for ever. The first such page ends it.
+    for (asked, next) in [(0, 0), (7, 7), (7, 3)] {
+        let mut client = greeted_client();
+        let id = client.list(SharePath::root(), asked, 10).unwrap();
+        assert!(
+            matches!(
+                client.handle(&page(id, 0, 10, next)),
+                Err(ClientError::Cursor { .. })
+            ),
+            "cursor {asked} then {next}"
+        );
+    }
+    // More entries than asked for is refused too; a cursor that moves on, or the end, is fine.
+    let mut client = greeted_client();
+    let id = client.list(SharePath::root(), 0, 10).unwrap();
+    assert!(client.handle(&page(id, 0, 11, 11)).is_err());
+    let mut client = greeted_client();
+    let id = client.list(SharePath::root(), 5, 10).unwrap();
+    assert!(client.handle(&page(id, 0, 10, 6)).unwrap().is_some());
+    let id = client.list(SharePath::root(), 6, 10).unwrap();
+    assert!(client.handle(&page(id, 0, 3, END)).unwrap().is_some());
+}
+
+#[test]
+fn a_listing_that_never_ends_stops_at_its_limit() {
+    // A cursor that moves on by one while each page is full: the total is what bounds it.
+    let max = 1 << 20;
+    let mut listing = Listing::new(max);
+    let mut client = greeted_client();
+    let mut cursor = 0;
+    let err = loop {
+        let id = client
+            .list(SharePath::root(), cursor, wire::MAX_PAGE_ENTRIES)
+            .unwrap();
+        let pk = page(
+            id,
+            cursor as usize,
+            wire::MAX_PAGE_ENTRIES as usize,
+            cursor + 1,
+        );
+        let Ok(Some(Event::Entries { entries, next, .. })) = client.handle(&pk) else {
+            panic!("an honest-looking page was refused");
+        };
+        if let Err(e) = listing.add(entries) {
+            break e;
+        }
+        cursor = next;
+        assert!(cursor < 1000, "the listing never stopped");
+    };
+    assert!(matches!(err, ClientError::ListingTooLarge { max: m, .. } if m == max));
+    let held = listing.into_entries();
+    let bytes: u64 = held.iter().map(|e| ENTRY_COST + e.name.len() as u64).sum();
+    assert!(bytes <= max, "{bytes} bytes held");
+    assert!(err.to_string().contains("more than 1048576 bytes"), "{err}");
 }
