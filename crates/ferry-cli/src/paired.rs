@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use ferry_channel::blocking::split_tcp;
 use ferry_channel::{Auth, IdentityKey, PeerKey, PUBLIC_KEY_LEN};
 use ferry_peers::meeting::{hashes_to_try, meeting_hash, window_of};
