@@ -47,6 +47,32 @@ mod verify;
 
 pub use entry::Entry;
 
+/// The parsers of what the cache reads from its directory, for the fuzz targets in `fuzz/` (a tampered cache
+/// directory is input too). Not part of the API: compiled only with the `fuzzing` feature, so the shipped
+/// crate exposes nothing more.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use ferry_share::tree::Version;
+
+    /// The record of `version` in `bytes` encoded again (its canonical bytes), or `None` when damaged.
+    pub fn record(version: &Version, bytes: &[u8]) -> Option<Vec<u8>> {
+        let r = crate::record::decode(version, bytes)?;
+        Some(crate::record::encode(version, &r.groups, r.last_use))
+    }
+
+    /// The version and kind a file name in the cache directory names, or `None` when the cache does not
+    /// own the name.
+    pub fn name(name: &str) -> Option<(Version, &str)> {
+        crate::disk::parse_name(name)
+    }
+
+    /// The stem of a version's file names.
+    pub fn base_name(version: &Version) -> String {
+        crate::disk::base_name(version)
+    }
+}
+
 use std::collections::HashMap;
 use std::fs;
 use std::io;

@@ -70,11 +70,54 @@ impl IdentityKey {
     }
 }
 
-/// Whether `signature` is `public`'s Ed25519 signature over `message`.
+/// Whether `signature` is `public`'s Ed25519 signature over `message`. A public key of small order is
+/// refused whatever the signature: for such a key anyone forges a signature without a secret (the all-zero
+/// key with an all-zero signature verifies for a quarter of all messages), so it proves nobody.
 pub fn verify_signature(public: &[u8; PUBLIC_KEY_LEN], message: &[u8], signature: &[u8]) -> bool {
-    UnparsedPublicKey::new(&signature::ED25519, public)
-        .verify(message, signature)
-        .is_ok()
+    !has_small_order(public)
+        && UnparsedPublicKey::new(&signature::ED25519, public)
+            .verify(message, signature)
+            .is_ok()
+}
+
+/// The encodings (y, and y + p where it fits, sign bit cleared) of Ed25519's eight points of small order;
+/// libsodium refuses the same list.
+const SMALL_ORDER: [[u8; PUBLIC_KEY_LEN]; 7] = {
+    const fn ff_then(first: u8) -> [u8; 32] {
+        let mut k = [0xff; 32];
+        k[0] = first;
+        k[31] = 0x7f;
+        k
+    }
+    const fn small(first: u8) -> [u8; 32] {
+        let mut k = [0; 32];
+        k[0] = first;
+        k
+    }
+    [
+        small(0),      // y = 0: order 4
+        small(1),      // y = 1: the identity
+        ff_then(0xec), // y = p - 1: order 2
+        ff_then(0xed), // y = p, i.e. 0
+        ff_then(0xee), // y = p + 1, i.e. 1
+        [
+            0x26, 0xe8, 0x95, 0x8f, 0xc2, 0xb2, 0x27, 0xb0, 0x45, 0xc3, 0xf4, 0x89, 0xf2, 0xef,
+            0x98, 0xf0, 0xd5, 0xdf, 0xac, 0x05, 0xd3, 0xc6, 0x33, 0x39, 0xb1, 0x38, 0x02, 0x88,
+            0x6d, 0x53, 0xfc, 0x05,
+        ], // order 8
+        [
+            0xc7, 0x17, 0x6a, 0x70, 0x3d, 0x4d, 0xd8, 0x4f, 0xba, 0x3c, 0x0b, 0x76, 0x0d, 0x10,
+            0x67, 0x0f, 0x2a, 0x20, 0x53, 0xfa, 0x2c, 0x39, 0xcc, 0xc6, 0x4e, 0xc7, 0xfd, 0x77,
+            0x92, 0xac, 0x03, 0x7a,
+        ], // order 8
+    ]
+};
+
+/// Whether `public` encodes a point of small order (either sign of x).
+fn has_small_order(public: &[u8; PUBLIC_KEY_LEN]) -> bool {
+    SMALL_ORDER
+        .iter()
+        .any(|k| k[..31] == public[..31] && k[31] == public[31] & 0x7f)
 }
 
 /// How the two sides prove who they are.
@@ -481,11 +524,11 @@ impl AuthState {
                     ));
                 }
                 let (public, sig) = body.split_at(PUBLIC_KEY_LEN);
-                UnparsedPublicKey::new(&signature::ED25519, public)
-                    .verify(&identity_message(peer_role, transcript), sig)
-                    .map_err(|_| ChannelError::Tampered)?;
                 let mut peer_key = [0u8; PUBLIC_KEY_LEN];
                 peer_key.copy_from_slice(public);
+                if !verify_signature(&peer_key, &identity_message(peer_role, transcript), sig) {
+                    return Err(ChannelError::Tampered);
+                }
                 peer.check(&peer_key)?;
                 let out = match role {
                     Role::Responder => vec![identity_packet(key, role, transcript)],

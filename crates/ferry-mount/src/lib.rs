@@ -22,3 +22,27 @@ pub mod remote;
 pub mod source;
 pub mod store;
 pub mod writes;
+
+/// The parsers of the journals the mount reads back from its working-copy directory, for the fuzz targets in
+/// `fuzz/` (a tampered directory is input too). Not part of the API: compiled only with the `fuzzing`
+/// feature, so the shipped crate exposes nothing more.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::pending::Op;
+
+    /// The queued change on one line of the pending-changes journal, or `None` if it is not one.
+    pub fn pending_op(line: &str) -> Option<Op> {
+        Op::decode(line)
+    }
+
+    /// The journal line of a queued change.
+    pub fn pending_line(op: &Op) -> String {
+        op.encode()
+    }
+
+    /// A working copy's journal in `text` encoded again (its canonical text), or `None` if it is not one.
+    pub fn journal(text: &str) -> Option<String> {
+        crate::writes::journal_again(text)
+    }
+}

@@ -75,7 +75,7 @@ impl Op {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         // An empty field (a symlink's target) is written `-`, so that every field has a word.
         let hex = |b: &[u8]| match b.is_empty() {
             true => "-".to_string(),
@@ -105,7 +105,7 @@ impl Op {
     }
 
     /// The change on `line`, or `None` if it is not one (cut short by a crash).
-    fn decode(line: &str) -> Option<Op> {
+    pub(crate) fn decode(line: &str) -> Option<Op> {
         let unhex = |s: &str| match s {
             "-" => Some(Vec::new()),
             s => unhex(s),

@@ -226,6 +226,13 @@ impl Journal {
     }
 }
 
+/// A working copy's journal in `text` encoded again (its canonical text), or `None` if it is not one: the
+/// fuzz targets' way in ([`crate::fuzzing`]).
+#[cfg(feature = "fuzzing")]
+pub(crate) fn journal_again(text: &str) -> Option<String> {
+    Journal::decode(text).map(|j| j.encode())
+}
+
 impl WorkingCopy {
     /// An empty copy at `path` (a new file there) of the sharer's `base`; [`WorkingCopy::load`] fills in the
     /// base's content, else the copy counts as truncated.

@@ -198,6 +198,32 @@ mod tests {
         (a, b, ka, kb)
     }
 
+    /// Found by the `pairing` fuzz target: the all-zero key (a point of small order) with an all-zero
+    /// signature was accepted for about a quarter of all messages, so a pairing could pin a key whose
+    /// signatures anyone makes.
+    #[test]
+    fn a_key_of_small_order_is_refused_whatever_it_signs() {
+        let (a, ..) = pair([3; 32], [3; 32]);
+        let mut weak = [[0u8; 32], [1; 32], [0xff; 32]];
+        weak[1] = [0; 32];
+        weak[1][0] = 1;
+        weak[2][0] = 0xec;
+        weak[2][31] = 0x7f;
+        for key in weak {
+            for i in 0..=255u8 {
+                let mut signature = [0u8; SIGNATURE_LEN];
+                signature[..32].copy_from_slice(&key);
+                let forged = PairingMessage {
+                    key,
+                    half: [i; 32],
+                    name: String::new(),
+                    signature,
+                };
+                assert!(a.finish(&forged).is_err(), "key {key:02x?}, half {i}");
+            }
+        }
+    }
+
     #[test]
     fn both_sides_pin_each_other_and_agree_on_the_secret() {
         let (a, b, ka, kb) = pair([3; 32], [3; 32]);

@@ -1227,7 +1227,10 @@ impl<'a> Response<'a> {
             ERROR => {
                 let id = r.u32()?;
                 let code = ErrorCode::from_u8(r.u8()?).ok_or(WireError::Invalid("error code"))?;
-                let message = String::from_utf8_lossy(r.bytes16(MAX_MESSAGE)?).into_owned();
+                // Each invalid byte becomes a three-byte replacement character: cut again, so that what is
+                // decoded keeps the bound too (and encodes to itself).
+                let lossy = String::from_utf8_lossy(r.bytes16(MAX_MESSAGE)?);
+                let message = ferry_wire::truncate_text(&lossy, MAX_MESSAGE).to_owned();
                 Response::Error { id, code, message }
             }
             TRANSFER => Response::Transfer { id: r.u32()? },
@@ -1625,6 +1628,22 @@ mod tests {
         for (constant, byte) in types {
             assert_eq!(constant, byte);
         }
+    }
+
+    /// Found by the `share_response` fuzz target: invalid UTF-8 in an error message grew past the bound as it
+    /// was replaced, and the message no longer encoded to itself.
+    #[test]
+    fn an_error_message_of_invalid_utf8_keeps_its_bound_and_round_trips() {
+        let mut buf = vec![ERROR, 1, 0, 0, 0, ErrorCode::Io.to_u8()];
+        buf.put_bytes16(&[0xff; MAX_MESSAGE]);
+        let rsp = Response::decode(&buf).unwrap();
+        let Response::Error { message, .. } = &rsp else {
+            panic!("{rsp:?}");
+        };
+        assert!(message.len() <= MAX_MESSAGE, "{} bytes", message.len());
+        let mut again = Vec::new();
+        rsp.encode(&mut again);
+        assert_eq!(Response::decode(&again).unwrap(), rsp);
     }
 
     #[test]

@@ -204,3 +204,45 @@ fn tampering_a_code_handshake_in_flight_fails_it() {
         }
     }
 }
+
+/// A public key of small order proves nobody: with R = the key and S = 0 its "signature" verifies for a share
+/// of all messages without any secret (found by the `pairing` fuzz target for the all-zero key), so it is
+/// refused whatever it signs, in pairing and in the handshake's identity check alike.
+#[test]
+fn a_signature_by_a_key_of_small_order_proves_nothing() {
+    let mut weak: Vec<[u8; 32]> = Vec::new();
+    for first in [0u8, 1] {
+        let mut k = [0u8; 32];
+        k[0] = first;
+        weak.push(k);
+    }
+    for first in [0xecu8, 0xed, 0xee] {
+        let mut k = [0xffu8; 32];
+        k[0] = first;
+        k[31] = 0x7f;
+        weak.push(k);
+    }
+    weak.push(*b"\x26\xe8\x95\x8f\xc2\xb2\x27\xb0\x45\xc3\xf4\x89\xf2\xef\x98\xf0\xd5\xdf\xac\x05\xd3\xc6\x33\x39\xb1\x38\x02\x88\x6d\x53\xfc\x05");
+    weak.push(*b"\xc7\x17\x6a\x70\x3d\x4d\xd8\x4f\xba\x3c\x0b\x76\x0d\x10\x67\x0f\x2a\x20\x53\xfa\x2c\x39\xcc\xc6\x4e\xc7\xfd\x77\x92\xac\x03\x7a");
+    for key in weak {
+        for sign in [0u8, 0x80] {
+            let mut key = key;
+            key[31] |= sign;
+            let mut signature = [0u8; 64];
+            signature[..32].copy_from_slice(&key);
+            for m in 0..=255u8 {
+                assert!(
+                    !ferry_channel::verify_signature(&key, &[m; 7], &signature),
+                    "key {key:02x?}, message {m}"
+                );
+            }
+        }
+    }
+    // An ordinary key still verifies its own signature.
+    let key = identity(1);
+    assert!(ferry_channel::verify_signature(
+        &key.public(),
+        b"m",
+        &key.sign(b"m")
+    ));
+}
