@@ -1037,11 +1037,11 @@ fn a_daemon_mount_returns_mounted_and_says_why_when_it_cannot_mount() {
         !Path::new(&format!("/proc/{pid}")).exists()
             || fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
     });
-    // A refusal keeps its class: a peer the sharer removed is peer-gone, exit 4, as in the foreground.
+    // A refusal keeps its class: a peer the sharer removed is not admitted, exit 5, as in the foreground.
     let removed = w.as_("a").args(["peers", "remove", "b"]).output().unwrap();
     assert_success("peers remove", &removed);
     let out = daemon(&one, &["--json"]);
-    assert_failure("a daemon mount by a removed peer", &out, 4, "peer-gone");
+    assert_failure("a daemon mount by a removed peer", &out, 5, "not-admitted");
     assert!(
         fs::read_dir(&one).unwrap().next().is_none(),
         "nothing mounted"
@@ -1259,14 +1259,11 @@ fn a_mount_by_a_peer_the_sharer_removed_is_refused_in_words() {
     let mut cmd = w.as_("b");
     cmd.args(["mount", "--json", "--wait", "2s", "a"]).arg(&mnt);
     let out = finish(cmd.stdout(Stdio::piped()).spawn().unwrap());
-    // As `ls` says it: the peer ended the connection (exit 4), and why that happens, in words.
-    assert_failure("a mount by a removed peer", &out, 4, "peer-gone");
+    // As `ls` says it: the sharer refused this machine's key in the handshake (exit 5), in words.
+    assert_failure("a mount by a removed peer", &out, 5, "not-admitted");
     let evs = events(&out.stdout);
     let message = event(&evs, "error").unwrap()["message"].as_str().unwrap();
-    assert!(
-        message.contains("closed the connection before"),
-        "{message}"
-    );
+    assert!(message.contains("is not paired there"), "{message}");
     assert!(
         fs::read_dir(&mnt).unwrap().next().is_none(),
         "nothing mounted"
