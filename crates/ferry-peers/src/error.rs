@@ -22,6 +22,15 @@ pub enum PeersError {
         /// Its permission bits.
         mode: u32,
     },
+    /// The directory of the files holding secrets may be written by other users, who could remove or
+    /// replace them.
+    #[error("{path} may be written by other users (mode {mode:04o}); run: chmod go-w {path}")]
+    ExposedDir {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// A file holding secrets belongs to another user.
     #[error("{path} belongs to another user (uid {owner})")]
     NotOwned {

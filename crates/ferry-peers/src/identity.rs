@@ -30,6 +30,7 @@ pub fn load_or_create(dir: &Path) -> Result<(IdentityKey, bool), PeersError> {
         Err(e) => return Err(e),
     }
     create_private_dir(dir)?;
+    check_private_dir(dir)?;
     let key = IdentityKey::generate();
     let temp = dir.join(format!(".{IDENTITY_FILE}.{}.tmp", std::process::id()));
     let mut file = OpenOptions::new()
@@ -100,7 +101,31 @@ pub(crate) fn open_private(path: &Path) -> Result<File, PeersError> {
         .open(path)
         .map_err(|e| PeersError::io(path, e))?;
     check_private(&file, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        check_private_dir(dir)?;
+    }
     Ok(file)
+}
+
+/// Refuses a directory of secrets that another user owns or may write (and so could swap files in). Others
+/// may read and enter it: the files themselves are 0600. A symlinked directory is judged by its target.
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), PeersError> {
+    let st = rustix::fs::stat(dir).map_err(|e| PeersError::io(dir, e.into()))?;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(PeersError::NotOwned {
+            path: dir.to_path_buf(),
+            owner: st.st_uid,
+        });
+    }
+    let mode = st.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(PeersError::ExposedDir {
+            path: dir.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a file that is not a regular file of ours, private to us.
@@ -191,6 +216,23 @@ mod tests {
             0o700
         );
         assert_eq!(fs::read_dir(&conf).unwrap().count(), 1, "no temp file left");
+    }
+
+    #[test]
+    fn a_config_directory_others_may_write_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let conf = dir.path().join("ferry");
+        load_or_create(&conf).unwrap();
+        fs::set_permissions(&conf, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = load_or_create(&conf).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(err, PeersError::ExposedDir { mode: 0o777, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("chmod go-w"), "{err}");
+        // Readable by others is fine: the files are 0600.
+        fs::set_permissions(&conf, fs::Permissions::from_mode(0o755)).unwrap();
+        load_or_create(&conf).unwrap();
     }
 
     #[test]
