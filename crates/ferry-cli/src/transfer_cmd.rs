@@ -740,6 +740,10 @@ fn accept_offer(
     match answer {
         Ok(interrupt::Answer::Line(Some(line))) => {
             if matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+                // The watch may not have run since the sender left: a yes nobody hears is no transfer.
+                if hung_up(connection, Duration::ZERO) {
+                    return Answer::Gone;
+                }
                 Answer::Yes
             } else {
                 Answer::No

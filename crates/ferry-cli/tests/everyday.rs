@@ -613,6 +613,38 @@ fn the_offer_counts_symlinks() {
     );
 }
 
+/// Issue 45: `y` typed at once after the sender went away (before the receiver's watch could say so) ends
+/// the same way as a sender noticed while asking, with a line that says why, not with a raw "Broken pipe".
+#[test]
+fn a_yes_right_after_the_sender_left_is_not_a_broken_pipe() {
+    for round in 0..5 {
+        let w = World::new();
+        let code = format!("{}-apple-orbit-violin", 80 + round);
+        let (send, mut recv) = sender_and_asking_receiver(&w, &code, 12);
+        send.signal(libc::SIGKILL);
+        let _ = send.finish();
+        recv.type_keys(b"y\n");
+        let (status, text) = recv.finish();
+        let after = after_question(&text);
+        assert!(!after.contains("Broken pipe"), "round {round}: {after:?}");
+        assert!(!after.contains("os error"), "round {round}: {after:?}");
+        match status {
+            Some(0) => assert_eq!(
+                fs::read(w.out().join("asked.bin")).unwrap(),
+                pseudo_random(12, 7)
+            ),
+            Some(4) => {
+                assert!(
+                    after.contains("the sender is gone"),
+                    "round {round}: {after:?}"
+                );
+                assert!(list_all(&w.out()).is_empty(), "{:?}", list_all(&w.out()));
+            }
+            other => panic!("round {round}: exit {other:?}: {after:?}"),
+        }
+    }
+}
+
 /// Issue 45: a receiver at the question notices that the sender went away, says so and ends as `peer-gone`
 /// (exit 4) without waiting for an answer nobody can use.
 #[test]
