@@ -159,6 +159,7 @@ fn remote_failure(e: &ferry_share::remote::RemoteError) -> Failure {
         R::Remote(..) => ErrorCode::Remote,
         R::Local(_) => ErrorCode::Io,
         R::TooLarge(_) => ErrorCode::Protocol,
+        R::Stopped => ErrorCode::Interrupted,
     }
     .into()
 }

@@ -12,6 +12,7 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use common::mounting::*;
 use common::*;
@@ -1348,4 +1349,58 @@ fn a_huge_truncate_is_efbig_at_once_one_past_the_sharers_space_is_enospc_and_hol
     let content = fs::read(w.src().join("f")).unwrap();
     assert_eq!(&content[..4], b"data");
     assert!(content[4..].iter().all(|&b| b == 0));
+}
+
+/// Issue 45: a push that takes long (a big sparse file is hashed whole, holes included) does not hold a
+/// caller that is killed: the kernel keeps it waiting until the answer, even through SIGKILL, and fuser
+/// passes no interrupt on, so the mount looks for itself. The file still reaches the sharer, in the
+/// background.
+#[test]
+fn a_caller_killed_during_a_long_push_goes_at_once_and_the_push_ends_in_the_background() {
+    let test =
+        "a_caller_killed_during_a_long_push_goes_at_once_and_the_push_ends_in_the_background";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    fs::write(w.src().join("f"), b"data").unwrap();
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let m = Mounted::start(&w, &[]);
+    // Half of what the sharer's disk has free (sparse: nothing of it is allocated), at most 32 GiB: hashed
+    // for seconds on both sides (the caller waited 4.4 s on the old code, where this took the push's time).
+    let (block, _, _, available, _) = statvfs(&w.src()).unwrap();
+    let size = (block * available / 2).min(32 << 30) & !0xfff;
+    assert!(
+        size >= 8 << 30,
+        "too little room for the test: {size} bytes"
+    );
+    for signal in [libc::SIGKILL, libc::SIGINT] {
+        let mut truncate = std::process::Command::new("truncate")
+            .args(["-s", &size.to_string()])
+            .arg(m.path("f"))
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(truncate.try_wait().unwrap().is_none(), "the push was quick");
+        let killed = Instant::now();
+        // SAFETY: kill(2) of the child this test spawned and has not reaped.
+        assert_eq!(unsafe { libc::kill(truncate.id() as i32, signal) }, 0);
+        let status = truncate.wait().unwrap();
+        let took = killed.elapsed();
+        eprintln!("signal {signal}: the caller was gone after {took:?} ({status})");
+        assert!(
+            took < Duration::from_millis(1500),
+            "signal {signal}: {took:?}"
+        );
+        eventually_within("the sharer has the new size", 120, || {
+            fs::metadata(w.src().join("f")).unwrap().len() == size
+        });
+        fs::OpenOptions::new()
+            .write(true)
+            .open(m.path("f"))
+            .unwrap()
+            .set_len(4)
+            .unwrap();
+    }
+    assert_eq!(fs::read(w.src().join("f")).unwrap(), b"data");
 }

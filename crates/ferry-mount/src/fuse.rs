@@ -36,6 +36,7 @@ use fuser::{
 };
 use rustix::fs::FallocateFlags;
 
+use crate::caller::Caller;
 use crate::files::{Handle, Reader};
 use crate::inodes::{child, listing_of, Inodes, Listing, ROOT};
 use crate::pending::Op;
@@ -928,8 +929,9 @@ impl<S: Source + Sink> Shared<S> {
         Err(Errno::ESTALE)
     }
 
-    /// Pushes `ino`'s working copy if it has changes; the errno of a failure (the close's error).
-    fn push(&self, ino: u64, copy: &writes::Shared) -> Result<(), Errno> {
+    /// Pushes `ino`'s working copy if it has changes; the errno of a failure (the close's error). `stop`
+    /// (the caller is being killed) ends it with `EINTR`, the copy kept and pushed in the background.
+    fn push(&self, ino: u64, copy: &writes::Shared, stop: &dyn Fn() -> bool) -> Result<(), Errno> {
         let mut c = writes::lock(copy);
         if !c.is_dirty() {
             return Ok(());
@@ -941,7 +943,7 @@ impl<S: Source + Sink> Shared<S> {
             return Ok(());
         }
         let path = self.path(INodeNo(ino))?;
-        let pushed = c.push(&*self.source, &path);
+        let pushed = c.push(&*self.source, &path, stop);
         let failed_before = c.failed(pushed.is_err());
         if failed_before && pushed.is_ok() {
             (self.notice)(&format!("{} is on the sharer now", shown(&path)));
@@ -984,6 +986,11 @@ impl<S: Source + Sink> Shared<S> {
                              {why}",
                             shown(&path)
                         ),
+                        SourceError::Stopped => format!(
+                            "{} is not on the sharer yet: the process that wrote it was killed during \
+                             its push; kept here, pushed in the background",
+                            shown(&path)
+                        ),
                         refused => format!(
                             "{} is not on the sharer: it refused the push ({refused}); kept here, \
                              pushed again while the mount runs (after 1 s, then less often, at least \
@@ -1001,10 +1008,10 @@ impl<S: Source + Sink> Shared<S> {
         }
     }
 
-    /// Pushes `ino`'s working copy, if any.
-    fn push_ino(&self, ino: u64) -> Result<(), Errno> {
+    /// Pushes `ino`'s working copy, if any, for `caller`.
+    fn push_ino(&self, ino: u64, caller: &Caller) -> Result<(), Errno> {
         match self.copy(ino) {
-            Some(c) => self.push(ino, &c),
+            Some(c) => self.push(ino, &c, &|| caller.dying()),
             None => Ok(()),
         }
     }
@@ -1049,7 +1056,7 @@ impl<S: Source + Sink> Shared<S> {
         }
         for (ino, c) in w.all() {
             if writes::lock(&c).is_due(DEBOUNCE) {
-                let _ = self.push(ino, &c);
+                let _ = self.push(ino, &c, &|| false);
             }
             if !writes::lock(&c).is_dirty() && !self.has_writers(ino) {
                 self.let_go(ino, &c);
@@ -1151,6 +1158,7 @@ impl<S: Source + Sink> Shared<S> {
         size: Option<u64>,
         atime: Option<fuser::TimeOrNow>,
         mtime: Option<fuser::TimeOrNow>,
+        caller: &Caller,
     ) -> Result<FileAttr, Errno> {
         self.writes()?;
         if uid.is_some_and(|u| u != self.uid) || gid.is_some_and(|g| g != self.gid) {
@@ -1170,7 +1178,7 @@ impl<S: Source + Sink> Shared<S> {
             self.reader.changed(&path);
             // A truncate(2) of a file nobody writes lands at once.
             if !self.has_writers(ino.0) {
-                self.push(ino.0, &copy)?;
+                self.push(ino.0, &copy, &|| caller.dying())?;
             }
         }
         let mtime = mtime.map(|t| {
@@ -1336,6 +1344,7 @@ impl<S: Source + Sink> Shared<S> {
         newparent: INodeNo,
         newname: &OsStr,
         flags: fuser::RenameFlags,
+        caller: &Caller,
     ) -> Result<(), Errno> {
         if flags.contains(fuser::RenameFlags::RENAME_EXCHANGE)
             || flags.contains(fuser::RenameFlags::RENAME_WHITEOUT)
@@ -1347,7 +1356,7 @@ impl<S: Source + Sink> Shared<S> {
         // What is written there goes first: the rename moves the sharer's file.
         let moved = self.inodes().ino(&from);
         if let Some(ino) = moved {
-            self.push_ino(ino)?;
+            self.push_ino(ino, caller)?;
         }
         let replace = !flags.contains(fuser::RenameFlags::RENAME_NOREPLACE);
         // The table's guard goes before the copy is let go, which takes the table again (an `if let` on
@@ -1828,7 +1837,8 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         if let Some(o) = gone.as_ref().filter(|o| o.writing) {
             if !self.shared.has_writers(o.ino) {
                 if let Some(c) = self.shared.copy(o.ino) {
-                    let pushed = self.shared.push(o.ino, &c);
+                    // Nobody waits for a release: pushed to the end.
+                    let pushed = self.shared.push(o.ino, &c, &|| false);
                     if pushed.is_ok() && !writes::lock(&c).is_dirty() {
                         self.shared.let_go(o.ino, &c);
                     }
@@ -1841,7 +1851,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
@@ -1853,7 +1863,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
             open.get(&fh.0).is_some_and(|o| o.writing)
         };
         match writing {
-            true => match self.shared.push_ino(ino.0) {
+            true => match self.shared.push_ino(ino.0, &Caller::new(req.pid())) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(e),
             },
@@ -1863,7 +1873,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
@@ -1872,7 +1882,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         // Pushed; or, the sharer away, kept on this disk until it is back.
         let r = self
             .shared
-            .push_ino(ino.0)
+            .push_ino(ino.0, &Caller::new(req.pid()))
             .and_then(|()| match self.shared.copy(ino.0) {
                 Some(c) if writes::lock(&c).is_dirty() => writes::lock(&c).sync().map_err(io_errno),
                 _ => Ok(()),
@@ -1961,7 +1971,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -1977,7 +1987,11 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        match self.shared.setattr(ino, mode, uid, gid, size, atime, mtime) {
+        let caller = Caller::new(req.pid());
+        match self
+            .shared
+            .setattr(ino, mode, uid, gid, size, atime, mtime, &caller)
+        {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -2064,7 +2078,7 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -2072,7 +2086,11 @@ impl<S: Source + Sink> Filesystem for ShareFs<S> {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        match self.shared.rename(parent, name, newparent, newname, flags) {
+        let caller = Caller::new(req.pid());
+        match self
+            .shared
+            .rename(parent, name, newparent, newname, flags, &caller)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }

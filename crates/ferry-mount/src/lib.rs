@@ -6,12 +6,14 @@
 //! [`writes`] is the write path's core (working copies pushed to the sharer), [`pending`] the name changes
 //! made offline, sent when the link is back; [`source`] and
 //! [`store`] are the traits the read path stands on: the share client and the chunk cache in the binary,
-//! in-memory fakes in tests. [`lifecycle`] mounts and unmounts (lazily when busy, so no stale mount stays).
+//! in-memory fakes in tests. [`caller`] tells whether the process behind a request is being killed (a push
+//! gives up for it). [`lifecycle`] mounts and unmounts (lazily when busy, so no stale mount stays).
 //! [`floor`] is no part of the mount: the cheapest FUSE read path, mounted the same way, for the benchmarks.
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod caller;
 pub mod files;
 pub mod floor;
 pub mod fuse;

@@ -1,10 +1,7 @@
 //! The share client ([`Remote`]) as the mount's [`Source`]: its failures sorted into what the read path
 //! treats differently (a changed file, a lost link, anything else).
 
-use std::fs::File;
-use std::ops::Range;
-
-use ferry_share::remote::{PutOutcome, ReadHandle, ReadPiece, Remote, RemoteError};
+use ferry_share::remote::{PutContent, PutOutcome, ReadHandle, ReadPiece, Remote, RemoteError};
 use ferry_share::wire::{Entry, ErrorCode, SharePath, Space, Time};
 
 use crate::source::{Piece, Pieces, Sink, Source, SourceError};
@@ -12,6 +9,7 @@ use crate::source::{Piece, Pieces, Sink, Source, SourceError};
 fn sorted(e: RemoteError) -> SourceError {
     match e {
         RemoteError::Remote(ErrorCode::Changed, _) => SourceError::Changed,
+        RemoteError::Stopped => SourceError::Stopped,
         RemoteError::Deadline | RemoteError::Disconnected(_) | RemoteError::Closed => {
             SourceError::Offline(e.to_string())
         }
@@ -79,12 +77,9 @@ impl Sink for Remote {
         &self,
         path: &SharePath,
         base: Option<[u8; 32]>,
-        file: &File,
-        ranges: Option<&[Range<u64>]>,
-        mode: u32,
-        mtime: Option<Time>,
+        content: PutContent<'_>,
     ) -> Result<PutOutcome, SourceError> {
-        Remote::put(self, path, base, file, ranges, mode, mtime).map_err(sorted)
+        Remote::put(self, path, base, content).map_err(sorted)
     }
 
     fn mkdir(&self, path: &SharePath, mode: u32) -> Result<(), SourceError> {

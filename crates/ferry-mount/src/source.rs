@@ -3,7 +3,7 @@
 //! the callers: names are single components (the wire checks them), sizes are clamped by the version.
 
 use ferry_share::bytes::Bytes;
-pub use ferry_share::remote::PutOutcome;
+pub use ferry_share::remote::{PutContent, PutOutcome};
 use ferry_share::tree::{GroupCv, Version};
 use ferry_share::wire::{Entry, SharePath, Space, Time};
 
@@ -16,6 +16,9 @@ pub enum SourceError {
     /// The sharer cannot be reached (link lost, deadline passed): cached data may stand in.
     #[error("{0}")]
     Offline(String),
+    /// The caller stopped it (its process was interrupted): nothing changed on the sharer.
+    #[error("stopped: the calling process was interrupted")]
+    Stopped,
     /// Any other failure, with the errno the file system answers.
     #[error("{message}")]
     Failed {
@@ -32,6 +35,7 @@ impl SourceError {
         match self {
             SourceError::Changed => libc::ESTALE,
             SourceError::Offline(_) => libc::EIO,
+            SourceError::Stopped => libc::EINTR,
             SourceError::Failed { errno, .. } => *errno,
         }
     }
@@ -106,17 +110,15 @@ pub trait Sink: Send + Sync + 'static {
     fn reachable(&self) -> bool {
         true
     }
-    /// Lands `file`'s content at `path` if the sharer's file is still `base` (`None`: absent), sending only
-    /// `ranges` (with the base's other bytes copied on the sharer) when given; a changed file is kept and
-    /// the content goes beside it ([`PutOutcome::Conflicted`]).
+    /// Lands `content.file` at `path` if the sharer's file is still `base` (`None`: absent), sending only
+    /// `content.ranges` (with the base's other bytes copied on the sharer) when given; a changed file is kept
+    /// and the content goes beside it ([`PutOutcome::Conflicted`]). `content.stop` ends it early with
+    /// [`SourceError::Stopped`].
     fn put(
         &self,
         _path: &SharePath,
         _base: Option<[u8; 32]>,
-        _file: &std::fs::File,
-        _ranges: Option<&[std::ops::Range<u64>]>,
-        _mode: u32,
-        _mtime: Option<Time>,
+        _content: PutContent<'_>,
     ) -> Result<PutOutcome, SourceError> {
         Err(read_only())
     }

@@ -26,7 +26,7 @@ use ferry_share::wire::{Entry, SharePath, Time};
 use rustix::fs::FallocateFlags;
 
 use crate::pending::Pending;
-use crate::source::{PutOutcome, Sink, SourceError};
+use crate::source::{PutContent, PutOutcome, Sink, SourceError};
 
 /// A file kept open and written is pushed once it has not been written for this long.
 pub const DEBOUNCE: Duration = Duration::from_secs(1);
@@ -577,7 +577,12 @@ impl WorkingCopy {
     }
 
     /// Sends the copy to `sink` as `path` if it is dirty: only the changed ranges when there is a base.
-    pub fn push(&mut self, sink: &dyn Sink, path: &SharePath) -> Result<Pushed, SourceError> {
+    pub fn push(
+        &mut self,
+        sink: &dyn Sink,
+        path: &SharePath,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Pushed, SourceError> {
         if !self.dirty {
             return Ok(Pushed::Clean);
         }
@@ -590,10 +595,12 @@ impl WorkingCopy {
             (p.mode, p.modified)
         };
         let mtime = self.mtime.unwrap_or_else(|| time_of(modified));
-        let outcome = sink.put(path, base, &self.file, ranges, mode, Some(mtime));
+        let content = PutContent::new(&self.file, ranges, mode, Some(mtime)).stopped_by(stop);
+        let outcome = sink.put(path, base, content);
         self.refused = match &outcome {
-            // The link: tried again at once when it is back (failing fast meanwhile).
-            Ok(_) | Err(SourceError::Offline(_)) => (0, None),
+            // The link: tried again at once when it is back (failing fast meanwhile); a stopped push is
+            // tried again as soon as it is due.
+            Ok(_) | Err(SourceError::Offline(_) | SourceError::Stopped) => (0, None),
             Err(_) => {
                 let n = self.refused.0.saturating_add(1);
                 let wait = DEBOUNCE.saturating_mul(1 << (n - 1).min(16));
@@ -797,7 +804,10 @@ impl Writes {
             let pushed = File::open(&l.file)
                 .and_then(|f| fits(f.metadata()?.len()).map(|()| f))
                 .map_err(failed)
-                .and_then(|f| sink.put(&j.path, j.base.map(|v| v.root), &f, None, j.mode, j.mtime));
+                .and_then(|f| {
+                    let content = PutContent::new(&f, None, j.mode, j.mtime);
+                    sink.put(&j.path, j.base.map(|v| v.root), content)
+                });
             let done = match pushed {
                 Ok(PutOutcome::Written { .. }) => Recovered::Written(j.path.clone()),
                 Ok(PutOutcome::Conflicted { name }) => Recovered::Conflicted(j.path.clone(), name),

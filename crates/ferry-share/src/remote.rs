@@ -129,6 +129,10 @@ pub enum RemoteError {
     /// An answer larger than the client takes (a listing past its limit).
     #[error("{0}")]
     TooLarge(String),
+    /// The caller stopped the request (its process was interrupted): a put's partial content is dropped
+    /// on the sharer.
+    #[error("stopped before it was done")]
+    Stopped,
 }
 
 impl RemoteError {
@@ -163,6 +167,7 @@ impl RemoteError {
             | RemoteError::Local(_) => Errno::IO,
             RemoteError::TooLarge(_) => Errno::NOMEM,
             RemoteError::Closed => Errno::NOTCONN,
+            RemoteError::Stopped => Errno::INTR,
         };
         e.raw_os_error()
     }
@@ -174,6 +179,44 @@ impl From<Failure> for RemoteError {
             Failure::Remote(code, message) => RemoteError::Remote(code, message),
             Failure::Integrity => RemoteError::Integrity,
         }
+    }
+}
+
+/// What a [`Remote::put`] sends: a local file, and how it lands.
+#[derive(Clone, Copy)]
+pub struct PutContent<'a> {
+    /// The content (its whole length).
+    pub file: &'a File,
+    /// Only these ranges of `file` are sent: the sharer starts from its copy of the put's base.
+    pub ranges: Option<&'a [Range<u64>]>,
+    /// The permission bits the file gets.
+    pub mode: u32,
+    /// The modification time the file gets (`None`: the sharer's clock).
+    pub mtime: Option<Time>,
+    /// Asked between chunks (keep it cheap): `true` ends the put at once.
+    pub stop: &'a dyn Fn() -> bool,
+}
+
+impl<'a> PutContent<'a> {
+    /// `file`, sent until it is done.
+    pub fn new(
+        file: &'a File,
+        ranges: Option<&'a [Range<u64>]>,
+        mode: u32,
+        mtime: Option<Time>,
+    ) -> Self {
+        PutContent {
+            file,
+            ranges,
+            mode,
+            mtime,
+            stop: &|| false,
+        }
+    }
+
+    /// The same content, ended at once when `stop` says so.
+    pub fn stopped_by(self, stop: &'a dyn Fn() -> bool) -> Self {
+        PutContent { stop, ..self }
     }
 }
 
@@ -540,26 +583,30 @@ impl Remote {
         })
     }
 
-    /// Writes the content of `file` (its whole length) to `path`. `base`: the root of the sharer's version
-    /// the content derives from (`None`: the caller believes `path` does not exist). With `ranges`, only those
-    /// ranges of `file` are sent and the sharer starts from its copy of `base` (cut or zero-extended to the
-    /// file's length: a truncate sends no range); if that copy is gone, the whole content is sent instead
-    /// (and conflicts). The sharer verifies the content's root before anything becomes visible, then lands it
-    /// or keeps it beside a file that changed since `base` ([`PutOutcome::Conflicted`]): nothing is lost.
+    /// Writes the content of `content.file` (its whole length) to `path`. `base`: the root of the sharer's
+    /// version the content derives from (`None`: the caller believes `path` does not exist). With
+    /// `content.ranges`, only those ranges are sent and the sharer starts from its copy of `base` (cut or
+    /// zero-extended to the file's length: a truncate sends no range); if that copy is gone, the whole content
+    /// is sent instead (and conflicts). The sharer verifies the content's root before anything becomes
+    /// visible, then lands it or keeps it beside a file that changed since `base` ([`PutOutcome::Conflicted`]):
+    /// nothing is lost. `content.stop`, asked between chunks, ends the put at once ([`RemoteError::Stopped`]).
     ///
     /// The data sent counts as progress for the deadlines. A link lost before the put's end retries it on the
     /// next connection (the sharer dropped the partial content); one lost after its end first looks whether
     /// the content landed.
-    #[allow(clippy::too_many_arguments)]
     pub fn put(
         &self,
         path: &SharePath,
         base: Option<[u8; 32]>,
-        file: &File,
-        ranges: Option<&[Range<u64>]>,
-        mode: u32,
-        mtime: Option<Time>,
+        content: PutContent<'_>,
     ) -> Result<PutOutcome, RemoteError> {
+        let PutContent {
+            file,
+            ranges,
+            mode,
+            mtime,
+            stop,
+        } = content;
         let s = self.shared();
         let local = |e: std::io::Error| RemoteError::Local(e.to_string());
         let size = file.metadata().map_err(local)?.len();
@@ -593,6 +640,10 @@ impl Remote {
                 'send: for range in sent {
                     let (mut at, end) = (range.start.min(size), range.end.min(size));
                     while at < end {
+                        if stop() {
+                            s.cancel(&request);
+                            return Err(RemoteError::Stopped);
+                        }
                         let n = (end - at).min(chunk as u64) as usize;
                         buf.resize(n, 0);
                         file.read_exact_at(&mut buf, at).map_err(local)?;
@@ -614,11 +665,19 @@ impl Remote {
                 let known = match version {
                     Some(v) => v,
                     None => {
+                        let mut stopped = false;
                         let root = running
-                            .root_unless(file, size, &mut || s.put_refused(&request))
+                            .root_unless(file, size, &mut || {
+                                stopped = stop();
+                                stopped || s.put_refused(&request)
+                            })
                             .map_err(local)?;
                         match root {
                             Some(root) => Version { size, root },
+                            None if stopped => {
+                                s.cancel(&request);
+                                return Err(RemoteError::Stopped);
+                            }
                             None => return Err(unexpected(s.wait(&request)?.pop())),
                         }
                     }

@@ -14,7 +14,7 @@ use common::{channel, start_sharer_with, Sharer, Tap};
 use ferry_channel::IdentityKey;
 use ferry_share::io::Changes;
 use ferry_share::remote::{
-    Dial, LinkState, PutOutcome, ReadPiece, Remote, RemoteConfig, RemoteError,
+    Dial, LinkState, PutContent, PutOutcome, ReadPiece, Remote, RemoteConfig, RemoteError,
 };
 use ferry_share::server::ServerConfig;
 use ferry_share::wire::{ErrorCode, Kind, SharePath, Time};
@@ -786,10 +786,7 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
     let out = r.put(
         &p("docs/new.bin"),
         None,
-        &local(&world, "v1", &v1),
-        None,
-        0o640,
-        None,
+        PutContent::new(&local(&world, "v1", &v1), None, 0o640, None),
     );
     let PutOutcome::Written { version } = out.unwrap() else {
         panic!("not written");
@@ -808,10 +805,7 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
     let out = r.put(
         &p("docs/new.bin"),
         Some(version.root),
-        &file,
-        Some(&ranges),
-        0o640,
-        None,
+        PutContent::new(&file, Some(&ranges), 0o640, None),
     );
     assert!(matches!(out.unwrap(), PutOutcome::Written { .. }));
     assert_eq!(world.file("docs/new.bin"), v2);
@@ -824,10 +818,7 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
     let out = r.put(
         &p("docs/new.bin"),
         Some(root_of(&v2)),
-        &file,
-        Some(&[]),
-        0o640,
-        mtime,
+        PutContent::new(&file, Some(&[]), 0o640, mtime),
     );
     assert!(matches!(out.unwrap(), PutOutcome::Written { .. }));
     assert_eq!(world.file("docs/new.bin"), v3);
@@ -841,10 +832,7 @@ fn writes_land_and_fail_with_the_errno_a_file_system_gives() {
         let out = r.put(
             &p("docs/new.bin"),
             Some(root_of(&v3)),
-            &file,
-            ranges,
-            0o640,
-            None,
+            PutContent::new(&file, ranges, 0o640, None),
         );
         let PutOutcome::Conflicted { name } = out.unwrap() else {
             panic!("no conflict");
@@ -908,7 +896,11 @@ fn a_share_that_is_not_writable_answers_erofs() {
     let file = local(&world, "mine", b"mine");
     let e = c
         .remote
-        .put(&p("docs/x"), None, &file, None, 0o644, None)
+        .put(
+            &p("docs/x"),
+            None,
+            PutContent::new(&file, None, 0o644, None),
+        )
         .unwrap_err();
     assert!(
         matches!(e, RemoteError::Remote(ErrorCode::ReadOnly, _)),
@@ -936,7 +928,7 @@ fn eight_threads_write_and_read_back_at_once() {
                 // New, then replaced twice from the version just written.
                 let mut base = None;
                 for _ in 0..3 {
-                    let out = remote.put(&path, base, &file, None, 0o644, None);
+                    let out = remote.put(&path, base, PutContent::new(&file, None, 0o644, None));
                     let PutOutcome::Written { version } = out.unwrap() else {
                         panic!("not written");
                     };
@@ -960,8 +952,13 @@ fn a_put_whose_link_is_cut_lands_once_on_the_next_link() {
     let data = pseudo_random(32 * 1024 * 1024, 60);
     let file = local(&world, "big", &data);
     let remote = c.remote.clone();
-    let put =
-        std::thread::spawn(move || remote.put(&p("docs/cut.bin"), None, &file, None, 0o644, None));
+    let put = std::thread::spawn(move || {
+        remote.put(
+            &p("docs/cut.bin"),
+            None,
+            PutContent::new(&file, None, 0o644, None),
+        )
+    });
     // Cut once the sharer holds part of it (its temp file exists).
     let docs = world.share().join("docs");
     let has_temp = || {

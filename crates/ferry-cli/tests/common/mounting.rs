@@ -197,10 +197,15 @@ pub fn sharing_with(w: &World, extra: &[&str]) -> Watched {
 }
 
 /// Waits until `check` holds (the mount sees a change made on the sharer); fails after 20 s.
-pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(20);
+pub fn eventually(what: &str, check: impl FnMut() -> bool) {
+    eventually_within(what, 20, check);
+}
+
+/// [`eventually`] with a bound of `secs` seconds.
+pub fn eventually_within(what: &str, secs: u64, mut check: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(secs);
     while !check() {
-        assert!(Instant::now() < until, "{what}: not seen within 20 s");
+        assert!(Instant::now() < until, "{what}: not seen within {secs} s");
         std::thread::sleep(Duration::from_millis(50));
     }
 }

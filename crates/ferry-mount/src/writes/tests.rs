@@ -3,7 +3,6 @@
 #![allow(clippy::single_range_in_vec_init)]
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
@@ -13,7 +12,7 @@ use ferry_share::tree::Version;
 use ferry_share::wire::{Entry, SharePath, Time};
 
 use super::{Pushed, Recovered, WorkingCopy, Writes};
-use crate::source::{PutOutcome, Sink, SourceError};
+use crate::source::{PutContent, PutOutcome, Sink, SourceError};
 
 /// A file's content, the counter standing in for its root, its mode.
 type FakeFile = (Vec<u8>, u8, u32);
@@ -50,11 +49,9 @@ impl Sink for FakeSharer {
         &self,
         path: &SharePath,
         base: Option<[u8; 32]>,
-        file: &File,
-        ranges: Option<&[Range<u64>]>,
-        mode: u32,
-        _mtime: Option<Time>,
+        content: PutContent<'_>,
     ) -> Result<PutOutcome, SourceError> {
+        let (file, ranges, mode) = (content.file, content.ranges, content.mode);
         self.sent.lock().unwrap().push(ranges.map(|r| r.to_vec()));
         if path.as_bytes().starts_with(b"gone/") {
             return Err(SourceError::Failed {
@@ -106,10 +103,7 @@ impl Sink for Refusing {
         &self,
         _: &SharePath,
         _: Option<[u8; 32]>,
-        _: &File,
-        _: Option<&[Range<u64>]>,
-        _: u32,
-        _: Option<Time>,
+        _: PutContent<'_>,
     ) -> Result<PutOutcome, SourceError> {
         Err(match self.0.load(std::sync::atomic::Ordering::Relaxed) {
             true => SourceError::Offline("link lost".into()),
@@ -120,6 +114,9 @@ impl Sink for Refusing {
         })
     }
 }
+
+/// A push nobody stops.
+const NEVER: &dyn Fn() -> bool = &|| false;
 
 fn p(s: &str) -> SharePath {
     SharePath::new(s.as_bytes()).unwrap()
@@ -159,12 +156,12 @@ fn a_write_in_the_middle_sends_only_its_range_and_the_sharer_gets_the_whole() {
     let (_d, w) = writes();
     let mut c = copy_of(&w, &sharer, "f", base);
     assert!(!c.is_dirty());
-    assert_eq!(c.push(&sharer, &p("f")).unwrap(), Pushed::Clean);
+    assert_eq!(c.push(&sharer, &p("f"), NEVER).unwrap(), Pushed::Clean);
     c.write_at(10, b"abc").unwrap();
     c.write_at(12, b"XY").unwrap();
     assert_eq!(c.changed(), &[10..14]);
     assert_eq!(c.read_at(9, 6).unwrap(), [9, b'a', b'b', b'X', b'Y', 14]);
-    let Pushed::Written(v) = c.push(&sharer, &p("f")).unwrap() else {
+    let Pushed::Written(v) = c.push(&sharer, &p("f"), NEVER).unwrap() else {
         panic!("not written")
     };
     let mut want = old.clone();
@@ -189,7 +186,7 @@ fn appends_truncates_and_holes_reach_the_sharer_exactly() {
     c.set_len(30).unwrap();
     c.write_at(40, b"end").unwrap();
     assert_eq!(c.size(), 43);
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     let mut want = vec![7u8; 20];
     want.resize(40, 0);
     want.extend_from_slice(b"end");
@@ -197,13 +194,13 @@ fn appends_truncates_and_holes_reach_the_sharer_exactly() {
     // An append on the pushed version.
     c.write_at(43, b"+").unwrap();
     assert_eq!(c.changed(), &[43..44]);
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     want.push(b'+');
     assert_eq!(sharer.content("f"), want);
     // Truncated to nothing: no range at all.
     c.set_len(0).unwrap();
     assert!(c.changed().is_empty());
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     assert_eq!(sharer.content("f"), b"");
 }
 
@@ -227,7 +224,7 @@ fn holes_punched_and_ranges_zeroed_are_changes_and_reach_the_sharer() {
     assert_eq!((c.size(), c.changed()), (120, &[10..20, 95..120][..]));
     c.grow(130).unwrap();
     assert_eq!(sharer.sent.lock().unwrap().len(), 0);
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     let mut want = vec![7u8; 100];
     want[10..20].fill(0);
     want[95..].fill(0);
@@ -247,7 +244,7 @@ fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
     let mut c = w.create(&p("n"), None, 0o600).unwrap();
     c.write_at(0, b"mine").unwrap();
     assert!(matches!(
-        c.push(&sharer, &p("n")).unwrap(),
+        c.push(&sharer, &p("n"), NEVER).unwrap(),
         Pushed::Written(_)
     ));
     assert_eq!(sharer.sent.lock().unwrap().last().unwrap(), &None);
@@ -255,7 +252,7 @@ fn a_new_file_is_sent_whole_and_a_changed_one_conflicts_keeping_both() {
     // The sharer changes it behind the copy's back.
     sharer.set("n", b"theirs");
     c.write_at(4, b"!").unwrap();
-    let pushed = c.push(&sharer, &p("n")).unwrap();
+    let pushed = c.push(&sharer, &p("n"), NEVER).unwrap();
     assert_eq!(pushed, Pushed::Conflicted(b"n.conflict".to_vec()));
     assert_eq!(sharer.content("n"), b"theirs");
     assert_eq!(sharer.content("n.conflict"), b"mine!");
@@ -270,9 +267,12 @@ fn a_failed_push_keeps_everything_for_the_next_one() {
     let mut c = copy_of(&w, &sharer, "f", base);
     c.write_at(3, b"x").unwrap();
     let gone = Refusing(true.into());
-    assert_eq!(c.push(&gone, &p("f")).unwrap_err().errno(), libc::EIO);
+    assert_eq!(
+        c.push(&gone, &p("f"), NEVER).unwrap_err().errno(),
+        libc::EIO
+    );
     assert!(c.is_dirty());
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     assert_eq!(sharer.content("f"), b"012x456789");
 }
 
@@ -290,7 +290,7 @@ fn a_refused_push_is_tried_again_less_and_less_often_and_one_the_link_lost_at_on
     for _ in 0..8 {
         let before = Instant::now();
         assert_eq!(
-            c.push(&refusing, &p("f")).unwrap_err().errno(),
+            c.push(&refusing, &p("f"), NEVER).unwrap_err().errno(),
             libc::ENOSPC
         );
         assert!(!c.is_due(Duration::ZERO), "tried again at once");
@@ -300,22 +300,25 @@ fn a_refused_push_is_tried_again_less_and_less_often_and_one_the_link_lost_at_on
     // A lost link is tried again as soon as the push thread looks (it fails fast until the link is back),
     // and the waits start over.
     refusing.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(c.push(&refusing, &p("f")).unwrap_err().errno(), libc::EIO);
+    assert_eq!(
+        c.push(&refusing, &p("f"), NEVER).unwrap_err().errno(),
+        libc::EIO
+    );
     assert!(c.is_due(Duration::ZERO));
     // A push that lands starts the waits over.
     refusing
         .0
         .store(false, std::sync::atomic::Ordering::Relaxed);
-    c.push(&refusing, &p("f")).unwrap_err();
-    c.push(&refusing, &p("f")).unwrap_err();
+    c.push(&refusing, &p("f"), NEVER).unwrap_err();
+    c.push(&refusing, &p("f"), NEVER).unwrap_err();
     assert_eq!(c.refused.0, 2);
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     c.write_at(4, b"y").unwrap();
     let before = Instant::now();
-    c.push(&refusing, &p("f")).unwrap_err();
+    c.push(&refusing, &p("f"), NEVER).unwrap_err();
     assert_eq!((c.refused.1.unwrap() - before).as_secs_f64().round(), 1.0);
     assert!(c.is_dirty());
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     assert_eq!(sharer.content("f"), b"012xy56789");
 }
 
@@ -342,7 +345,7 @@ fn the_copy_shows_its_size_mode_and_time_and_goes_with_its_file() {
     assert!(path.exists());
     assert!(w.get(ino).is_some());
     let sharer = FakeSharer::default();
-    super::lock(&shared).push(&sharer, &p("f")).unwrap();
+    super::lock(&shared).push(&sharer, &p("f"), NEVER).unwrap();
     w.remove(ino, &shared);
     assert!(w.get(ino).is_none());
     drop(shared);
@@ -377,7 +380,7 @@ fn copies_a_stopped_mount_left_unpushed_are_pushed_by_the_next_one_and_never_los
     orphan.write_at(0, b"nowhere to go").unwrap();
     let mut clean = w.create(&p("clean.txt"), None, 0o644).unwrap();
     clean.write_at(0, b"pushed").unwrap();
-    clean.push(&sharer, &p("clean.txt")).unwrap();
+    clean.push(&sharer, &p("clean.txt"), NEVER).unwrap();
     sharer.set("changed.txt", b"v2 on the sharer");
     // A crash drops nothing (forget); a stop drops them: both leave the dirty copies on disk.
     std::mem::forget(new);
@@ -540,7 +543,7 @@ fn a_grown_end_is_not_sent_and_a_size_past_the_limit_is_efbig_at_once() {
     // A write far past the end sends its bytes only.
     c.write_at(2 << 20, b"x").unwrap();
     assert_eq!(c.changed(), &[(2 << 20)..(2 << 20) + 1]);
-    c.push(&sharer, &p("f")).unwrap();
+    c.push(&sharer, &p("f"), NEVER).unwrap();
     assert_eq!(
         sharer.sent.lock().unwrap().last().unwrap().as_deref(),
         Some(&[(2 << 20)..(2 << 20) + 1][..])
