@@ -300,6 +300,7 @@ fn bench_config(forwarding: Forwarding) -> RelayConfig {
         max_handshakes: 100_000,
         max_handshakes_per_ip: 100_000,
         max_sessions_per_ip: 200_000,
+        max_listeners_per_ip: 100_000,
         sessions_per_ip_per_minute: 1_000_000,
         shutdown_grace: Duration::from_secs(1),
         ..RelayConfig::default()

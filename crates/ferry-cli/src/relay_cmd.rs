@@ -20,13 +20,21 @@ pub struct RelayArgs {
     #[arg(long, default_value_t = RelayConfig::default().sessions_per_ip_per_minute)]
     per_ip_per_minute: u32,
     /// Most connections from one source address (IPv6: one /64) that have not sent their hello
-    /// yet; more are closed at once, before anything is read.
+    /// yet; a newcomer beyond it takes the place of that source's oldest silent one.
     #[arg(long, default_value_t = RelayConfig::default().max_handshakes_per_ip)]
     max_handshakes_per_ip: usize,
+    /// Seconds a new connection has to send its hello (a client sends it as it connects).
+    #[arg(long, default_value_t = RelayConfig::default().hello_timeout.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    hello_timeout: u64,
     /// Most connections from one source address (IPv6: one /64) in sessions (waiting or paired)
     /// at once; more are refused.
     #[arg(long, default_value_t = RelayConfig::default().max_sessions_per_ip)]
     max_sessions_per_ip: usize,
+    /// Most listeners (`ferry share --relay`) registered from one source address (IPv6: one
+    /// /64) at once; more are refused.
+    #[arg(long, default_value_t = RelayConfig::default().max_listeners_per_ip)]
+    max_listeners_per_ip: usize,
     /// Seconds a paired session may stay silent before it is closed; also the window of
     /// --min-bytes-per-window.
     #[arg(long, default_value_t = RelayConfig::default().idle_timeout.as_secs())]
@@ -61,6 +69,8 @@ pub fn run(args: RelayArgs) -> anyhow::Result<()> {
         sessions_per_ip_per_minute: args.per_ip_per_minute,
         max_handshakes_per_ip: args.max_handshakes_per_ip,
         max_sessions_per_ip: args.max_sessions_per_ip,
+        max_listeners_per_ip: args.max_listeners_per_ip,
+        hello_timeout: Duration::from_secs(args.hello_timeout),
         idle_timeout: Duration::from_secs(args.idle_timeout),
         min_bytes_per_window: args.min_bytes_per_window,
         max_session_lifetime: (args.max_lifetime > 0)

@@ -6,11 +6,12 @@ mod common;
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::sync::{Arc, Mutex};
 
+use common::strangers::{dial, Flood, Stranger};
 use common::*;
 
 fn start_relay(w: &World, listen: &str, extra: &[&str]) -> RelayProcess {
@@ -607,6 +608,8 @@ fn relay_per_address_limits_are_flags_and_clear_client_errors() {
     for flag in [
         "--max-handshakes-per-ip",
         "--max-sessions-per-ip",
+        "--max-listeners-per-ip",
+        "--hello-timeout",
         "--min-bytes-per-window",
         "--max-lifetime",
     ] {
@@ -689,4 +692,105 @@ fn the_relay_process_closes_a_trickling_session() {
         closed,
         "a session moving a byte every 200 ms was never closed"
     );
+}
+
+/// Issue 46: 64 addresses x 16 silent sockets, each reopened as soon as it is closed, hold every one
+/// of the relay's 1,024 hello seats (its default limits), which once closed every newcomer at once. A
+/// newcomer now takes the seat of the oldest silent socket, so a transfer still meets at the relay.
+#[test]
+fn silent_sockets_from_64_addresses_do_not_keep_a_transfer_out_of_the_relay() {
+    let limit = ferry_relay::raise_nofile_limit();
+    if limit < 3000 {
+        println!("skipped: open file limit is {limit}, need 3000 for the flood");
+        return;
+    }
+    let w = World::new();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let plan = (0..64u8)
+        .flat_map(|i| [(Ipv4Addr::new(127, 0, 1, 10 + i), Stranger::Silent); 16])
+        .collect();
+    let flood = Flood::start(relay.addr, plan);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while flood.opened() < 64 * 16 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} opened",
+            flood.opened()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let f = w.src().join("through.bin");
+    fs::write(&f, pseudo_random(1 << 20, 46)).unwrap();
+    let started = std::time::Instant::now();
+    let (send, recv) = relayed(
+        &w,
+        &relay.addr.to_string(),
+        "65-apple-orbit-violin",
+        &[&f],
+        &w.out(),
+    );
+    let took = started.elapsed();
+    let opened = flood.opened();
+    drop(flood);
+    eprintln!(
+        "1024 silent sockets from 64 addresses, {opened} opened in all; transfer took {took:?}"
+    );
+    assert_success("receive during the flood", &recv);
+    assert_success("send during the flood", &send);
+    assert_same_tree(&f, &w.out().join("through.bin"));
+}
+
+/// Issue 46: a stranger with 16 addresses asks each for 16 listener seats, as many as the relay has
+/// (its default limits), knowing no meeting hash. Each address gets 4, and a real share still registers
+/// at the relay and a paired peer lists it.
+#[test]
+fn strangers_from_16_addresses_cannot_take_every_listener_seat_at_the_relay() {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::write(w.src().join("hello.txt"), b"hi").unwrap();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for i in 0..16u8 {
+        let source = Ipv4Addr::new(127, 0, 2, 10 + i);
+        for _ in 0..16 {
+            let mut s = rt
+                .block_on(async { dial(source, relay.addr).await?.into_std() })
+                .unwrap();
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+                .unwrap();
+            let mut hello = vec![1u8, 3];
+            hello.extend_from_slice(&[0; 32]);
+            s.write_all(&hello).unwrap();
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).unwrap();
+            match b[0] {
+                8 => held.push(s),
+                7 => refused += 1,
+                other => panic!("a listener hello got {other}"),
+            }
+        }
+    }
+    let relay_addr = relay.addr.to_string();
+    let (sharer, _) = w.share("a", &["--force-relay", "--relay", &relay_addr]);
+    let started = std::time::Instant::now();
+    let out = w.ls(
+        "b",
+        "a",
+        &["--force-relay", "--relay", &relay_addr, "--wait", "20s"],
+    );
+    let took = started.elapsed();
+    stop_share(sharer);
+    eprintln!(
+        "{} strangers' listeners held, {refused} refused; ls took {took:?}",
+        held.len()
+    );
+    assert_success("ls through the relay", &out);
+    assert!(entries(&out).contains_key("hello.txt"));
+    assert_eq!(held.len(), 64, "4 listeners from each of 16 addresses");
 }

@@ -42,9 +42,13 @@ enum Event {
     Stop,
 }
 
-/// Serves one listener's control connection until it ends. `_source` is the listener's place
-/// under its source's session cap, held for as long as it is registered.
-pub(crate) async fn serve(shared: &Arc<Shared>, stream: TcpStream, _source: SourceSlot) {
+/// Serves one listener's control connection until it ends. `_places` are the listener's places
+/// under its source's session cap and listener cap, held for as long as it is registered.
+pub(crate) async fn serve(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    _places: (SourceSlot, SourceSlot),
+) {
     let Some(mut seat) = shared.rendezvous.add_listener() else {
         bump(&shared.counters.refused_full);
         return refuse(stream, Status::Full).await;

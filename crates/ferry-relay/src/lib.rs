@@ -25,7 +25,8 @@
 //! so two clients under one hash are two sessions with the listener and never each other's
 //! peer. A token pairs once; a token nobody waits under is answered `TIMEOUT`.
 //!
-//! Bounds: listeners at once ([`RelayConfig::max_listeners`]); each holds a session slot and
+//! Bounds: listeners at once ([`RelayConfig::max_listeners`]) and from one source
+//! ([`RelayConfig::max_listeners_per_ip`]; more get `TOO_MANY`); each holds a session slot and
 //! its source's place under the per-source session cap, and its registration costs a token of
 //! the rate limit, as does each data connection; announced-but-unanswered clients per listener
 //! ([`RelayConfig::max_pending_per_listener`]; more get `FULL`); a token expires after
@@ -55,7 +56,10 @@
 //!   a paired session, wait for the second side, hello read time, and a fixed buffer per
 //!   direction (pipe capacity or copy buffer). Nothing grows with traffic.
 //! - **No one source can starve the rest**: per source, outstanding hellos are capped at accept
-//!   (before a byte is read) and connections in sessions are capped at the hello; a paired
+//!   (before a byte is read), connections in sessions and listeners at the hello; when the
+//!   hellos outstanding reach a limit (the source's or the relay's), a newcomer takes the place
+//!   of the connection that did least (the oldest that sent nothing, else the oldest: see the
+//!   `seats` module), so silent sockets from many sources cannot keep a real client out; a paired
 //!   session must move a minimum number of bytes per idle-timeout window (and optionally ends
 //!   at a hard lifetime), so a trickle of bytes cannot hold a slot for ever.
 //! - **Pairing** is a table keyed by hash under one mutex: the second side hands its stream to
@@ -103,6 +107,7 @@ pub mod forward;
 mod listener;
 mod pairing;
 pub mod protocol;
+mod seats;
 mod server;
 mod stats;
 
@@ -123,11 +128,14 @@ pub struct RelayConfig {
     pub forwarding: Forwarding,
     /// Concurrent sessions, waiting plus paired; more get `FULL`. Default: 1024.
     pub max_sessions: usize,
-    /// Accepted connections whose hello is not read yet; more are closed at once. Default: 1024.
+    /// Accepted connections whose hello is not read yet. At the limit a newcomer takes the place
+    /// of the one that did least (the oldest that sent nothing, else the oldest), which is closed,
+    /// so silent sockets cannot keep a real client out. Default: 1024.
     pub max_handshakes: usize,
     /// Accepted connections from one source (an IPv4 address, an IPv6 /64) whose hello is not
-    /// read yet; more from that source are closed at accept, before anything is read, so one
-    /// source cannot fill [`max_handshakes`](Self::max_handshakes). Default: 16.
+    /// read yet; at the limit a newcomer from that source takes the place of the source's own
+    /// connection that did least, so one source cannot fill
+    /// [`max_handshakes`](Self::max_handshakes). Default: 16.
     pub max_handshakes_per_ip: usize,
     /// Connections from one source (IPv4 address, IPv6 /64) that are in a session, waiting or
     /// paired, at once; more get `TOO_MANY`. A session whose two sides share a source counts
@@ -150,7 +158,9 @@ pub struct RelayConfig {
     pub max_session_lifetime: Option<Duration>,
     /// How long the first side waits for the second before `TIMEOUT`. Default: 10 min.
     pub max_wait: Duration,
-    /// How long a new connection has to send its hello. Default: 10 s.
+    /// How long a new connection has to send its hello. A client sends its 34 bytes as it
+    /// connects (well under a millisecond on loopback), so this only has to cover a lost segment
+    /// or two on a slow network. Default: 3 s.
     pub hello_timeout: Duration,
     /// Bytes buffered per direction of a paired session: the pipe capacity for splice (rounded
     /// by the kernel to a power-of-two number of pages) or the copy buffer. The memory of a
@@ -168,6 +178,10 @@ pub struct RelayConfig {
     /// Listeners' control connections at once; more get `FULL`. Each also holds a session slot
     /// and its source's place under [`max_sessions_per_ip`](Self::max_sessions_per_ip). Default: 256.
     pub max_listeners: usize,
+    /// Listeners' control connections from one source (an IPv4 address, an IPv6 /64) at once;
+    /// more get `TOO_MANY`, so a few addresses cannot take every one of
+    /// [`max_listeners`](Self::max_listeners). Default: 4.
+    pub max_listeners_per_ip: usize,
     /// Clients announced to one listener and not yet answered by an accept connection; a client
     /// beyond it gets `FULL`. Default: 16.
     pub max_pending_per_listener: usize,
@@ -193,13 +207,14 @@ impl Default for RelayConfig {
             min_bytes_per_window: 64 * 1024,
             max_session_lifetime: None,
             max_wait: Duration::from_secs(600),
-            hello_timeout: Duration::from_secs(10),
+            hello_timeout: Duration::from_secs(3),
             buffer_size: 256 * 1024,
             stats_interval: Some(Duration::from_secs(60)),
             print_stats: true,
             shutdown_grace: Duration::from_secs(5),
             worker_threads: 0,
             max_listeners: 256,
+            max_listeners_per_ip: 4,
             max_pending_per_listener: 16,
             listener_answer_timeout: Duration::from_secs(30),
             keepalive_interval: Duration::from_secs(30),

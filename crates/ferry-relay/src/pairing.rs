@@ -415,8 +415,8 @@ impl RateLimiter {
     }
 }
 
-/// Per-source counts of something held (connections before their hello, connections in
-/// sessions), each source capped at `cap`.
+/// Per-source counts of something held (connections in sessions, listeners), each source
+/// capped at `cap`.
 pub(crate) struct PerSource {
     cap: usize,
     counts: Arc<Mutex<HashMap<IpAddr, usize>>>,

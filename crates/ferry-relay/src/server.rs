@@ -12,9 +12,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::forward::{self, Activity, Meter};
 use crate::pairing::{
-    Join, ListenLimits, Peer, PerSource, RateLimiter, Rendezvous, SessionSlot, SourceSlot, Ticket,
+    Join, ListenLimits, Peer, PerSource, RateLimiter, Rendezvous, SessionSlot, Ticket,
 };
 use crate::protocol::{Request, Status, HELLO_LEN};
+use crate::seats::{Evicted, MadeRoom, PreHello, PreHelloSeat};
 use crate::stats::{bump, Counters, Gauge, Stats};
 use crate::RelayConfig;
 
@@ -24,10 +25,12 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) rendezvous: Rendezvous,
     rate: RateLimiter,
-    /// Connections per source whose hello is not read yet.
-    pre_hello: PerSource,
+    /// Connections whose hello is not read yet, in all and per source.
+    pre_hello: PreHello,
     /// Connections per source in a session (waiting or paired).
     in_session: PerSource,
+    /// Listeners' control connections per source.
+    listening: PerSource,
     /// Set once: stop accepting, close waiting and handshaking connections.
     pub(crate) shutdown: watch::Sender<bool>,
     /// Set after the grace period: close in-flight sessions too.
@@ -116,8 +119,9 @@ impl Relay {
                 },
             ),
             rate: RateLimiter::new(config.sessions_per_ip_per_minute),
-            pre_hello: PerSource::new(config.max_handshakes_per_ip),
+            pre_hello: PreHello::new(config.max_handshakes, config.max_handshakes_per_ip),
             in_session: PerSource::new(config.max_sessions_per_ip),
+            listening: PerSource::new(config.max_listeners_per_ip),
             counters: Counters::default(),
             shutdown: watch::channel(false).0,
             hard_stop: watch::channel(false).0,
@@ -175,21 +179,23 @@ impl Relay {
             match accepted {
                 Ok((stream, peer)) => {
                     bump(&shared.counters.connections_total);
-                    if shared
-                        .counters
-                        .handshaking
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                        >= shared.config.max_handshakes as u64
-                    {
-                        // Too many hellos outstanding: drop at once, spend nothing on it.
-                        bump(&shared.counters.refused_full);
-                        continue;
-                    }
-                    // One source may not hold more than its share of the hellos in flight:
-                    // closed before anything is read, so it cannot starve other sources.
-                    let Some(pre) = shared.pre_hello.take(peer.ip()) else {
-                        bump(&shared.counters.refused_handshakes_per_ip);
-                        continue;
+                    // At a limit of hellos outstanding (the source's or the relay's) the newcomer
+                    // takes the seat of the connection that did least, which closes.
+                    let pre = match shared.pre_hello.take(peer.ip()) {
+                        None => {
+                            bump(&shared.counters.refused_full);
+                            continue;
+                        }
+                        Some((pre, evicted, made)) => {
+                            match made {
+                                Some(MadeRoom::Source) => {
+                                    bump(&shared.counters.refused_handshakes_per_ip)
+                                }
+                                Some(MadeRoom::Relay) => bump(&shared.counters.evicted_handshakes),
+                                None => {}
+                            }
+                            (pre, evicted)
+                        }
                     };
                     let shared = shared.clone();
                     let alive = alive.clone();
@@ -249,18 +255,24 @@ async fn handle_connection(
     shared: &Arc<Shared>,
     stream: TcpStream,
     peer: SocketAddr,
-    pre_hello: SourceSlot,
+    (pre_hello, evicted): (PreHelloSeat, Evicted),
 ) {
     // Interactive traffic (the peers' handshakes) must not wait on Nagle at the relay.
     let _ = stream.set_nodelay(true);
     let mut stop = shared.shutdown.subscribe();
     let (hello, stream) = {
         let _g = Gauge::new(&shared.counters.handshaking);
-        let _pre_hello = pre_hello;
+        // Moved into this block, so the seat is given back as soon as the hello is read.
+        let (pre_hello, mut evicted) = (pre_hello, evicted);
         let mut stream = stream;
-        let read = tokio::time::timeout(shared.config.hello_timeout, read_hello(&mut stream));
+        let read = tokio::time::timeout(
+            shared.config.hello_timeout,
+            read_hello(&mut stream, &pre_hello),
+        );
         let r = tokio::select! {
             r = read => r,
+            // A newcomer took the seat (counted at its accept): closed without a word.
+            _ = &mut evicted => return,
             _ = stop.wait_for(|s| *s) => return,
         };
         match r {
@@ -280,6 +292,17 @@ async fn handle_connection(
         bump(&shared.counters.refused_sessions_per_ip);
         return refuse(stream, Status::TooMany).await;
     };
+    // A few sources must not take every listener seat: a listener's source has its own cap.
+    let listening = match hello {
+        Request::Listen => match shared.listening.take(peer.ip()) {
+            Some(place) => Some(place),
+            None => {
+                bump(&shared.counters.refused_listeners_per_ip);
+                return refuse(stream, Status::TooMany).await;
+            }
+        },
+        _ => None,
+    };
     if !shared.rate.allow(peer.ip(), Instant::now()) {
         bump(&shared.counters.refused_rate_limited);
         return refuse(stream, Status::RateLimited).await;
@@ -287,7 +310,10 @@ async fn handle_connection(
     let joined = match hello {
         Request::Session(hello) => shared.rendezvous.join(&hello, (stream, in_session)),
         Request::Accept { token } => shared.rendezvous.join_token(&token, (stream, in_session)),
-        Request::Listen => return crate::control::serve(shared, stream, in_session).await,
+        Request::Listen => {
+            let places = (in_session, listening.expect("taken for a listener"));
+            return crate::control::serve(shared, stream, places).await;
+        }
     };
     match joined {
         Join::HandedOver => {}
@@ -307,15 +333,25 @@ async fn handle_connection(
     }
 }
 
-/// Reads the hello; `Ok(None)` for a wrong version or role, checked on the first two bytes so
-/// garbage is refused without waiting for 34 bytes.
-async fn read_hello(stream: &mut TcpStream) -> io::Result<Option<Request>> {
+/// Reads the hello, and no byte past it; `Ok(None)` for a wrong version or role, checked on the
+/// first two bytes so garbage is refused without waiting for 34 bytes. The first bytes mark the
+/// seat as heard.
+async fn read_hello(stream: &mut TcpStream, seat: &PreHelloSeat) -> io::Result<Option<Request>> {
     let mut buf = [0u8; HELLO_LEN];
-    stream.read_exact(&mut buf[..2]).await?;
-    if !Request::valid_prefix([buf[0], buf[1]]) {
-        return Ok(None);
+    let mut filled = 0;
+    while filled < HELLO_LEN {
+        let n = stream.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if filled == 0 {
+            seat.heard();
+        }
+        filled += n;
+        if filled >= 2 && !Request::valid_prefix([buf[0], buf[1]]) {
+            return Ok(None);
+        }
     }
-    stream.read_exact(&mut buf[2..]).await?;
     Ok(Request::parse(&buf))
 }
 

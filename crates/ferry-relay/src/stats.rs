@@ -32,7 +32,7 @@ pub struct Stats {
     pub copied_directions: u64,
     /// Refusals with `RATE_LIMITED`.
     pub refused_rate_limited: u64,
-    /// Refusals with `FULL`, plus connections dropped at the handshake limit.
+    /// Refusals with `FULL` (plus connections closed at accept when a hello limit is 0).
     pub refused_full: u64,
     /// Waiting sessions ended with `TIMEOUT`.
     pub refused_timeout: u64,
@@ -40,8 +40,14 @@ pub struct Stats {
     pub refused_bad_hello: u64,
     /// Refusals with `TAKEN`.
     pub refused_taken: u64,
-    /// Connections closed at accept because their source had too many hellos outstanding.
+    /// Connections closed before their hello because a newcomer from their source found it
+    /// holding its most hellos outstanding (the source's oldest silent one, else its oldest).
     pub refused_handshakes_per_ip: u64,
+    /// Connections closed before their hello because a newcomer found the relay holding its most
+    /// hellos outstanding (the oldest that sent nothing, else the oldest).
+    pub evicted_handshakes: u64,
+    /// Listener registrations refused with `TOO_MANY`: the source already had its most listeners.
+    pub refused_listeners_per_ip: u64,
     /// Refusals with `TOO_MANY`: the source already had its most sessions at once.
     pub refused_sessions_per_ip: u64,
     /// Listeners' control connections currently registered.
@@ -66,7 +72,8 @@ impl fmt::Display for Stats {
             "relay stats: active={} waiting={} handshaking={} paired_total={} connections_total={} \
              bytes_forwarded={} idle_closed={} slow_closed={} lifetime_closed={} spliced={} copied={} \
              listeners={} listeners_total={} notifications={} tokens_expired={} listeners_dropped={} \
-             refused: rate_limited={} full={} timeout={} bad_hello={} taken={} handshakes_per_ip={} sessions_per_ip={} token={}",
+             evicted_handshakes={} refused: rate_limited={} full={} timeout={} bad_hello={} taken={} \
+             handshakes_per_ip={} sessions_per_ip={} listeners_per_ip={} token={}",
             self.active,
             self.waiting,
             self.handshaking,
@@ -83,6 +90,7 @@ impl fmt::Display for Stats {
             self.notifications,
             self.tokens_expired,
             self.listeners_dropped,
+            self.evicted_handshakes,
             self.refused_rate_limited,
             self.refused_full,
             self.refused_timeout,
@@ -90,6 +98,7 @@ impl fmt::Display for Stats {
             self.refused_taken,
             self.refused_handshakes_per_ip,
             self.refused_sessions_per_ip,
+            self.refused_listeners_per_ip,
             self.refused_token
         )
     }
@@ -116,6 +125,8 @@ pub(crate) struct Counters {
     pub(crate) refused_taken: AtomicU64,
     pub(crate) refused_handshakes_per_ip: AtomicU64,
     pub(crate) refused_sessions_per_ip: AtomicU64,
+    pub(crate) evicted_handshakes: AtomicU64,
+    pub(crate) refused_listeners_per_ip: AtomicU64,
     pub(crate) listeners: AtomicU64,
     pub(crate) listeners_total: AtomicU64,
     pub(crate) notifications: AtomicU64,
@@ -145,6 +156,8 @@ impl Counters {
             refused_taken: self.refused_taken.load(Relaxed),
             refused_handshakes_per_ip: self.refused_handshakes_per_ip.load(Relaxed),
             refused_sessions_per_ip: self.refused_sessions_per_ip.load(Relaxed),
+            evicted_handshakes: self.evicted_handshakes.load(Relaxed),
+            refused_listeners_per_ip: self.refused_listeners_per_ip.load(Relaxed),
             listeners: self.listeners.load(Relaxed),
             listeners_total: self.listeners_total.load(Relaxed),
             notifications: self.notifications.load(Relaxed),

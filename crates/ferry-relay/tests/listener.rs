@@ -418,6 +418,59 @@ fn a_flooding_or_garbled_control_connection_is_closed() {
     assert_eq!(c.join().unwrap().unwrap(), 4);
 }
 
+/// Issue 46: a stranger with 16 addresses asks for 16 listener seats from each, as many as the
+/// relay has (256, the default limits), without knowing any meeting hash. Each address gets 4
+/// (`TOO_MANY` for the rest), and a real listener still registers and serves a client, and a
+/// sender and a receiver still pair.
+#[test]
+fn strangers_from_16_addresses_cannot_take_every_listener_seat() {
+    let relay = start(quiet());
+    let defaults = RelayConfig::default();
+    let per_source = defaults.max_listeners / 16;
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for i in 0..16u8 {
+        for _ in 0..per_source {
+            match RawListener::register([127, 0, 2, 10 + i], relay.addr) {
+                Ok(l) => held.push(l),
+                Err(status) => {
+                    assert_eq!(status, 7, "TOO_MANY");
+                    refused += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(held.len(), 16 * defaults.max_listeners_per_ip);
+    let listener = Arc::new(Listener::register(relay.addr, &[hash(100)], T).unwrap());
+    let c = client(relay.addr, Role::Receiver, hash(100));
+    serve(accept_within(&listener).unwrap().0, 5);
+    assert_eq!(c.join().unwrap().unwrap(), 5);
+    let addr = relay.addr;
+    let (s, r) = (
+        client(addr, Role::Sender, hash(101)),
+        thread::spawn(move || {
+            let mut s = connect(addr, Role::Receiver, hash(101), T).unwrap();
+            s.write_all(&6u64.to_le_bytes()).unwrap();
+            let mut b = [0u8; 8];
+            s.set_read_timeout(Some(T)).unwrap();
+            s.read_exact(&mut b).unwrap();
+            u64::from_le_bytes(b)
+        }),
+    );
+    assert_eq!(s.join().unwrap().unwrap(), 6);
+    assert_eq!(r.join().unwrap(), 6);
+    drop(held);
+    drop(listener);
+    let stats = relay.stop();
+    assert_eq!(stats.refused_listeners_per_ip, refused, "{stats}");
+    assert!(
+        stats
+            .to_string()
+            .contains(&format!("listeners_per_ip={refused}")),
+        "{stats}"
+    );
+}
+
 #[test]
 fn every_relay_limit_applies_to_listeners() {
     // Sessions per source: the control connection holds one place, the accept connection another.

@@ -430,20 +430,28 @@ fn pair_from(relay: &Running, a: [u8; 4], b: [u8; 4], h: [u8; 32]) {
     assert_eq!(&got, b"pong");
 }
 
-#[test]
-fn a_pre_hello_flood_from_one_address_does_not_lock_out_another() {
+/// A relay with the default limits for a flood of about 1,000 connections, or `None` (the test is
+/// skipped) when the open file limit is too low for it. Its hello timeout is long, so that no flood
+/// connection expires while the flood is still being accepted on a loaded machine: only the limits
+/// under test free a seat.
+fn relay_for_a_flood() -> Option<Running> {
     let limit = ferry_relay::raise_nofile_limit();
     if limit < 3000 {
         println!("skipped: open file limit is {limit}, need 3000 for the flood");
-        return;
+        return None;
     }
-    // Default limits: the flood is more connections than the relay's whole handshake budget.
-    // (A long hello timeout only so that no held flood connection expires while the flood is
-    // still being accepted on a loaded machine, which would make the refusal count vary.)
-    let relay = start(RelayConfig {
+    Some(start(RelayConfig {
         hello_timeout: Duration::from_secs(300),
         ..quiet()
-    });
+    }))
+}
+
+#[test]
+fn a_pre_hello_flood_from_one_address_does_not_lock_out_another() {
+    // Default limits: the flood is more connections than the relay's whole handshake budget.
+    let Some(relay) = relay_for_a_flood() else {
+        return;
+    };
     let flood_n = RelayConfig::default().max_handshakes + 100;
     let flood: Vec<_> = (0..flood_n)
         .map(|_| connect_from([127, 0, 0, 2], relay.addr))
@@ -453,14 +461,78 @@ fn a_pre_hello_flood_from_one_address_does_not_lock_out_another() {
         st.connections_total >= flood_n as u64
     });
     let cap = RelayConfig::default().max_handshakes_per_ip;
-    let st = relay.handle.stats();
-    assert!(st.handshaking <= cap as u64, "{st}");
+    // Each connection beyond the cap took the seat of an older one of its source, which closes.
+    wait_stats(&relay, "the source holds its cap", |st| {
+        st.handshaking <= cap as u64
+    });
     pair_from(&relay, [127, 0, 0, 3], [127, 0, 0, 4], hash(20));
     drop(flood);
     let stats = relay.stop();
     assert_eq!(stats.paired_total, 1);
     assert_eq!(stats.refused_handshakes_per_ip, (flood_n - cap) as u64);
     assert!(stats.to_string().contains("handshakes_per_ip="), "{stats}");
+}
+
+/// Issue 46: 64 addresses x 16 silent sockets hold every one of the 1,024 hello seats (the
+/// default limits). A newcomer takes the seat of the oldest silent one instead of being closed,
+/// so a real session still pairs, and its client's hello needs well under a millisecond.
+#[test]
+fn silent_sockets_from_64_addresses_do_not_keep_a_session_out() {
+    let Some(relay) = relay_for_a_flood() else {
+        return;
+    };
+    let (max, per_ip) = (
+        RelayConfig::default().max_handshakes,
+        RelayConfig::default().max_handshakes_per_ip,
+    );
+    let sources = max / per_ip;
+    let mut flood = Vec::new();
+    for i in 0..sources {
+        for _ in 0..per_ip {
+            flood.push(connect_from([127, 0, 1, 10 + i as u8], relay.addr));
+        }
+    }
+    wait_stats(&relay, "every hello seat taken", |st| {
+        st.handshaking == max as u64
+    });
+    let started = Instant::now();
+    pair_from(&relay, [127, 0, 0, 200], [127, 0, 0, 201], hash(40));
+    let took = started.elapsed();
+    // The time a real client needs from connect to its answer, with the seats still full.
+    let started = Instant::now();
+    let (_w, status) = hello_from([127, 0, 0, 202], relay.addr, 1, hash(41));
+    let hello_took = started.elapsed();
+    assert_eq!(status, Some(0), "WAITING");
+    let st = relay.handle.stats();
+    println!(
+        "{} silent sockets from {sources} addresses: paired in {took:?}; a hello answered in \
+         {hello_took:?}; {st}",
+        flood.len()
+    );
+    assert!(st.evicted_handshakes >= 1, "{st}");
+    // The silent sockets that gave way are the oldest: the first ones opened were closed.
+    flood[0].set_read_timeout(Some(T)).unwrap();
+    assert_eq!(flood[0].read(&mut [0u8; 1]).unwrap_or(0), 0);
+    drop(flood);
+    let stats = relay.stop();
+    assert_eq!(stats.refused_full, 0, "{stats}");
+    assert!(stats.to_string().contains("evicted_handshakes="), "{stats}");
+}
+
+/// A connection that sends nothing is closed after the default hello timeout of 3 s.
+#[test]
+fn a_silent_connection_is_closed_after_three_seconds() {
+    let relay = start(quiet());
+    let mut s = connect_from([127, 0, 0, 203], relay.addr);
+    s.set_read_timeout(Some(T)).unwrap();
+    let started = Instant::now();
+    assert_eq!(s.read(&mut [0u8; 1]).unwrap_or(0), 0);
+    let took = started.elapsed();
+    assert!(
+        (Duration::from_millis(2500)..Duration::from_secs(5)).contains(&took),
+        "closed after {took:?}"
+    );
+    assert_eq!(relay.stop().refused_bad_hello, 1);
 }
 
 #[test]

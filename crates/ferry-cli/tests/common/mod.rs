@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod mounting;
+pub mod strangers;
 
 /// The binary under test.
 pub fn ferry() -> PathBuf {
