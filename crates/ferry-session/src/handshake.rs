@@ -4,7 +4,8 @@
 //! say nothing, or trickle. So a connection gets [`FIRST_FLIGHT_DEADLINE`] for its first flight (a ferry
 //! sends its key share as it connects and its terminator one round trip later), and when the slots are
 //! full a newcomer takes the place of the connection that did least: the oldest that sent nothing, then
-//! the oldest that has not sent a first flight, then the oldest that stalls after it.
+//! the oldest that sent less than a key share (a ferry's first packet holds a whole one), then the oldest
+//! that has not sent a first flight, then the oldest that stalls after it.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -91,14 +92,16 @@ struct Deadlines {
 }
 
 /// How far a handshake got, as its thread sees it: [`Progress::SILENT`], [`Progress::HEARD`] (some bytes),
-/// [`Progress::KEYED`] (the peer's first flight arrived).
+/// [`Progress::KEYED`] (the peer's first flight arrived); [`Progress::KEY_SHARE`] (a key share's worth of
+/// bytes) is read from the kernel's count only, by [`Running::progress`].
 #[derive(Default)]
 struct Progress(AtomicU8);
 
 impl Progress {
     const SILENT: u8 = 0;
     const HEARD: u8 = 1;
-    const KEYED: u8 = 2;
+    const KEY_SHARE: u8 = 2;
+    const KEYED: u8 = 3;
 
     fn get(&self) -> u8 {
         self.0.load(Ordering::Relaxed)
@@ -243,12 +246,16 @@ struct Running {
 }
 
 impl Running {
-    /// What it did so far, least first: nothing (the kernel's count, so a connection whose thread has not
-    /// run yet is not taken for silent), some bytes, its first flight.
+    /// What it did so far, least first: nothing, some bytes, a key share's worth, its first flight. The
+    /// first three by the kernel's count, so that a connection whose thread has not run yet (a flood keeps
+    /// both cores busy) is not taken for one that did less: a ferry's key share arrives with its connection,
+    /// while a trickling socket turned over with the others made a real client the oldest in its class.
     fn progress(&self) -> u8 {
-        let heard = crate::congestion::bytes_received(&self.stream).is_ok_and(|n| n > 0);
+        let heard = crate::congestion::bytes_received(&self.stream).unwrap_or(0);
         match self.progress.get() {
-            Progress::SILENT if heard => Progress::HEARD,
+            Progress::KEYED => Progress::KEYED,
+            _ if heard >= ferry_channel::keys::ELLSWIFT_LEN as u64 => Progress::KEY_SHARE,
+            _ if heard > 0 => Progress::HEARD,
             p => p,
         }
     }
@@ -418,6 +425,45 @@ impl Handshakes {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// Issue 46: under a flood the slots turn over within a real client's round trip, so a client whose key
+    /// share arrived became the oldest connection that had "heard" anything and was closed mid-handshake
+    /// (the flood test failed 2 times in 6): a trickler goes first.
+    #[test]
+    fn a_newcomer_closes_a_trickler_before_a_connection_that_sent_a_key_share() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, _rx) = mpsc::channel();
+        let mut slots = Handshakes::new(tx);
+        let mut start = |slots: &mut Handshakes, first: &[u8]| {
+            let mut c = TcpStream::connect(addr).unwrap();
+            c.write_all(first).unwrap();
+            let (s, _) = listener.accept().unwrap();
+            let code = Auth::Code(b"7-amber-otter".to_vec());
+            // Through the relay: no per-source limit, only the slots.
+            slots
+                .start(s, PathKind::Relay, "x".into(), Purpose::Meeting, code, None)
+                .unwrap();
+            c
+        };
+        // The oldest sent a key share (and waits for the answer, as a client does); the others a byte.
+        let mut clients = vec![start(&mut slots, &[7; 64])];
+        for _ in 1..MAX_HANDSHAKES {
+            clients.push(start(&mut slots, &[7]));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        clients.push(start(&mut slots, &[]));
+        assert_eq!(slots.running.len(), MAX_HANDSHAKES);
+        assert!(
+            slots.running.contains_key(&0),
+            "the key share's connection was closed"
+        );
+        assert!(
+            !slots.running.contains_key(&1),
+            "the oldest trickler still runs"
+        );
+        slots.stop_all();
+    }
 
     /// Both sides pad the flight of their version packet to what the first window lets out (on loopback a
     /// first window of 10 segments of 64 KiB, so the padding's limit): each side received at least that.
