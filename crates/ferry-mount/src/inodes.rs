@@ -77,18 +77,24 @@ pub struct Inodes {
 }
 
 /// What is kept of a path the kernel forgot: its last entry, the version last opened, its inode number (a
-/// path looked up again gets it back, as on a local disk, unless another path took it) and the access time
-/// set in the mount.
+/// path looked up again gets it back, as on a local disk, unless another path took it), the access time
+/// set in the mount and a directory's listing as last seen (its link count, and offline its names: the
+/// kernel forgets a directory it holds no reference to at any time, a new one too).
 #[derive(Debug, Clone)]
 struct Remembered {
     entry: Entry,
     version: Option<Version>,
     ino: u64,
     atime: Option<SystemTime>,
+    listing: Option<Listing>,
 }
 
 /// Most forgotten paths remembered for offline use (about 100 bytes each); beyond, the oldest half goes.
 pub const REMEMBERED: usize = 100_000;
+
+/// Largest listing remembered with a forgotten directory, so that the remembered paths stay about as
+/// small as they are: a larger one is asked again (its link count is 2 meanwhile).
+const REMEMBERED_LISTING: usize = 4096;
 
 impl Inodes {
     /// A table holding the root; entries and listings count as fresh for `fresh_for`.
@@ -184,6 +190,9 @@ impl Inodes {
             n.stale = true;
             n.version = r.version;
             n.atime = r.atime;
+            // As last seen, asked again before a lookup or readdir uses it online.
+            n.listing = r.listing.map(|l| (l, Instant::now()));
+            n.listing_stale = true;
         }
         self.by_ino.insert(ino, n);
         ino
@@ -222,6 +231,10 @@ impl Inodes {
                     version: node.version,
                     ino,
                     atime: node.atime,
+                    listing: node
+                        .listing
+                        .map(|(l, _)| l)
+                        .filter(|l| l.len() <= REMEMBERED_LISTING),
                 };
                 self.remembered.insert(node.path, seen);
             }
