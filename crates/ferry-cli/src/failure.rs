@@ -118,7 +118,9 @@ fn peers_failure(e: &ferry_peers::PeersError) -> Failure {
         BadSignature | OwnKey => ErrorCode::IdentityMismatch,
         Malformed(_) => ErrorCode::Protocol,
         Io { source, .. } => return io_failure(source),
-        Exposed { .. } | ExposedDir { .. } | NotOwned { .. } | Damaged { .. } => ErrorCode::Error,
+        Exposed { .. } | ExposedDir { .. } | NotOwned { .. } | Damaged { .. } | Sealed { .. } => {
+            ErrorCode::Error
+        }
     }
     .into()
 }

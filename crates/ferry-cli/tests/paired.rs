@@ -95,11 +95,74 @@ fn an_unknown_peer_name_is_a_usage_error_pointing_at_ferry_peers() {
 }
 
 #[test]
+fn the_peer_lists_hold_no_pair_secret_and_a_copied_list_opens_nowhere_else() {
+    let w = World::new();
+    w.pair("a", "b");
+    some_files(&w);
+    let (dir_a, dir_b) = (w.config_dir("a"), w.config_dir("b"));
+    // The pair secret, as each side opens it with its own identity key: the same on both.
+    let secret = |dir: &std::path::Path, peer: &str| {
+        let store = ferry_peers::PeerStore::load(dir).unwrap();
+        let s = store.get(peer).unwrap().secret.0;
+        s.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let shared = secret(&dir_a, "b");
+    assert_eq!(shared, secret(&dir_b, "a"));
+    let (file_a, file_b) = (
+        fs::read(dir_a.join("peers.toml")).unwrap(),
+        fs::read(dir_b.join("peers.toml")).unwrap(),
+    );
+    let sealed = |file: &[u8]| -> Vec<String> {
+        let text = String::from_utf8_lossy(file);
+        assert!(
+            !text.contains(&shared) && !text.contains(&shared.to_uppercase()),
+            "the pair secret is in the clear:\n{text}"
+        );
+        assert!(!text.contains("secret ="), "{text}");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("sealed = "))
+            .map(str::to_string)
+            .collect()
+    };
+    let (sealed_a, sealed_b) = (sealed(&file_a), sealed(&file_b));
+    assert_eq!((sealed_a.len(), sealed_b.len()), (1, 1));
+    assert_ne!(sealed_a, sealed_b, "each side seals with its own key");
+
+    // The sealed lists still meet.
+    let sender = send_to(&w, "a", "b");
+    let received = finish(receive_from(&w, "b", "a", "30s"));
+    assert_success("receive --from", &received);
+    assert_success("send --to", &finish(sender));
+    assert_same_tree(&w.src(), &w.out().join("src"));
+
+    // A copy of a's list on another machine opens nothing, and says which peer and what to do.
+    w.copy_peer_list("a", "c");
+    for args in [
+        vec!["peers", "--json"],
+        vec!["send", "--json", "--to", "b", "."],
+    ] {
+        let out = w.as_("c").args(&args).output().unwrap();
+        assert_failure("a copied peer list", &out, 1, "error");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("peer b does not open") && text.contains("ferry peers remove b"),
+            "{args:?}: {text}"
+        );
+    }
+    // Removing the peer is the way out.
+    assert_success(
+        "peers remove",
+        &w.as_("c").args(["peers", "remove", "b"]).output().unwrap(),
+    );
+    assert_success("peers", &w.as_("c").args(["peers"]).output().unwrap());
+}
+
+#[test]
 fn an_impostor_with_a_stolen_peer_list_is_refused_by_identity() {
     let w = World::new();
     w.pair("a", "b");
     some_files(&w);
-    // c holds a copy of a's peers.toml (b's key and the pair's secret), but not a's identity key.
+    // c holds a's peers (b's key and the pair's secret, in the clear), but not a's identity key.
     w.steal_peer_list("a", "c");
     // c meets b under the pair's hash, as a would...
     let mut impostor = Watched::new(send_to(&w, "c", "b"));

@@ -794,3 +794,110 @@ fn strangers_from_16_addresses_cannot_take_every_listener_seat_at_the_relay() {
     assert!(entries(&out).contains_key("hello.txt"));
     assert_eq!(held.len(), 64, "4 listeners from each of 16 addresses");
 }
+
+/// Gives installation `to` a copy of `from`'s identity key and peer list: what a thief holds who copied both
+/// files (the same machine, as far as its peers can tell), or a second ferry of `from` run from a copy.
+fn clone_machine(w: &World, from: &str, to: &str) {
+    let (src, dst) = (w.config_dir(from), w.config_dir(to));
+    for file in ["identity", "peers.toml"] {
+        fs::copy(src.join(file), dst.join(file)).expect("copy a config file");
+    }
+}
+
+/// a and b paired, a's files, a relay (and its address), and a2 holding a copy of a's config.
+fn paired_with_a_clone() -> (World, RelayProcess, String) {
+    let w = World::new();
+    w.pair("a", "b");
+    fs::create_dir_all(w.src()).unwrap();
+    fs::write(w.src().join("f.txt"), b"the real a\n").unwrap();
+    let relay = start_relay(&w, "127.0.0.1:0", &[]);
+    let at = relay.addr.to_string();
+    clone_machine(&w, "a", "a2");
+    (w, relay, at)
+}
+
+/// The first warning of `who` that says a meeting is taken at the relay.
+fn taken_warning(who: &mut Watched) -> String {
+    let warning = who.wait_for(|e| {
+        e["event"] == "warning" && e["message"].as_str().is_some_and(|m| m.contains("TAKEN"))
+    });
+    let message = warning["message"].as_str().unwrap().to_string();
+    for cause in [
+        "ferry share",
+        "send --to",
+        "peers.toml",
+        "again every 5 to 30 s",
+    ] {
+        assert!(message.contains(cause), "{cause:?} not in {message}");
+    }
+    message
+}
+
+#[test]
+fn a_share_whose_meeting_is_taken_at_the_relay_says_why_serves_directly_and_asks_again() {
+    let (w, _relay, at) = paired_with_a_clone();
+    // a2 holds a's meetings at the relay first (through the relay only, so this host's registry stays a's).
+    let (thief, _) = w.share("a2", &["--relay", &at, "--force-relay"]);
+    std::thread::sleep(std::time::Duration::from_secs(1)); // time to register (an order, not an assertion)
+    let (mut sharer, _) = w.share("a", &["--relay", &at]);
+    let message = taken_warning(&mut sharer);
+    assert!(
+        message.contains("direct connections are still served"),
+        "{message}"
+    );
+    // a still serves b directly...
+    let out = w.ls("b", "a", &[]);
+    assert_success("ls directly while the relay meeting is taken", &out);
+    assert!(entries(&out).contains_key("f.txt"));
+    // ...and once a2 is gone, a holds its meetings at the relay again and b reaches it there.
+    drop(thief);
+    let out = w.ls(
+        "b",
+        "a",
+        &["--relay", &at, "--force-relay", "--wait", "60s"],
+    );
+    assert_success("ls through the relay once the meeting is free", &out);
+    assert!(entries(&out).contains_key("f.txt"));
+    let log = events(&stop_share(sharer).stdout);
+    assert_eq!(connected_paths(&log), ["direct", "relay"], "{log:?}");
+}
+
+#[test]
+fn a_send_to_whose_meeting_is_taken_at_the_relay_waits_and_asks_again() {
+    let (w, _relay, at) = paired_with_a_clone();
+    let via = ["--relay", at.as_str(), "--force-relay"];
+    let send = |who: &str| {
+        let child = w
+            .as_(who)
+            .args(["send", "--json", "--to", "b"])
+            .args(via)
+            .arg(w.src())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Watched::new(child)
+    };
+    let mut thief = send("a2");
+    thief.wait_for(|e| e["event"] == "waiting");
+    std::thread::sleep(std::time::Duration::from_secs(1)); // time to reach the relay (an order)
+                                                           // Only the relay is there: a warns and keeps waiting instead of failing.
+    let mut sender = send("a");
+    let message = taken_warning(&mut sender);
+    assert!(!message.contains("direct connections"), "{message}");
+    drop(thief);
+    let received = w
+        .as_("b")
+        .args(["receive", "--json", "--yes", "--wait", "60s", "--from", "a"])
+        .args(via)
+        .arg("--out")
+        .arg(w.out())
+        .output()
+        .unwrap();
+    assert_success("receive --from through the relay", &received);
+    assert_success("send --to once the meeting is free", &sender.finish());
+    assert_eq!(
+        fs::read(w.out().join("src/f.txt")).unwrap(),
+        b"the real a\n"
+    );
+}

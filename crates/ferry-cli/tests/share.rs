@@ -138,7 +138,7 @@ fn a_stolen_peer_list_without_the_identity_key_gets_nothing() {
     let w = World::new();
     w.pair("a", "b");
     a_tree(&w);
-    // c copies b's peers.toml (a's key and the pair's secret); its own identity key is not b's.
+    // c holds b's peers (a's key and the pair's secret, in the clear); its own identity key is not b's.
     w.steal_peer_list("b", "c");
     let (mut sharer, _) = w.share("a", &[]);
     // c finds the share under the pair's hash, but its key is nobody a paired with.
@@ -350,12 +350,7 @@ fn a_share_behind_a_relay_serves_client_after_client() {
         assert_listing(&w.src(), &entries(&out));
     }
     let log = events(&stop_share(sharer).stdout);
-    let paths: Vec<_> = log
-        .iter()
-        .filter(|e| e["event"] == "client-connected")
-        .map(|e| e["path"].clone())
-        .collect();
-    assert_eq!(paths, ["relay", "relay"]);
+    assert_eq!(connected_paths(&log), ["relay", "relay"]);
 }
 
 #[test]

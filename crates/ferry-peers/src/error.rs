@@ -47,6 +47,15 @@ pub enum PeersError {
         /// What is wrong.
         problem: String,
     },
+    /// A pair secret in the peer list does not open with this machine's identity key: the file came from
+    /// another machine, or it (or the identity file) was changed.
+    #[error("{path}: the secret of peer {peer} does not open with this machine's identity key: the file was copied from another machine, or it or the identity file changed; run `ferry peers remove {peer}` and pair again")]
+    Sealed {
+        /// The peer list.
+        path: PathBuf,
+        /// The peer's name.
+        peer: String,
+    },
     /// Not a usable peer name.
     #[error("{0:?} is not a usable peer name: use 1 to 32 letters, digits, '.', '_' or '-', starting with a letter or digit")]
     BadName(String),

@@ -56,6 +56,18 @@ pub fn load_or_create(dir: &Path) -> Result<(IdentityKey, bool), PeersError> {
     }
 }
 
+/// Loads the identity key from `dir` when there is one, creating nothing.
+pub(crate) fn load_existing(dir: &Path) -> Result<Option<IdentityKey>, PeersError> {
+    let path = dir.join(IDENTITY_FILE);
+    match open_private(&path) {
+        Ok(file) => Ok(Some(read_key(file, &path)?)),
+        Err(PeersError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn read_key(file: File, path: &Path) -> Result<IdentityKey, PeersError> {
     let mut text = String::new();
     file.take(MAX_FILE + 1)

@@ -3,7 +3,8 @@
 //! - [`identity`]: this installation's Ed25519 identity key in `$XDG_CONFIG_HOME/ferry/identity` (0600, created
 //!   on first use) and its [`Fingerprint`], eight code words two people can compare aloud.
 //! - [`store`]: the pinned peers in `$XDG_CONFIG_HOME/ferry/peers.toml` — name, public key, the secret the pair
-//!   shares, when it was last seen and where. Read-modify-write under a lock, written atomically, 0600.
+//!   shares (sealed with a key derived from the identity key, so the file alone reveals no secret), when it
+//!   was last seen and where. Read-modify-write under a lock, written atomically, 0600.
 //! - [`pairing`]: the exchange that runs inside a channel authenticated by a code (SPAKE2): both identity keys,
 //!   each signed over the channel's transcript, and two random halves of the pair's secret. Sans-IO: bytes in,
 //!   bytes out, tested two-sided in memory.
@@ -56,12 +57,17 @@ pub(crate) fn to_hex(bytes: &[u8]) -> String {
 
 /// The 32 bytes written as 64 hex digits, or `None`.
 pub(crate) fn from_hex32(text: &str) -> Option<[u8; 32]> {
+    from_hex(text)
+}
+
+/// The `N` bytes written as `2 * N` hex digits, or `None`.
+pub(crate) fn from_hex<const N: usize>(text: &str) -> Option<[u8; N]> {
     let text = text.as_bytes();
-    if text.len() != 64 {
+    if text.len() != 2 * N {
         return None;
     }
     let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let mut out = [0u8; 32];
+    let mut out = [0u8; N];
     for (i, pair) in text.chunks_exact(2).enumerate() {
         out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
     }

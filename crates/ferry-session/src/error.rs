@@ -55,6 +55,22 @@ pub enum SessionError {
     Io(#[from] std::io::Error),
 }
 
+/// The warning when another waiting side holds a paired meeting (`what`) at the relay: who that may be, and
+/// that the relay is asked again (every 5 to 30 s) while direct connections are served (when `direct`).
+pub(crate) fn taken_at_relay(relay: &str, what: &str, direct: bool) -> String {
+    format!(
+        "relay {relay}: another waiting side already holds {what} there (TAKEN): another `ferry share` or \
+         `ferry send --to` of this pair may be running, or someone holds a copy of this machine's peers.toml \
+         and identity key (then `ferry peers remove` the peer on both machines and pair again); asking the \
+         relay again every 5 to 30 s{}",
+        if direct {
+            ", direct connections are still served"
+        } else {
+            ""
+        }
+    )
+}
+
 /// A relay client's error, in words for the user: an answer that is no relay status means the address
 /// is something else, most likely a `ferry send --listen` given as a relay.
 pub(crate) fn relay_error(relay: &str, e: RelayError) -> SessionError {

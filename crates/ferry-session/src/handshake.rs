@@ -232,6 +232,8 @@ pub(crate) struct Finished {
 pub(crate) enum Event {
     Offered(TcpStream, PathKind, String),
     RelayFailed(crate::SessionError),
+    /// Relay trouble that waiting outlives (a taken meeting, asked for again): only worth a warning.
+    RelayWarning(String),
     Finished(Box<Finished>),
 }
 

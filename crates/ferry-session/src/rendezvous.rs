@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -10,13 +11,18 @@ use ferry_channel::{ChannelError, CodeAttempts, Established, MAX_FAILED_ATTEMPTS
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{mdns, netif};
 
-use crate::error::relay_error;
+use crate::error::{relay_error, taken_at_relay};
 use crate::handshake::{Event, Handshakes, Purpose};
 use crate::upgrade::DirectPaths;
 use crate::{Connected, Events, Meeting, MeetingAuth, PathKind, PeerOptions, SessionError};
 
 /// How long the waiting side waits at the relay for the other.
 const RELAY_WAIT: Duration = Duration::from_secs(600);
+/// The first pause before a paired meeting taken at the relay is asked for again; it doubles up to
+/// [`TAKEN_BACKOFF_MOST`].
+const TAKEN_BACKOFF_FIRST: Duration = Duration::from_secs(5);
+/// The longest pause between two attempts on a taken meeting.
+const TAKEN_BACKOFF_MOST: Duration = Duration::from_secs(30);
 
 /// The waiting side (`ferry send`, the side of `ferry pair` that prints the code) and what it keeps alive while
 /// it waits: its listener, its announcements, its wait at the relay.
@@ -33,6 +39,8 @@ pub struct Rendezvous {
     pub listen: Option<SocketAddr>,
     explicit_listen: bool,
     has_direct: bool,
+    /// Tells the relay thread to stop asking for a taken meeting.
+    relay_stop: Arc<AtomicBool>,
 }
 
 impl Rendezvous {
@@ -70,18 +78,46 @@ impl Rendezvous {
             }
             local = Some(bound);
         }
+        let relay_stop = Arc::new(AtomicBool::new(false));
         if let Some(relay) = opts.relay.clone() {
             let hash = meeting.hash.0;
             let tx = tx.clone();
+            // A code's meeting taken is a clash of codes; a paired meeting taken is another waiting side of
+            // the pair (or someone holding its secret), which may leave: ask again.
+            let paired = matches!(meeting.auth, MeetingAuth::Other(_));
+            let what = format!("the meeting of this {}", meeting.label);
+            let (stop, direct) = (Arc::clone(&relay_stop), local.is_some());
             std::thread::spawn(move || {
-                let offered = match ferry_relay::connect(
-                    relay.as_str(),
-                    ferry_relay::Role::Sender,
-                    hash,
-                    RELAY_WAIT,
-                ) {
-                    Ok(stream) => Event::Offered(stream, PathKind::Relay, relay),
-                    Err(e) => Event::RelayFailed(relay_error(&relay, e)),
+                let mut backoff = TAKEN_BACKOFF_FIRST;
+                let mut warned = false;
+                let offered = loop {
+                    match ferry_relay::connect(
+                        relay.as_str(),
+                        ferry_relay::Role::Sender,
+                        hash,
+                        RELAY_WAIT,
+                    ) {
+                        Ok(stream) => break Event::Offered(stream, PathKind::Relay, relay),
+                        Err(ferry_relay::RelayError::Taken(_)) if paired => {
+                            // Said once: the attempts go on quietly until the meeting is free.
+                            if !warned {
+                                warned = true;
+                                let warning = taken_at_relay(&relay, &what, direct);
+                                if tx.send(Event::RelayWarning(warning)).is_err() {
+                                    return;
+                                }
+                            }
+                            let until = Instant::now() + backoff;
+                            while Instant::now() < until {
+                                if stop.load(Ordering::Relaxed) {
+                                    return;
+                                }
+                                std::thread::sleep(Duration::from_millis(100));
+                            }
+                            backoff = (backoff * 2).min(TAKEN_BACKOFF_MOST);
+                        }
+                        Err(e) => break Event::RelayFailed(relay_error(&relay, e)),
+                    }
                 };
                 let _ = tx.send(offered);
             });
@@ -100,6 +136,7 @@ impl Rendezvous {
             listen: local,
             explicit_listen: listen.is_some(),
             has_direct: local.is_some(),
+            relay_stop,
         })
     }
 
@@ -113,6 +150,7 @@ impl Rendezvous {
                 SessionError::PeerNotFound("no path to the receiver is left".to_string())
             })?;
             match event {
+                Event::RelayWarning(warning) => events.warn(&warning),
                 Event::RelayFailed(e) => {
                     if !self.has_direct {
                         return Err(e);
@@ -143,6 +181,7 @@ impl Rendezvous {
                     match f.result {
                         Ok((stream, established)) => {
                             self.handshakes.stop_all();
+                            self.relay_stop.store(true, Ordering::Relaxed);
                             return Ok(Connected {
                                 stream,
                                 established,
@@ -204,6 +243,12 @@ impl Rendezvous {
             ),
             source: ChannelError::WrongCode,
         }
+    }
+}
+
+impl Drop for Rendezvous {
+    fn drop(&mut self) {
+        self.relay_stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -310,7 +355,7 @@ impl DirectPaths for Rendezvous {
                         (Purpose::Meeting, _) => {}
                     }
                 }
-                Event::Offered(..) | Event::RelayFailed(_) => {}
+                Event::Offered(..) | Event::RelayFailed(_) | Event::RelayWarning(_) => {}
             }
         }
     }

@@ -19,7 +19,7 @@ use ferry_relay::{Listener, RelayError};
 use ferry_rendezvous::local::LocalRegistry;
 use ferry_rendezvous::{mdns, NameplateHash};
 
-use crate::error::relay_error;
+use crate::error::{relay_error, taken_at_relay};
 use crate::handshake::{Event, Handshakes, Purpose};
 use crate::rendezvous::listen_for_peers;
 use crate::{Connected, Events, MeetingAuth, PathKind, PeerOptions, SessionError};
@@ -37,6 +37,8 @@ const RELAY_TIMEOUT: Duration = Duration::from_secs(10);
 const RELAY_BACKOFF_FIRST: Duration = Duration::from_secs(1);
 /// The longest pause between two registrations at the relay.
 const RELAY_BACKOFF_MOST: Duration = Duration::from_secs(30);
+/// The shortest pause after a meeting was taken at the relay: whoever holds it stays a while.
+const RELAY_BACKOFF_TAKEN: Duration = Duration::from_secs(5);
 
 /// A long-running waiting side. Dropping it withdraws every announcement and the relay registration.
 pub struct Standing {
@@ -61,6 +63,8 @@ pub struct Standing {
 
 /// What the relay thread and the [`Standing`] share.
 struct RelaySeat {
+    /// Whether direct connections are served too (not `--force-relay`), for the warnings.
+    direct: bool,
     hashes: Mutex<Vec<[u8; 32]>>,
     listener: Mutex<Option<Arc<Listener>>>,
     stop: AtomicBool,
@@ -99,6 +103,7 @@ impl Standing {
         }
         let relay = opts.relay.clone().map(|relay| {
             let seat = Arc::new(RelaySeat {
+                direct: local.is_some(),
                 hashes: Mutex::new(Vec::new()),
                 listener: Mutex::new(None),
                 stop: AtomicBool::new(false),
@@ -181,8 +186,11 @@ impl Standing {
             let listener = lock(&seat.listener).clone();
             if let Some(listener) = listener {
                 if let Err(e) = listener.set_hashes(&raw) {
-                    // The registration is renewed with the new hashes by the relay thread.
-                    events.warn(&format!("cannot renew the meetings at the relay: {e}"));
+                    // The registration is renewed with the new hashes by the relay thread, which says why
+                    // when a meeting is taken.
+                    if !matches!(e, RelayError::HashTaken(_)) {
+                        events.warn(&format!("cannot renew the meetings at the relay: {e}"));
+                    }
                     listener.close();
                 }
             }
@@ -209,6 +217,7 @@ impl Standing {
             };
             match event {
                 Event::RelayFailed(e) => events.warn(&crate::with_causes(&e)),
+                Event::RelayWarning(warning) => events.warn(&warning),
                 Event::Offered(stream, path, peer) => {
                     let started = self.handshakes.start(
                         stream,
@@ -303,6 +312,14 @@ fn stay_at_relay(relay: &str, seat: &RelaySeat, tx: &mpsc::Sender<Event>) {
                 if seat.stop.load(Ordering::Relaxed) || !report(ended, "the registration ended") {
                     return;
                 }
+            }
+            Err(RelayError::HashTaken(_)) => {
+                let direct = seat.direct;
+                let warning = taken_at_relay(relay, "one of this share's meetings", direct);
+                if tx.send(Event::RelayWarning(warning)).is_err() {
+                    return;
+                }
+                backoff = backoff.max(RELAY_BACKOFF_TAKEN);
             }
             Err(e) => {
                 if !report(e, "cannot register") {

@@ -149,9 +149,30 @@ impl World {
         dir
     }
 
-    /// Copies `from`'s `peers.toml` (its peers' keys and the secrets it shares with them) into `to`'s
-    /// config: what a thief holds who has the file but not `from`'s identity key.
+    /// Gives `to` `from`'s peers (their keys and the secrets `from` shares with them, in the clear, as an
+    /// unsealed `peers.toml` from before ferry sealed them): what a thief holds who learned the pair secrets
+    /// but not `from`'s identity key.
     pub fn steal_peer_list(&self, from: &str, to: &str) {
+        let store =
+            ferry_peers::PeerStore::load(&self.config_dir(from)).expect("open from's peers");
+        let hex = |b: &[u8]| b.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut text = String::new();
+        for p in store.peers() {
+            text += &format!(
+                "[[peer]]\nname = \"{}\"\nkey = \"{}\"\nsecret = \"{}\"\npaired_at = {}\n",
+                p.name,
+                hex(&p.key),
+                hex(&p.secret.0),
+                p.paired_at
+            );
+        }
+        let list = self.config_dir(to).join("peers.toml");
+        fs::write(&list, text).expect("write peers.toml");
+        fs::set_permissions(&list, fs::Permissions::from_mode(0o600)).expect("chmod peers.toml");
+    }
+
+    /// Copies `from`'s `peers.toml` as it is into `to`'s config (a backup, a dotfiles repository).
+    pub fn copy_peer_list(&self, from: &str, to: &str) {
         let list = self.config_dir(from).join("peers.toml");
         fs::copy(list, self.config_dir(to).join("peers.toml")).expect("copy peers.toml");
     }
@@ -889,6 +910,14 @@ pub fn entries(out: &Output) -> std::collections::BTreeMap<String, Value> {
         .into_iter()
         .filter(|e| e["event"] == "entry")
         .map(|e| (e["name"].as_str().unwrap().to_string(), e))
+        .collect()
+}
+
+/// The path (`direct`, `relay`) of each client a sharer's log says it served, in order.
+pub fn connected_paths(log: &[Value]) -> Vec<Value> {
+    log.iter()
+        .filter(|e| e["event"] == "client-connected")
+        .map(|e| e["path"].clone())
         .collect()
 }
 
