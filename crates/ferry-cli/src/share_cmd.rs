@@ -64,6 +64,12 @@ pub struct ShareArgs {
     /// NAME.conflict-PEER-DATE.
     #[arg(long)]
     writable: bool,
+    /// With --writable: keep at least SIZE free on the share's file system (suffixes K, M, G, KiB, MiB,
+    /// GiB); a write that would leave less, counting the writes in progress, is refused with disk-full
+    /// before any byte is written. Default and floor: 5 % of the file system.
+    #[arg(long, value_name = "SIZE", default_value = "0", hide_default_value = true,
+          value_parser = crate::transfer_cmd::parse_size)]
+    min_free: u64,
     /// Also print the stats line every DURATION (30s, 5m, 1h); it is always printed on SIGUSR1.
     #[arg(long, value_name = "DURATION", value_parser = crate::transfer_cmd::parse_duration)]
     stats_interval: Option<Duration>,
@@ -187,7 +193,8 @@ pub fn run(args: ShareArgs, ui: &mut Ui) -> anyhow::Result<()> {
     let allowed = Allowed::new(&me.dir, &args.allow)?;
     let root = Arc::new(
         ShareRoot::open(&args.dir)
-            .with_context(|| format!("cannot share {}", args.dir.display()))?,
+            .with_context(|| format!("cannot share {}", args.dir.display()))?
+            .with_min_free(args.min_free),
     );
     let cache_dir = cache_dir()
         .context("no cache directory: set HOME or XDG_CACHE_HOME")?

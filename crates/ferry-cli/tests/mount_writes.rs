@@ -1434,3 +1434,180 @@ fn directory_link_counts_follow_mkdir_and_rename_at_once() {
         );
     }
 }
+
+/// The sharer's lowest free space (bytes available to a user) while it runs, looked at every 200 µs.
+struct LowWater {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl LowWater {
+    fn watch(dir: &Path) -> LowWater {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (dir, flag) = (dir.to_path_buf(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut low = u64::MAX;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let (frsize, _, _, avail, _) = statvfs(&dir).unwrap();
+                low = low.min(frsize * avail);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            low
+        });
+        LowWater { stop, thread }
+    }
+
+    fn lowest(self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap()
+    }
+}
+
+/// Starts `dd` copying `from` to `to` and fsyncing it (in a process of its own: a process that another test
+/// of this binary forks while a descriptor of `to` is open here would push part of it at its exec).
+fn dd_fsync(from: &Path, to: &Path) -> std::process::Child {
+    Command::new("dd")
+        .arg(format!("if={}", from.display()))
+        .arg(format!("of={}", to.display()))
+        .args(["bs=1M", "conv=fsync", "status=none"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run dd")
+}
+
+/// Whether the `dd` of [`dd_fsync`] wrote and fsynced (`Ok`), or its complaint.
+fn dd_done(child: std::process::Child) -> Result<(), String> {
+    let out = child.wait_with_output().unwrap();
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+/// 5 % of the file system at `dir`: the margin a writable share keeps by default.
+fn five_percent(dir: &Path) -> u64 {
+    let (frsize, blocks, ..) = statvfs(dir).unwrap();
+    frsize * blocks / 100 * 5
+}
+
+/// The message of the notice a mount gives when the sharer refuses the push of `name`.
+fn refusal(m: &mut Mounted, name: &str) -> String {
+    let notice = m.seen_or_wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"].as_str().unwrap_or("").contains(name)
+            && e["message"].as_str().unwrap_or("").contains("refused")
+    });
+    notice["message"].as_str().unwrap().to_string()
+}
+
+/// Issue 46, item 7: two peers push at once a file each that fits the sharer's free space alone, not both
+/// together. Before, both puts started (each checked against the free space of that moment), and one
+/// failed with ENOSPC once the disk was full. Now the second is refused before a byte of it is written,
+/// the first lands, and the sharer's disk never goes below the 5 % kept free; once the sharer makes room,
+/// the refused file lands (the landed put's promise was released).
+#[test]
+fn two_writers_at_once_cannot_fill_the_sharers_disk() {
+    let test = "two_writers_at_once_cannot_fill_the_sharers_disk";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _disk = Tmpfs::mount(&w.src(), "64M").expect("a tmpfs for the share (fuse_usable: root)");
+    let margin = five_percent(&w.src());
+    w.pair("a", "c");
+    let _sharer = sharing_with(&w, &["--writable"]);
+    let mut mounts = [
+        Mounted::start_as(&w, "b", "mnt-b", &[]),
+        Mounted::start_as(&w, "c", "mnt-c", &[]),
+    ];
+    // 36 MiB each: one fits the 64 MiB less 5 %, two do not.
+    let data: Vec<Vec<u8>> = (0..2).map(|i| pseudo_random(36 << 20, i)).collect();
+    for (i, d) in data.iter().enumerate() {
+        fs::write(w.path(&format!("local-{i}.bin")), d).unwrap();
+    }
+    let low = LowWater::watch(&w.src());
+    let writers: Vec<_> = (0..2)
+        .map(|i| {
+            dd_fsync(
+                &w.path(&format!("local-{i}.bin")),
+                &mounts[i].path(&format!("{i}.bin")),
+            )
+        })
+        .collect();
+    let pushed: Vec<_> = writers.into_iter().map(dd_done).collect();
+    let landed: Vec<usize> = (0..2).filter(|&i| pushed[i].is_ok()).collect();
+    assert_eq!(landed.len(), 1, "{pushed:?}");
+    let won = landed[0];
+    let lowest = low.lowest();
+    let lost = 1 - won;
+    assert!(
+        lowest >= margin,
+        "the sharer's free space went down to {lowest} bytes, below the {margin} kept free"
+    );
+    let complaint = pushed[lost].as_ref().unwrap_err();
+    assert!(complaint.contains("No space left on device"), "{complaint}");
+    let message = refusal(&mut mounts[lost], &format!("{lost}.bin"));
+    assert!(
+        message.contains("kept free"),
+        "refused by the check, not by a full disk: {message}"
+    );
+    assert!(fs::read(w.src().join(format!("{won}.bin"))).unwrap() == data[won]);
+    // Nothing of the refused file (an empty one may be there: `dd` creates it first).
+    let refused = fs::metadata(w.src().join(format!("{lost}.bin"))).map_or(0, |m| m.len());
+    assert_eq!(refused, 0, "bytes of the refused file on the sharer");
+    assert!(names(&w.src())
+        .iter()
+        .all(|n| !n.starts_with(".ferry-put-")));
+    // Room made on the sharer: the refused file lands at the mount's next try.
+    fs::remove_file(w.src().join(format!("{won}.bin"))).unwrap();
+    mounts[lost].wait_for(|e| {
+        e["event"] == "notice"
+            && e["message"].as_str().unwrap_or("") == format!("{lost}.bin is on the sharer now")
+    });
+    assert!(fs::read(w.src().join(format!("{lost}.bin"))).unwrap() == data[lost]);
+}
+
+/// A file that fits the sharer's free space but would take some of the 5 % it keeps is refused (ENOSPC at
+/// close), and `--min-free` keeps more: a file that fits 5 % but not that is refused too.
+#[test]
+fn a_write_into_the_sharers_margin_is_enospc_and_min_free_keeps_more() {
+    let test = "a_write_into_the_sharers_margin_is_enospc_and_min_free_keeps_more";
+    if !fuse_usable(test) {
+        return;
+    }
+    let w = World::new();
+    let _disk = Tmpfs::mount(&w.src(), "32M").expect("a tmpfs for the share (fuse_usable: root)");
+    {
+        let _sharer = sharing_with(&w, &["--writable"]);
+        let mut m = Mounted::start(&w, &[]);
+        // 31 MiB of the 32: it fits the free space, not the 1.6 MiB kept.
+        fs::write(w.path("big.bin"), pseudo_random(31 << 20, 8)).unwrap();
+        let complaint = dd_done(dd_fsync(&w.path("big.bin"), &m.path("big.bin"))).unwrap_err();
+        assert!(complaint.contains("No space left on device"), "{complaint}");
+        let message = refusal(&mut m, "big.bin");
+        let margin = five_percent(&w.src());
+        assert!(
+            message.contains(&format!("{margin} kept free: 5 % of the file system")),
+            "{message}"
+        );
+        let there = fs::metadata(w.src().join("big.bin")).map_or(0, |m| m.len());
+        assert_eq!(there, 0, "bytes of the refused file on the sharer");
+    }
+    let (_sharer, _) = w.share("a", &["--writable", "--min-free", "16MiB"]);
+    let mut m = Mounted::start_as(&w, "b", "mnt-2", &[]);
+    let twelve = pseudo_random(12 << 20, 9);
+    fs::write(w.path("twelve.bin"), &twelve).unwrap();
+    dd_done(dd_fsync(&w.path("twelve.bin"), &m.path("twelve.bin"))).unwrap();
+    assert!(fs::read(w.src().join("twelve.bin")).unwrap() == twelve);
+    // 8 MiB more would leave 12, more than 5 %, less than 16 MiB.
+    fs::write(w.path("eight.bin"), pseudo_random(8 << 20, 10)).unwrap();
+    let complaint = dd_done(dd_fsync(&w.path("eight.bin"), &m.path("eight.bin"))).unwrap_err();
+    assert!(complaint.contains("No space left on device"), "{complaint}");
+    let message = refusal(&mut m, "eight.bin");
+    assert!(
+        message.contains(&format!("{} kept free", 16 << 20)),
+        "{message}"
+    );
+    let there = fs::metadata(w.src().join("eight.bin")).map_or(0, |m| m.len());
+    assert_eq!(there, 0, "bytes of the refused file on the sharer");
+}

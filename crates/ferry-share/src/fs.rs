@@ -35,6 +35,10 @@ pub type FsError = (ErrorCode, String);
 pub struct ShareRoot {
     root: OwnedFd,
     path: PathBuf,
+    /// Bytes promised to the puts in progress, shared by every session's puts.
+    pub(crate) promises: Arc<crate::write::Promises>,
+    /// The least free space a put may leave (`--min-free`; 5 % of the file system when larger).
+    pub(crate) min_free: u64,
 }
 
 fn resolve() -> ResolveFlags {
@@ -99,7 +103,15 @@ impl ShareRoot {
         Ok(ShareRoot {
             root,
             path: dir.to_path_buf(),
+            promises: Arc::default(),
+            min_free: 0,
         })
+    }
+
+    /// Puts keep at least `bytes` free on the share's file system (or 5 % of it, when that is more).
+    pub fn with_min_free(mut self, bytes: u64) -> ShareRoot {
+        self.min_free = bytes;
+        self
     }
 
     /// The shared directory's path.

@@ -10,13 +10,20 @@
 //! content is renamed to a visible sibling, `NAME.conflict-PEER-YYYYMMDD-HHMMSS` (UTC, `-2`, `-3`, ... when
 //! taken): nothing is lost. A temp file is removed when its put fails or its connection drops
 //! ([`Upload`]'s drop), and [`ShareRoot::sweep_temps`] removes those a crash left behind.
+//!
+//! Space: a put promises its size before its temp file is made and is refused with
+//! [`ErrorCode::DiskFull`] when the free space less the promises of the puts in progress (every session's)
+//! and less a margin ([`MARGIN_PERCENT`] of the file system, or `--min-free` when larger) cannot hold it;
+//! the promise goes with its [`Upload`], however that ends.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use rustix::fs::{
@@ -30,6 +37,72 @@ use crate::wire::{ErrorCode, PutHeader, SharePath, Time};
 
 /// Names of put temp files start with this; listings leave them out and writes may not name them.
 pub const TEMP_PREFIX: &[u8] = b".ferry-put-";
+
+/// Puts leave at least this share (in percent) of the file system free, or `--min-free` when larger: a
+/// writer cannot fill the sharer's disk.
+pub const MARGIN_PERCENT: u64 = 5;
+
+/// The bytes promised to the puts in progress on a share (all its sessions'): each put's size, less what its
+/// temp file has taken of it since it started, so that free space is not counted twice.
+#[derive(Debug, Default)]
+pub(crate) struct Promises {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Promise>>,
+}
+
+impl Promises {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Promise>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Debug)]
+struct Promise {
+    /// The file system it is on.
+    dev: u64,
+    size: u64,
+    /// The temp file, once made: its blocks beyond `start` are taken already.
+    file: Option<Arc<File>>,
+    start: u64,
+}
+
+impl Promise {
+    fn outstanding(&self) -> u64 {
+        let taken = self
+            .file
+            .as_deref()
+            .map_or(0, |f| allocated(f).saturating_sub(self.start));
+        self.size.saturating_sub(taken)
+    }
+}
+
+/// The bytes `file` takes on its disk.
+fn allocated(file: &File) -> u64 {
+    rustix::fs::fstat(file).map_or(0, |st| (st.st_blocks as u64).saturating_mul(512))
+}
+
+/// A put's promise; dropping it (the put landed, failed, was cancelled, its connection went) releases it.
+#[derive(Debug)]
+struct Reservation {
+    promises: Arc<Promises>,
+    id: u64,
+}
+
+impl Reservation {
+    /// From now on the promise shrinks by what `file` takes beyond `start` bytes.
+    fn track(&self, file: &Arc<File>, start: u64) {
+        if let Some(p) = self.promises.lock().get_mut(&self.id) {
+            p.file = Some(file.clone());
+            p.start = start;
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.promises.lock().remove(&self.id);
+    }
+}
 
 /// Whether `name` is a put's temp file.
 pub fn is_temp(name: &[u8]) -> bool {
@@ -169,18 +242,8 @@ impl ShareRoot {
             }
             _ => None,
         };
-        let vfs = rustix::fs::fstatvfs(&dir).map_err(|e| write_error(e, path))?;
-        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
-        if put.size > free {
-            return Err((
-                ErrorCode::DiskFull,
-                format!(
-                    "{}: {} bytes do not fit ({free} bytes free)",
-                    shown(path),
-                    put.size
-                ),
-            ));
-        }
+        // Promised before the temp file exists: nothing is written for a put that does not fit.
+        let reserved = self.reserve(&dir, path, put.size)?;
         let (file, temp) = create_temp(&dir).map_err(|e| write_error(e, path))?;
         // A put from no base usually arrives in order from its start: hashed as it comes.
         let hashed = (!put.from_base).then(RunningRoot::new);
@@ -188,10 +251,11 @@ impl ShareRoot {
             dir,
             name,
             temp,
-            file,
+            file: Arc::new(file),
             put,
             hashed,
             landed: false,
+            reserved,
         };
         if let Some(base) = base_file {
             let len = base.metadata().map_err(|e| io_error(e, path))?.len();
@@ -202,7 +266,65 @@ impl ShareRoot {
             .file
             .set_len(upload.put.size)
             .map_err(|e| io_error(e, &upload.put.path))?;
+        // A new temp file starts empty; a copied base's blocks were taken already (counted again, to be
+        // safe: on a file system sharing extents, rewriting them takes new blocks the file's count misses).
+        let start = match upload.put.from_base {
+            true => allocated(&upload.file),
+            false => 0,
+        };
+        upload.reserved.track(&upload.file, start);
         Ok(upload)
+    }
+
+    /// How many puts hold a promise of space, and the bytes they may still take.
+    pub fn promised(&self) -> (usize, u64) {
+        let open = self.promises.lock();
+        (open.len(), open.values().map(Promise::outstanding).sum())
+    }
+
+    /// Promises `size` bytes to a put in `dir`, or refuses it with [`ErrorCode::DiskFull`] when the free
+    /// space, less what puts in progress may still take and less the margin, has no room for it.
+    fn reserve(&self, dir: &OwnedFd, path: &SharePath, size: u64) -> Result<Reservation, FsError> {
+        // Looked at and promised under one lock: two puts never both count the same free bytes.
+        let mut open = self.promises.lock();
+        let vfs = rustix::fs::fstatvfs(dir).map_err(|e| write_error(e, path))?;
+        // Keyed by device: a file system mounted inside the share has space of its own.
+        let dev = rustix::fs::fstat(dir)
+            .map_err(|e| write_error(e, path))?
+            .st_dev;
+        let free = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        let total = vfs.f_blocks.saturating_mul(vfs.f_frsize);
+        let margin = (total / 100 * MARGIN_PERCENT).max(self.min_free);
+        let promised: u64 = open
+            .values()
+            .filter(|p| p.dev == dev)
+            .map(Promise::outstanding)
+            .sum();
+        if size > free.saturating_sub(promised).saturating_sub(margin) {
+            return Err((
+                ErrorCode::DiskFull,
+                format!(
+                    "{}: {size} bytes do not fit ({free} bytes free, {promised} promised to writes in \
+                     progress, {margin} kept free: {MARGIN_PERCENT} % of the file system or the sharer's \
+                     --min-free, the larger)",
+                    shown(path)
+                ),
+            ));
+        }
+        let id = self.promises.next.fetch_add(1, Ordering::Relaxed);
+        open.insert(
+            id,
+            Promise {
+                dev,
+                size,
+                file: None,
+                start: 0,
+            },
+        );
+        Ok(Reservation {
+            promises: self.promises.clone(),
+            id,
+        })
     }
 
     /// Runs a write other than a put (`peer` names a rename's conflict copy). A removal, or a rename over
@@ -611,11 +733,13 @@ pub struct Upload {
     dir: OwnedFd,
     name: Vec<u8>,
     temp: Vec<u8>,
-    file: File,
+    file: Arc<File>,
     put: PutHeader,
     /// The content hashed as it arrived (`None` for a put from a base, whose content is read at the end).
     hashed: Option<RunningRoot>,
     landed: bool,
+    /// Its promise of space, kept until it lands or goes (dropped with it, whatever the way).
+    reserved: Reservation,
 }
 
 impl Upload {

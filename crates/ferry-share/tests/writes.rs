@@ -910,3 +910,196 @@ fn a_mode_change_of_a_hard_linked_file_is_refused() {
         0o640
     );
 }
+
+// ---- Issue 46, item 7: space promised to puts in progress, and a margin kept free ----
+
+const MIB: u64 = 1 << 20;
+
+/// The bytes free for an unprivileged writer on the file system of `dir`, and its size.
+fn free_and_total(dir: &Path) -> (u64, u64) {
+    let st = rustix::fs::statvfs(dir).unwrap();
+    (st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
+}
+
+/// A share that keeps all but `room` bytes of its file system's free space free (`--min-free`). Other
+/// tests write to the same file system meanwhile: the figures below leave hundreds of MiB for that.
+fn share_with_room(disk: &mut Disk, room: u64) {
+    let (free, _) = free_and_total(&disk.share());
+    disk.root = ShareRoot::open(&disk.share())
+        .unwrap()
+        .with_min_free(free - room);
+}
+
+/// The message of request `id`'s failure.
+fn failure_message(pair: &Pair, id: u32) -> String {
+    match pair.outcome(id) {
+        Event::Failed {
+            failure: Failure::Remote(_, message),
+            ..
+        } => message.clone(),
+        other => panic!("request {id} did not fail: {other:?}"),
+    }
+}
+
+/// Two puts that each fit the room left but not together: the second is refused with `disk-full` before
+/// anything of it is written (no temp file), and the first's promise shrinks as its data lands. Every way a
+/// put ends releases its promise: a cancel, data outside its size, a wrong root, landing.
+#[test]
+fn a_put_is_refused_when_the_puts_in_progress_hold_the_room_and_every_end_releases_it() {
+    let mut disk = Disk::new();
+    share_with_room(&mut disk, 1 << 30);
+    let mut pair = Pair::new(&disk, writable());
+    let big = 600 * MIB;
+    let first = pair.client.put(header("first.bin", None, big)).unwrap();
+    pair.pump();
+    assert_eq!(disk.root.promised(), (1, big));
+    let data = pseudo_random(MIB as usize, 4);
+    for (i, chunk) in data.chunks(100_000).enumerate() {
+        pair.client
+            .put_data(first, (i * 100_000) as u64, chunk)
+            .unwrap();
+    }
+    pair.pump();
+    let (puts, promised) = disk.root.promised();
+    assert!(
+        puts == 1 && promised <= big - MIB + 64 * 1024,
+        "what landed is no longer promised: {promised}"
+    );
+
+    let second = pair.client.put(header("second.bin", None, big)).unwrap();
+    pair.pump();
+    assert_eq!(pair.code(second), ErrorCode::DiskFull);
+    let message = failure_message(&pair, second);
+    assert!(
+        message.contains("promised to writes in progress") && message.contains("kept free"),
+        "{message}"
+    );
+    assert_eq!(temps(&disk.share()).len(), 1, "only the first put's");
+    assert!(!disk.share().join("second.bin").exists());
+
+    // A cancel releases the first's promise: the same put fits now.
+    pair.client.cancel(first);
+    pair.pump();
+    assert_eq!(disk.root.promised(), (0, 0));
+    let again = pair.client.put(header("second.bin", None, big)).unwrap();
+    pair.pump();
+    assert_eq!(disk.root.promised(), (1, big));
+    // Data outside its size fails it, and releases it.
+    pair.raw(Request::PutData {
+        id: again,
+        offset: big,
+        bytes: vec![1; 3],
+    });
+    assert_eq!(pair.code(again), ErrorCode::BadRequest);
+    assert_eq!(disk.root.promised(), (0, 0));
+    // A wrong root at its end, the same.
+    let wrong = pair.put("third.bin", None, &data);
+    pair.client.put_end(wrong, [7; 32]).unwrap();
+    pair.pump();
+    assert_eq!(pair.code(wrong), ErrorCode::Integrity);
+    assert_eq!(disk.root.promised(), (0, 0));
+    // And one that lands.
+    let landed = pair.put("third.bin", None, &data);
+    pair.client.put_end(landed, root_of(&data)).unwrap();
+    pair.pump();
+    assert!(matches!(pair.outcome(landed), Event::Done { .. }));
+    assert_eq!(disk.root.promised(), (0, 0));
+    assert!(temps(&disk.share()).is_empty());
+}
+
+/// A put that fits the free space but would take some of the margin is refused: 5 % of the file system by
+/// default, `--min-free` when larger; the message says how much is kept.
+#[test]
+fn a_put_that_would_take_the_margin_is_refused() {
+    let mut disk = Disk::new();
+    let (free, total) = free_and_total(&disk.share());
+    let five = total / 100 * 5;
+    assert!(free > five + (1 << 30), "the test needs room: {free}");
+    let mut pair = Pair::new(&disk, writable());
+    // Fits the free space, not the 5 % kept.
+    let id = pair.client.put(header("f", None, free - five / 2)).unwrap();
+    pair.pump();
+    assert_eq!(pair.code(id), ErrorCode::DiskFull);
+    let message = failure_message(&pair, id);
+    assert!(
+        message.contains(&format!("{five} kept free: 5 % of the file system")),
+        "{message}"
+    );
+    assert!(temps(&disk.share()).is_empty());
+    drop(pair);
+
+    share_with_room(&mut disk, 1 << 30);
+    let mut pair = Pair::new(&disk, writable());
+    let id = pair.client.put(header("f", None, 1536 * MIB)).unwrap();
+    pair.pump();
+    assert_eq!(pair.code(id), ErrorCode::DiskFull);
+    assert!(temps(&disk.share()).is_empty());
+    let id = pair.client.put(header("f", None, 512 * MIB)).unwrap();
+    pair.pump();
+    assert_eq!(temps(&disk.share()).len(), 1, "it fits");
+    assert_eq!(disk.root.promised(), (1, 512 * MIB));
+    pair.client.cancel(id);
+    pair.pump();
+}
+
+/// A connection that drops mid-put releases the put's promise with its temp file: the next put that fits
+/// only without it is taken.
+#[test]
+fn a_connection_dropped_mid_put_releases_its_promise() {
+    let key = IdentityKey::generate();
+    let dir = ferry_testkit::temp_dir("ferry-writes-");
+    let share = dir.path().join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    let (free, _) = free_and_total(&share);
+    let root = ShareRoot::open(&share)
+        .unwrap()
+        .with_min_free(free - (1 << 30));
+    let s = common::start_sharer_of(
+        root,
+        &dir.path().join("cache"),
+        key.public(),
+        Changes::default(),
+        writable(),
+    );
+    let connect = || {
+        let (reader, writer) = common::channel(&s, IdentityKey::from_seed(*key.seed())).unwrap();
+        Session::open(reader, writer, 64).unwrap()
+    };
+    let big = 600 * MIB;
+    {
+        let mut session = connect();
+        let id = session.client().put(header("a.bin", None, big)).unwrap();
+        session.client().put_data(id, 0, &[5; 1000]).unwrap();
+        // Answered after the put's start and data: its promise is held.
+        session.stat(p("")).unwrap();
+        assert_eq!(s.root.promised().0, 1);
+        // A second put that needs the first's room is refused.
+        let mut other = connect();
+        let refused = other.client().put(header("b.bin", None, big)).unwrap();
+        // Waited for on a thread: a put that is never refused must fail the test, not hang it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || loop {
+            match other.next_event() {
+                Ok(Event::Failed {
+                    id,
+                    failure: Failure::Remote(code, _),
+                }) if id == refused => break tx.send(code),
+                Ok(_) => {}
+                Err(_) => break Ok(()),
+            }
+        });
+        let code = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the second put was refused");
+        assert_eq!(code, ErrorCode::DiskFull);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.root.promised() != (0, 0) {
+        assert!(std::time::Instant::now() < deadline, "the promise stayed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut session = connect();
+    let id = session.client().put(header("b.bin", None, big)).unwrap();
+    session.stat(p("")).unwrap();
+    assert_eq!(s.root.promised(), (1, big), "{id}: taken now");
+}

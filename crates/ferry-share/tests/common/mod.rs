@@ -73,6 +73,8 @@ pub struct Sharer {
     pub key: [u8; 32],
     /// Taps for the next connections, one each, in order.
     pub taps: Arc<Mutex<VecDeque<Tap>>>,
+    /// The share every session serves.
+    pub root: Arc<ShareRoot>,
 }
 
 /// Shares `share` with one paired client (`client`), caching outboards in `cache`; clients one after another
@@ -89,6 +91,18 @@ pub fn start_sharer_with(
     changes: Changes,
     config: ServerConfig,
 ) -> Sharer {
+    let root = ShareRoot::open(share).unwrap();
+    start_sharer_of(root, cache, client, changes, config)
+}
+
+/// [`start_sharer_with`] of a share opened by the caller (with its own `--min-free`, ...).
+pub fn start_sharer_of(
+    root: ShareRoot,
+    cache: &Path,
+    client: [u8; 32],
+    changes: Changes,
+    config: ServerConfig,
+) -> Sharer {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let key = IdentityKey::generate();
@@ -97,7 +111,8 @@ pub fn start_sharer_with(
     let log = Arc::new(Mutex::new(Vec::new()));
     let taps: Arc<Mutex<VecDeque<Tap>>> = Arc::default();
     let (log2, taps2) = (Arc::clone(&log), Arc::clone(&taps));
-    let root = Arc::new(ShareRoot::open(share).unwrap());
+    let root = Arc::new(root);
+    let served = Arc::clone(&root);
     let cache = OutboardCache::new(cache.to_path_buf());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
@@ -105,7 +120,7 @@ pub fn start_sharer_with(
             let tap = taps2.lock().unwrap().pop_front();
             let (log2, root, cache, changes, config) = (
                 Arc::clone(&log2),
-                Arc::clone(&root),
+                Arc::clone(&served),
                 cache.clone(),
                 changes.clone(),
                 config.clone(),
@@ -140,6 +155,7 @@ pub fn start_sharer_with(
         addr,
         key: public,
         taps,
+        root,
     }
 }
 
