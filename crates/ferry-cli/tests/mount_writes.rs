@@ -1366,15 +1366,17 @@ fn a_caller_killed_during_a_long_push_goes_at_once_and_the_push_ends_in_the_back
     fs::write(w.src().join("f"), b"data").unwrap();
     let _sharer = sharing_with(&w, &["--writable"]);
     let m = Mounted::start(&w, &[]);
-    // Half of what the sharer's disk has free (sparse: nothing of it is allocated), at most 32 GiB: hashed
-    // for seconds on both sides (the caller waited 4.4 s on the old code, where this took the push's time).
+    // Half of what the sharer's disk has free (sparse: nothing of it is allocated), at most 12 GiB: hashed
+    // for seconds on both sides (the caller waited 4.6 s on the old code, where this took the push's time).
+    // The release that follows pushes it whole, which fits only if the stopped put gave its space back.
     let (block, _, _, available, _) = statvfs(&w.src()).unwrap();
-    let size = (block * available / 2).min(32 << 30) & !0xfff;
+    let size = (block * available / 2).min(12 << 30) & !0xfff;
     assert!(
-        size >= 8 << 30,
+        size >= 6 << 30,
         "too little room for the test: {size} bytes"
     );
-    for signal in [libc::SIGKILL, libc::SIGINT] {
+    // Ctrl-C of a program that does not catch it: the kernel makes it a SIGKILL.
+    for signal in [libc::SIGINT] {
         let mut truncate = std::process::Command::new("truncate")
             .args(["-s", &size.to_string()])
             .arg(m.path("f"))
@@ -1388,11 +1390,8 @@ fn a_caller_killed_during_a_long_push_goes_at_once_and_the_push_ends_in_the_back
         let status = truncate.wait().unwrap();
         let took = killed.elapsed();
         eprintln!("signal {signal}: the caller was gone after {took:?} ({status})");
-        assert!(
-            took < Duration::from_millis(1500),
-            "signal {signal}: {took:?}"
-        );
-        eventually_within("the sharer has the new size", 120, || {
+        assert!(took < Duration::from_secs(1), "signal {signal}: {took:?}");
+        eventually_within("the sharer has the new size", 600, || {
             fs::metadata(w.src().join("f")).unwrap().len() == size
         });
         fs::OpenOptions::new()
