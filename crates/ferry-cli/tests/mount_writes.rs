@@ -1376,31 +1376,30 @@ fn a_caller_killed_during_a_long_push_goes_at_once_and_the_push_ends_in_the_back
         "too little room for the test: {size} bytes"
     );
     // Ctrl-C of a program that does not catch it: the kernel makes it a SIGKILL.
-    for signal in [libc::SIGINT] {
-        let mut truncate = std::process::Command::new("truncate")
-            .args(["-s", &size.to_string()])
-            .arg(m.path("f"))
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(truncate.try_wait().unwrap().is_none(), "the push was quick");
-        let killed = Instant::now();
-        // SAFETY: kill(2) of the child this test spawned and has not reaped.
-        assert_eq!(unsafe { libc::kill(truncate.id() as i32, signal) }, 0);
-        let status = truncate.wait().unwrap();
-        let took = killed.elapsed();
-        eprintln!("signal {signal}: the caller was gone after {took:?} ({status})");
-        assert!(took < Duration::from_secs(1), "signal {signal}: {took:?}");
-        eventually_within("the sharer has the new size", 600, || {
-            fs::metadata(w.src().join("f")).unwrap().len() == size
-        });
-        fs::OpenOptions::new()
-            .write(true)
-            .open(m.path("f"))
-            .unwrap()
-            .set_len(4)
-            .unwrap();
-    }
+    let signal = libc::SIGINT;
+    let mut truncate = std::process::Command::new("truncate")
+        .args(["-s", &size.to_string()])
+        .arg(m.path("f"))
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(truncate.try_wait().unwrap().is_none(), "the push was quick");
+    let killed = Instant::now();
+    // SAFETY: kill(2) of the child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(truncate.id() as i32, signal) }, 0);
+    let status = truncate.wait().unwrap();
+    let took = killed.elapsed();
+    eprintln!("signal {signal}: the caller was gone after {took:?} ({status})");
+    assert!(took < Duration::from_secs(1), "signal {signal}: {took:?}");
+    eventually_within("the sharer has the new size", 600, || {
+        fs::metadata(w.src().join("f")).unwrap().len() == size
+    });
+    fs::OpenOptions::new()
+        .write(true)
+        .open(m.path("f"))
+        .unwrap()
+        .set_len(4)
+        .unwrap();
     assert_eq!(fs::read(w.src().join("f")).unwrap(), b"data");
 }
 

@@ -437,7 +437,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let (tx, _rx) = mpsc::channel();
         let mut slots = Handshakes::new(tx);
-        let mut start = |slots: &mut Handshakes, first: &[u8]| {
+        let start = |slots: &mut Handshakes, first: &[u8]| {
             let mut c = TcpStream::connect(addr).unwrap();
             c.write_all(first).unwrap();
             let (s, _) = listener.accept().unwrap();
